@@ -1,0 +1,130 @@
+// The structs an application sees, and how the shim gets from them to engine objects.
+//
+// The shim owns every struct the application can touch. Each handle embeds the
+// public rdma-core struct first (offset 0, checked below) and then points at the
+// engine object; to_*() converts back, as rxe's to_rqp() does.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <exception>
+#include <new>
+#include <type_traits>
+
+namespace softhca::engine {
+class Context;
+class ProtectionDomain;
+class MemoryRegion;
+class CompletionQueue;
+class CompletionChannel;
+class QueuePair;
+class SharedReceiveQueue;
+class AddressHandle;
+}  // namespace softhca::engine
+
+namespace softhca::abi {
+
+// ibv_device followed by a pointer-sized field: libmlx5/libefa read
+// *(ops**)((char*)dev + sizeof(ibv_device)) to recognise their own devices.
+struct DeviceHandle {
+  ibv_device device;
+  const void* provider_ops;  // always nullptr: never equal to mlx5's or efa's ops
+  unsigned magic;
+};
+static_assert(offsetof(DeviceHandle, device) == 0);
+static_assert(offsetof(DeviceHandle, provider_ops) == sizeof(ibv_device));
+inline constexpr unsigned kDeviceMagic = 0x50f7c0deu;
+
+// The context is a verbs_context whose last member is the ibv_context the app sees.
+struct ContextHandle {
+  verbs_context vctx;
+  engine::Context* impl;
+};
+static_assert(offsetof(ContextHandle, vctx) == 0);
+
+struct PdHandle {
+  ibv_pd pd;
+  engine::ProtectionDomain* impl;
+};
+struct MrHandle {
+  ibv_mr mr;
+  engine::MemoryRegion* impl;
+};
+// Every CQ is allocated as an ibv_cq_ex: ibv_cq_ex_to_cq() is a cast, and the
+// ex layout starts with the ibv_cq layout.
+struct CqHandle {
+  ibv_cq_ex cq;
+  engine::CompletionQueue* impl;
+};
+struct ChannelHandle {
+  ibv_comp_channel channel;
+  engine::CompletionChannel* impl;
+};
+// Every QP is allocated as an ibv_qp_ex so ibv_qp_to_qp_ex() can hand it out.
+struct QpHandle {
+  ibv_qp_ex qp;
+  engine::QueuePair* impl;
+};
+struct SrqHandle {
+  ibv_srq srq;
+  engine::SharedReceiveQueue* impl;
+};
+struct AhHandle {
+  ibv_ah ah;
+  engine::AddressHandle* impl;
+};
+static_assert(offsetof(PdHandle, pd) == 0 && offsetof(MrHandle, mr) == 0 && offsetof(CqHandle, cq) == 0 &&
+              offsetof(ChannelHandle, channel) == 0 && offsetof(QpHandle, qp) == 0 &&
+              offsetof(SrqHandle, srq) == 0 && offsetof(AhHandle, ah) == 0);
+static_assert(std::is_standard_layout_v<ContextHandle> && std::is_standard_layout_v<QpHandle>);
+
+inline ContextHandle* to_context_handle(ibv_context* ctx) {
+  if (ctx == nullptr) return nullptr;
+  auto* vctx = reinterpret_cast<verbs_context*>(reinterpret_cast<char*>(ctx) - offsetof(verbs_context, context));
+  return reinterpret_cast<ContextHandle*>(vctx);
+}
+inline engine::Context* to_context(ibv_context* ctx) {
+  ContextHandle* h = to_context_handle(ctx);
+  return h ? h->impl : nullptr;
+}
+inline engine::ProtectionDomain* to_pd(ibv_pd* pd) { return pd ? reinterpret_cast<PdHandle*>(pd)->impl : nullptr; }
+inline engine::MemoryRegion* to_mr(ibv_mr* mr) { return mr ? reinterpret_cast<MrHandle*>(mr)->impl : nullptr; }
+inline engine::CompletionQueue* to_cq(ibv_cq* cq) { return cq ? reinterpret_cast<CqHandle*>(cq)->impl : nullptr; }
+inline engine::CompletionQueue* to_cq(ibv_cq_ex* cq) { return cq ? reinterpret_cast<CqHandle*>(cq)->impl : nullptr; }
+inline engine::CompletionChannel* to_channel(ibv_comp_channel* ch) {
+  return ch ? reinterpret_cast<ChannelHandle*>(ch)->impl : nullptr;
+}
+inline engine::QueuePair* to_qp(ibv_qp* qp) { return qp ? reinterpret_cast<QpHandle*>(qp)->impl : nullptr; }
+inline engine::SharedReceiveQueue* to_srq(ibv_srq* srq) { return srq ? reinterpret_cast<SrqHandle*>(srq)->impl : nullptr; }
+inline engine::AddressHandle* to_ah(ibv_ah* ah) { return ah ? reinterpret_cast<AhHandle*>(ah)->impl : nullptr; }
+
+// The C conventions, one helper each (man pages of the verbs):
+//   int verbs     -> 0 or a positive errno
+//   pointer verbs -> the pointer, or nullptr with errno set
+// Both catch everything: no exception crosses the C boundary.
+template <typename Fn>
+int int_verb(Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return ENOMEM;
+  } catch (...) {
+    return EIO;
+  }
+}
+
+template <typename Fn>
+auto pointer_verb(Fn&& fn) noexcept -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    errno = ENOMEM;
+  } catch (...) {
+    errno = EIO;
+  }
+  return nullptr;
+}
+
+}  // namespace softhca::abi

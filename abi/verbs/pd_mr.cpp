@@ -1,0 +1,110 @@
+// Protection domains and memory regions.
+#include <cerrno>
+
+#include "engine/context.hpp"
+#include "engine/memory_region.hpp"
+#include "engine/protection_domain.hpp"
+#include "handles.hpp"
+
+using namespace softhca;
+using namespace softhca::abi;
+
+namespace {
+
+ibv_mr* register_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned access) {
+  return pointer_verb([&]() -> ibv_mr* {
+    engine::ProtectionDomain* impl = to_pd(pd);
+    if (impl == nullptr) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    auto mr = engine::MemoryRegion::create(*impl, addr, length, iova, access);
+    if (!mr) {
+      errno = to_errno(mr.error());
+      return nullptr;
+    }
+    auto* h = new MrHandle{};
+    h->impl = *mr;
+    h->mr.context = pd->context;
+    h->mr.pd = pd;
+    h->mr.addr = addr;
+    h->mr.length = length;
+    h->mr.handle = (*mr)->key();
+    h->mr.lkey = (*mr)->key();
+    h->mr.rkey = (*mr)->key();
+    return &h->mr;
+  });
+}
+
+}  // namespace
+
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+extern "C" {
+
+ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  return pointer_verb([&]() -> ibv_pd* {
+    engine::Context* ctx = to_context(context);
+    if (ctx == nullptr) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    auto* h = new PdHandle{};
+    h->impl = new engine::ProtectionDomain(*ctx, ctx->node().registry().allocate_pd_id());
+    h->pd.context = context;
+    h->pd.handle = h->impl->id();
+    return &h->pd;
+  });
+}
+
+int ibv_dealloc_pd(ibv_pd* pd) {
+  return int_verb([&] {
+    engine::ProtectionDomain* impl = to_pd(pd);
+    if (impl == nullptr) return EINVAL;
+    if (impl->in_use()) return EBUSY;
+    delete impl;
+    delete reinterpret_cast<PdHandle*>(pd);
+    return 0;
+  });
+}
+
+ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  return register_mr(pd, addr, length, reinterpret_cast<uint64_t>(addr), static_cast<unsigned>(access));
+}
+
+ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
+  return register_mr(pd, addr, length, iova, static_cast<unsigned>(access));
+}
+
+ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
+  return register_mr(pd, addr, length, iova, access);
+}
+
+int ibv_dereg_mr(ibv_mr* mr) {
+  return int_verb([&] {
+    engine::MemoryRegion* impl = to_mr(mr);
+    if (impl == nullptr) return EINVAL;
+    delete impl;
+    delete reinterpret_cast<MrHandle*>(mr);
+    return 0;
+  });
+}
+
+int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  return int_verb([&] {
+    engine::MemoryRegion* impl = to_mr(mr);
+    if (impl == nullptr) return EINVAL;
+    engine::ProtectionDomain* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? to_pd(pd) : nullptr;
+    if (auto ok = impl->rereg(flags, new_pd, addr, length, static_cast<uint32_t>(access)); !ok)
+      return to_errno(ok.error());
+    if (flags & IBV_REREG_MR_CHANGE_PD) mr->pd = pd;
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+      mr->addr = addr;
+      mr->length = length;
+    }
+    return 0;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,169 @@
+// Queue pairs: create (legacy and extended), modify, query, destroy, post.
+#include <cerrno>
+#include <cstring>
+
+#include "engine/completion_queue.hpp"
+#include "engine/context.hpp"
+#include "engine/protection_domain.hpp"
+#include "engine/qp/queue_pair.hpp"
+#include "engine/shared_receive_queue.hpp"
+#include "handles.hpp"
+#include "verbs_ops.hpp"
+
+using namespace softhca;
+using namespace softhca::abi;
+
+namespace {
+
+ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  engine::ProtectionDomain* impl_pd = to_pd(pd);
+  if (impl_pd == nullptr || attr == nullptr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  engine::QpInitAttr init{};
+  init.type = attr->qp_type;
+  init.send_cq = to_cq(attr->send_cq);
+  init.recv_cq = to_cq(attr->recv_cq);
+  init.srq = to_srq(attr->srq);
+  init.max_send_wr = attr->cap.max_send_wr;
+  init.max_recv_wr = attr->cap.max_recv_wr;
+  init.max_send_sge = attr->cap.max_send_sge;
+  init.max_recv_sge = attr->cap.max_recv_sge;
+  init.max_inline_data = attr->cap.max_inline_data;
+  init.sq_sig_all = attr->sq_sig_all != 0;
+  auto qp = engine::QueuePair::create(*impl_pd, init);
+  if (!qp) {
+    errno = to_errno(qp.error());
+    return nullptr;
+  }
+  auto* h = new QpHandle{};
+  h->impl = *qp;
+  h->impl->handle = &h->qp.qp_base;
+  ibv_qp& q = h->qp.qp_base;
+  q.context = pd->context;
+  q.qp_context = attr->qp_context;
+  q.pd = pd;
+  q.send_cq = attr->send_cq;
+  q.recv_cq = attr->recv_cq;
+  q.srq = attr->srq;
+  q.handle = (*qp)->qpn();
+  q.qp_num = (*qp)->qpn();
+  q.state = IBV_QPS_RESET;
+  q.qp_type = attr->qp_type;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  attr->cap.max_send_wr = init.max_send_wr;
+  attr->cap.max_recv_wr = init.max_recv_wr;
+  attr->cap.max_send_sge = init.max_send_sge;
+  attr->cap.max_recv_sge = init.max_recv_sge;
+  attr->cap.max_inline_data = init.max_inline_data;
+  return &q;
+}
+
+}  // namespace
+
+namespace softhca::abi {
+
+int post_send_op(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  engine::QueuePair* impl = to_qp(qp);
+  if (impl == nullptr) return EINVAL;
+  return impl->post_send(wr, bad_wr);
+}
+
+int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  engine::QueuePair* impl = to_qp(qp);
+  if (impl == nullptr) return EINVAL;
+  return impl->post_recv(wr, bad_wr);
+}
+
+ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
+  return pointer_verb([&]() -> ibv_qp* {
+    if (attr == nullptr || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    // Extended creation flags (send ops, XRC, RSS, ...) are not offered yet.
+    if (attr->comp_mask & ~static_cast<uint32_t>(IBV_QP_INIT_ATTR_PD)) {
+      errno = EOPNOTSUPP;
+      return nullptr;
+    }
+    if (attr->pd == nullptr || attr->pd->context != context) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    ibv_qp_init_attr legacy{};
+    legacy.qp_context = attr->qp_context;
+    legacy.send_cq = attr->send_cq;
+    legacy.recv_cq = attr->recv_cq;
+    legacy.srq = attr->srq;
+    legacy.cap = attr->cap;
+    legacy.qp_type = attr->qp_type;
+    legacy.sq_sig_all = attr->sq_sig_all;
+    ibv_qp* qp = create_qp(attr->pd, &legacy);
+    if (qp != nullptr) attr->cap = legacy.cap;
+    return qp;
+  });
+}
+
+}  // namespace softhca::abi
+
+extern "C" {
+
+ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  return pointer_verb([&] { return create_qp(pd, attr); });
+}
+
+int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
+  return int_verb([&] {
+    engine::QueuePair* impl = to_qp(qp);
+    if (impl == nullptr || attr == nullptr) return EINVAL;
+    if (auto ok = impl->modify(*attr, attr_mask); !ok) return to_errno(ok.error());
+    if (attr_mask & IBV_QP_STATE) qp->state = attr->qp_state;
+    return 0;
+  });
+}
+
+int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr) {
+  return int_verb([&] {
+    (void)attr_mask;  // like hardware providers, we fill everything
+    engine::QueuePair* impl = to_qp(qp);
+    if (impl == nullptr || attr == nullptr || init_attr == nullptr) return EINVAL;
+    impl->query(*attr, *init_attr);
+    init_attr->qp_context = qp->qp_context;
+    init_attr->send_cq = qp->send_cq;
+    init_attr->recv_cq = qp->recv_cq;
+    init_attr->srq = qp->srq;
+    qp->state = attr->qp_state;
+    return 0;
+  });
+}
+
+int ibv_destroy_qp(ibv_qp* qp) {
+  return int_verb([&] {
+    engine::QueuePair* impl = to_qp(qp);
+    if (impl == nullptr) return EINVAL;
+    impl->async_events.wait_all_acked();
+    delete impl;
+    pthread_mutex_destroy(&qp->mutex);
+    pthread_cond_destroy(&qp->cond);
+    delete reinterpret_cast<QpHandle*>(qp);
+    return 0;
+  });
+}
+
+ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
+  // QPs created without IBV_QP_INIT_ATTR_SEND_OPS_FLAGS have no extended post API.
+  (void)qp;
+  return nullptr;
+}
+
+int ibv_query_qp_data_in_order(ibv_qp* qp, ibv_wr_opcode op, uint32_t flags) {
+  (void)op;
+  (void)flags;
+  // rdma-core 44: 1 when the QP writes a message's data in order. The shm
+  // transport places every byte, in order, before it posts the completion.
+  return to_qp(qp) != nullptr ? 1 : 0;
+}
+
+}  // extern "C"

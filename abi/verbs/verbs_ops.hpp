@@ -1,0 +1,17 @@
+// The functions the shim installs in ibv_context.ops and verbs_context (the
+// slots inline verbs call), defined in the files of their verb families.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+namespace softhca::abi {
+
+int poll_cq_op(ibv_cq* cq, int num_entries, ibv_wc* wc);
+int req_notify_cq_op(ibv_cq* cq, int solicited_only);
+int post_send_op(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+ibv_cq_ex* create_cq_ex_op(ibv_context* context, ibv_cq_init_attr_ex* attr);
+ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr);
+
+}  // namespace softhca::abi

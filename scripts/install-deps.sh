@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Install the Debian 12 packages that softhca needs to build and test.
+#
+# Idempotent: when every package is already installed it does nothing and
+# touches no network. Otherwise it runs `apt-get update` once and installs
+# only the missing packages, without recommends. Uses sudo when not root.
+set -euo pipefail
+
+packages=(
+  build-essential cmake g++
+  libibverbs-dev librdmacm-dev          # headers we build against (rdma-core 44)
+  ibverbs-utils rdmacm-utils perftest   # the unmodified peers of the system tests
+  googletest libgtest-dev libbenchmark-dev libfmt-dev
+  ucx-utils                             # comparison peer for bench/peers
+  python3 python3-pyverbs
+  iproute2 procps                       # ss (readiness polling), ps/kill
+)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  if [[ $status != "install ok installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  if ! command -v sudo >/dev/null; then
+    echo "install-deps: not root and sudo is not available; install as root: ${missing[*]}" >&2
+    exit 1
+  fi
+  sudo=(sudo)
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -q
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

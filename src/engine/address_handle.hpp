@@ -1,0 +1,44 @@
+// An address handle: where a UD message goes. The engine keeps the attributes
+// it needs to route (dgid, port) and to fill the receiver's GRH.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+struct ibv_ah;
+
+namespace softhca::engine {
+
+class ProtectionDomain;
+class AddressHandle;
+
+// The engine object behind an application's ibv_ah (defined by the verbs shim,
+// which owns the public struct).
+AddressHandle* address_handle_of(ibv_ah* ah);
+
+struct AddressVector {
+  uint8_t dgid[16];
+  uint8_t sgid_index;
+  uint8_t hop_limit;
+  uint8_t traffic_class;
+  uint8_t sl;
+  uint32_t flow_label;
+  uint16_t dlid;
+  uint8_t is_global;
+  uint8_t port_num;
+  uint8_t static_rate;
+  uint8_t src_path_bits;
+};
+
+class AddressHandle {
+ public:
+  AddressHandle(ProtectionDomain& pd, const AddressVector& av) : pd_(pd), av_(av) {}
+  ProtectionDomain& pd() { return pd_; }
+  const AddressVector& av() const { return av_; }
+
+ private:
+  ProtectionDomain& pd_;
+  AddressVector av_;
+};
+
+}  // namespace softhca::engine

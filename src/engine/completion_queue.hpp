@@ -1,0 +1,76 @@
+// A completion queue. Its ring lives in the process segment (shm::SharedCq) so
+// that initiators in any process post receive completions into it directly;
+// this object is the owner's side: polling, arming, events, resize.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "common/result.hpp"
+#include "common/spinlock.hpp"
+#include "engine/context.hpp"
+#include "link/shm/shared_queues.hpp"
+
+namespace softhca::engine {
+
+class CompletionChannel;
+class QueuePair;
+
+class CompletionQueue {
+ public:
+  static Result<CompletionQueue*> create(Context& context, int cqe, CompletionChannel* channel);
+  ~CompletionQueue();
+
+  // Fills up to `n` work completions; returns how many (ibv_poll_cq).
+  int poll(int n, ibv_wc* wc);
+  // One completion in engine form, for the extended poll API.
+  bool poll_one(shm::Cqe& out);
+  void arm(bool solicited_only);
+  Result<void> resize(int cqe);
+
+  // Posts a completion generated in this process (send completions, flushes).
+  void push(const shm::Cqe& cqe);
+  // Called by the progress thread for a notification from another process.
+  void on_remote_notify();
+  void on_overrun();
+
+  Context& context() { return context_; }
+  CompletionChannel* channel() { return channel_; }
+  int cqe() const { return cqe_; }
+  uint32_t id() const { return id_; }
+  uint64_t shared_offset() const { return shared_offset_; }
+  shm::SharedCq* shared() const { return shared_; }
+
+  void* handle = nullptr;          // the application's ibv_cq
+  EventCounters comp_events;       // completion-channel events given out / acked
+  EventCounters async_events;
+
+  void attach(QueuePair* qp);
+  void detach(QueuePair* qp);
+  bool in_use();
+  // QPs feeding this CQ, for progress on poll.
+  std::vector<QueuePair*> users();
+
+ private:
+  CompletionQueue(Context& context, int cqe, CompletionChannel* channel)
+      : context_(context), channel_(channel), cqe_(cqe) {}
+  void signal_channel();
+
+  Context& context_;
+  CompletionChannel* channel_;
+  int cqe_;
+  uint32_t id_ = 0;
+  uint64_t shared_offset_ = 0;
+  uint64_t shared_bytes_ = 0;
+  shm::SharedCq* shared_ = nullptr;
+  SpinLock poll_lock_;
+  std::mutex users_mutex_;
+  std::vector<QueuePair*> users_;
+  std::atomic<bool> error_raised_{false};
+};
+
+}  // namespace softhca::engine

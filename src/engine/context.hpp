@@ -1,0 +1,75 @@
+// A device context: what ibv_open_device returns. It owns the async event queue
+// (a real eventfd the application can poll) and ties its objects to the node.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <deque>
+#include <mutex>
+
+#include "common/result.hpp"
+#include "engine/node.hpp"
+
+namespace softhca::engine {
+
+struct AsyncEvent {
+  ibv_event_type type;
+  void* handle;  // the application's ibv_qp / ibv_cq / ibv_srq, or nullptr for port/device events
+  int port_num;
+};
+
+// Anything that can be named by an async event counts events given out and
+// acknowledged, so destroy can wait until the application has acked them all.
+class EventCounters {
+ public:
+  void reported() {
+    std::lock_guard guard(mutex_);
+    ++reported_;
+  }
+  void acked(uint32_t n = 1) {
+    std::lock_guard guard(mutex_);
+    acked_ += n;
+    cond_.notify_all();
+  }
+  void wait_all_acked() {
+    std::unique_lock guard(mutex_);
+    cond_.wait(guard, [&] { return acked_ >= reported_; });
+  }
+  uint32_t reported_count() {
+    std::lock_guard guard(mutex_);
+    return reported_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cond_;
+  uint32_t reported_ = 0;
+  uint32_t acked_ = 0;
+};
+
+class Context {
+ public:
+  static Result<Context*> open();
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Node& node() { return *node_; }
+  int async_fd() const { return async_fd_; }
+  // A file descriptor for ibv_context.cmd_fd: a real fd apps may dup (pyverbs does).
+  int cmd_fd() const { return cmd_fd_; }
+
+  void raise_async_event(const AsyncEvent& event);
+  // Blocks (unless the fd is O_NONBLOCK: EAGAIN) until an event is pending.
+  Result<AsyncEvent> get_async_event();
+
+ private:
+  Context() = default;
+  Node* node_ = nullptr;
+  int async_fd_ = -1;
+  int cmd_fd_ = -1;
+  std::mutex mutex_;
+  std::deque<AsyncEvent> events_;
+};
+
+}  // namespace softhca::engine

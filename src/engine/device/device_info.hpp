@@ -1,0 +1,93 @@
+// The one softhca device of this host: its name, node GUID and RoCEv2 GID table.
+//
+// The table is built once, from the host's interface addresses, by a pure
+// function (build_gid_table) so that its ordering rules can be tested without
+// the machine's interfaces. device_info() is the device registry, the one
+// global softhca keeps: built on first use, immutable afterwards.
+//
+// GID table ordering (index = position):
+//   1. ::ffff:127.0.0.1 (always present: shm reaches loopback even if lo is down)
+//   2. other IPv4 loopback addresses (127/8)
+//   3. other IPv4 addresses, by interface index
+//   4. ::1
+//   5. other IPv6 addresses, by interface index
+// Within one interface the kernel's address order is kept (primary first).
+// Duplicates are dropped; the table is cut at limits::kGidTableLen.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/limits.hpp"
+
+namespace softhca::engine {
+
+using GidBytes = std::array<uint8_t, 16>;
+
+// Values of the public enum ibv_gid_type (struct ibv_gid_entry.gid_type).
+enum class GidType : uint32_t { kIb = 0, kRoceV1 = 1, kRoceV2 = 2 };
+
+struct GidEntry {
+  GidBytes raw{};
+  GidType type = GidType::kRoceV2;
+  uint32_t ifindex = 0;  // 0 when no netdev backs the entry
+  std::string ifname;
+};
+
+// One address of a local interface, as getifaddrs reports it.
+struct InterfaceAddress {
+  int family = 0;       // AF_INET or AF_INET6; anything else is ignored
+  GidBytes address{};   // AF_INET: the first 4 bytes, network order
+  uint32_t ifindex = 0;
+  std::string ifname;
+};
+
+// ::ffff:a.b.c.d
+GidBytes ipv4_mapped_gid(std::span<const uint8_t, 4> ipv4);
+inline constexpr GidBytes kLoopbackV4Gid = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
+inline constexpr GidBytes kLoopbackV6Gid = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+
+bool is_zero_gid(std::span<const uint8_t, 16> raw);
+
+// Pure: the GID table for these addresses (see the ordering above).
+std::vector<GidEntry> build_gid_table(std::span<const InterfaceAddress> addresses,
+                                      std::size_t max_entries = limits::kGidTableLen);
+
+// Pure: a stable, never-zero node GUID (host byte order) from a per-host seed.
+uint64_t derive_node_guid(std::string_view seed);
+
+struct DeviceInfo {
+  std::string name;
+  uint64_t node_guid = 0;       // host byte order; the verbs report it big-endian
+  uint64_t sys_image_guid = 0;  // host byte order
+  std::vector<GidEntry> gids;   // gids[i] is GID index i; indexes past the end are empty
+
+  // nullptr for an empty or out-of-range index.
+  const GidEntry* gid_at(uint32_t index) const;
+  std::optional<uint32_t> find_gid_index(std::span<const uint8_t, 16> raw) const;
+  bool is_local_gid(std::span<const uint8_t, 16> raw) const { return find_gid_index(raw).has_value(); }
+};
+
+inline constexpr std::string_view kDeviceName = "softhca0";
+
+// Pure: the device for these addresses and GUID seed.
+DeviceInfo make_device_info(std::span<const InterfaceAddress> addresses, std::string_view guid_seed);
+
+// Reads the machine: getifaddrs, and /etc/machine-id (or the hostname) for the GUID.
+std::vector<InterfaceAddress> read_interface_addresses();
+std::string read_guid_seed();
+
+// The device of this host, built on first call (thread-safe), then immutable.
+const DeviceInfo& device_info();
+
+// Shorthands over device_info(), for the data path (is an AH's dgid on this host?).
+std::optional<uint32_t> find_gid_index(std::span<const uint8_t, 16> raw);
+bool is_local_gid(std::span<const uint8_t, 16> raw);
+
+}  // namespace softhca::engine

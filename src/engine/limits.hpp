@@ -1,0 +1,42 @@
+// The limits softhca enforces. ibv_query_device reports exactly these values,
+// and every create/modify/post path checks against them.
+#pragma once
+
+#include <cstdint>
+
+namespace softhca::limits {
+
+inline constexpr uint32_t kVendorId = 0xFFFFFF;      // unknown vendor: perftest takes its generic path
+inline constexpr uint32_t kVendorPartId = 0;         // not in perftest's table of inline-capable parts
+inline constexpr uint32_t kHwVersion = 1;
+inline constexpr uint64_t kMaxMrSize = 1ULL << 40;
+inline constexpr uint64_t kPageSizeCap = 0xFFFFF000ULL;  // 4 KiB and up
+inline constexpr int kMaxQp = 16384;
+inline constexpr int kMaxQpWr = 16384;
+inline constexpr int kMaxSge = 32;
+inline constexpr int kMaxSgeRd = 32;
+inline constexpr int kMaxCq = 16384;
+inline constexpr int kMaxCqe = (1 << 20) - 1;
+inline constexpr int kMaxMr = 65536;
+inline constexpr int kMaxPd = 65536;
+inline constexpr int kMaxQpRdAtom = 16;
+inline constexpr int kMaxQpInitRdAtom = 16;
+inline constexpr int kMaxResRdAtom = kMaxQp * kMaxQpRdAtom;
+inline constexpr int kMaxSrq = 16384;
+inline constexpr int kMaxSrqWr = 16384;
+inline constexpr int kMaxSrqSge = 32;
+inline constexpr int kMaxAh = 65536;
+inline constexpr uint32_t kMaxInlineData = 256;  // perftest asks for up to 236
+inline constexpr uint32_t kMaxMsgSize = 1U << 31;
+inline constexpr uint16_t kMaxPkeys = 1;
+inline constexpr uint16_t kDefaultPkey = 0xFFFF;
+inline constexpr int kNumCompVectors = 1;
+inline constexpr int kGidTableLen = 32;
+inline constexpr int kMaxMcastGrp = 0;  // multicast comes with librdmacm
+inline constexpr int kPhysPortCnt = 1;
+inline constexpr int kMtu = 5;           // IBV_MTU_4096
+inline constexpr uint32_t kMtuBytes = 4096;
+inline constexpr uint32_t kUdGrhBytes = 40;
+inline constexpr uint32_t kLocalCaAckDelay = 15;
+
+}  // namespace softhca::limits

@@ -1,0 +1,77 @@
+#include "engine/memory_region.hpp"
+
+#include <infiniband/verbs.h>
+
+#include "common/log.hpp"
+#include "engine/context.hpp"
+#include "engine/limits.hpp"
+#include "engine/protection_domain.hpp"
+
+namespace softhca::engine {
+
+uint32_t supported_access_flags() {
+  return IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+         IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED;
+}
+
+Result<void> check_access_flags(uint32_t access) {
+  // Optional bits (relaxed ordering, ...) are hints a device may ignore.
+  const uint32_t mandatory = access & ~static_cast<uint32_t>(IBV_ACCESS_OPTIONAL_RANGE);
+  if (mandatory & ~supported_access_flags()) return fail(std::errc::invalid_argument);
+  // Remote write or atomic access requires local write (IBTA; rdma-core returns EINVAL).
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
+    return fail(std::errc::invalid_argument);
+  return {};
+}
+
+Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,
+                                           uint32_t access) {
+  if (auto ok = check_access_flags(access); !ok) return fail(ok.error());
+  if (length == 0 || length > limits::kMaxMrSize) return fail(std::errc::invalid_argument);
+  if (addr == nullptr) return fail(std::errc::invalid_argument);
+  auto* mr = new MemoryRegion(pd, addr, length, iova, access);
+  Node& node = pd.context().node();
+  auto key = node.registry().allocate_mr(node.proc(), pd.id(), access, iova, length,
+                                         reinterpret_cast<uint64_t>(addr));
+  if (!key) {
+    delete mr;
+    return fail(key.error());
+  }
+  mr->key_ = *key;
+  pd.attach();
+  return mr;
+}
+
+MemoryRegion::~MemoryRegion() {
+  if (key_ != 0) {
+    pd_->context().node().registry().release_mr(key_);
+    pd_->detach();
+  }
+}
+
+Result<void> MemoryRegion::rereg(int flags, ProtectionDomain* pd, void* addr, uint64_t length, uint32_t access) {
+  if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS) || flags == 0)
+    return fail(std::errc::invalid_argument);
+  if ((flags & IBV_REREG_MR_CHANGE_ACCESS)) {
+    if (auto ok = check_access_flags(access); !ok) return fail(ok.error());
+  }
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (addr == nullptr || length == 0 || length > limits::kMaxMrSize))
+    return fail(std::errc::invalid_argument);
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && pd == nullptr) return fail(std::errc::invalid_argument);
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    pd_->detach();
+    pd_ = pd;
+    pd_->attach();
+  }
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) access_ = access;
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    addr_ = addr;
+    length_ = length;
+    iova_ = reinterpret_cast<uint64_t>(addr);
+  }
+  pd_->context().node().registry().update_mr(key_, pd_->id(), access_, iova_, length_,
+                                             reinterpret_cast<uint64_t>(addr_));
+  return {};
+}
+
+}  // namespace softhca::engine

@@ -1,0 +1,45 @@
+// A memory region: a registered range with a host-unique key (lkey == rkey),
+// published in the host registry so initiators of any process can validate an
+// rkey and reach the memory.
+#pragma once
+
+#include <cstdint>
+
+#include "common/result.hpp"
+
+namespace softhca::engine {
+
+class ProtectionDomain;
+
+// Access flags we understand; IBV_ACCESS_OPTIONAL_RANGE bits are ignored when unsupported.
+uint32_t supported_access_flags();
+Result<void> check_access_flags(uint32_t access);
+
+class MemoryRegion {
+ public:
+  static Result<MemoryRegion*> create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,
+                                      uint32_t access);
+  ~MemoryRegion();
+
+  // IBV_REREG_MR_* flags; a new PD, access or range.
+  Result<void> rereg(int flags, ProtectionDomain* pd, void* addr, uint64_t length, uint32_t access);
+
+  uint32_t key() const { return key_; }
+  ProtectionDomain& pd() { return *pd_; }
+  void* addr() const { return addr_; }
+  uint64_t length() const { return length_; }
+  uint64_t iova() const { return iova_; }
+  uint32_t access() const { return access_; }
+
+ private:
+  MemoryRegion(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova, uint32_t access)
+      : pd_(&pd), addr_(addr), length_(length), iova_(iova), access_(access) {}
+  ProtectionDomain* pd_;
+  void* addr_;
+  uint64_t length_;
+  uint64_t iova_;
+  uint32_t access_;
+  uint32_t key_ = 0;
+};
+
+}  // namespace softhca::engine

@@ -1,0 +1,480 @@
+#include "engine/qp/queue_pair.hpp"
+
+#include <bit>
+#include <cstring>
+
+#include "common/log.hpp"
+#include "engine/address_handle.hpp"
+#include "engine/completion_queue.hpp"
+#include "engine/device/device_info.hpp"
+#include "engine/limits.hpp"
+#include "engine/protection_domain.hpp"
+#include "engine/qp/shm_execute.hpp"
+#include "engine/shared_receive_queue.hpp"
+
+namespace softhca::engine {
+namespace {
+
+// The rdma-core convention for ibv_qp_cap: a request of 0 still gets a usable queue.
+uint32_t ring_capacity(uint32_t wanted) { return std::bit_ceil(wanted < 1 ? 1u : wanted); }
+
+ibv_wc_opcode wc_opcode_for(uint32_t wr_opcode) {
+  switch (wr_opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return IBV_WC_FETCH_ADD;
+    default:
+      return IBV_WC_SEND;
+  }
+}
+
+bool opcode_allowed(ibv_qp_type type, uint32_t opcode) {
+  switch (type) {
+    case IBV_QPT_RC:
+      return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE ||
+             opcode == IBV_WR_RDMA_WRITE_WITH_IMM || opcode == IBV_WR_RDMA_READ ||
+             opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    case IBV_QPT_UC:
+      return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE ||
+             opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+    case IBV_QPT_UD:
+      return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+QueuePair::QueuePair(ProtectionDomain& pd, Context& context, const QpInitAttr& init)
+    : pd_(pd), context_(context), node_(context.node()), init_(init) {}
+
+Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
+  if (init.type != IBV_QPT_RC && init.type != IBV_QPT_UC && init.type != IBV_QPT_UD)
+    return fail(std::errc::operation_not_supported);
+  if (init.send_cq == nullptr || init.recv_cq == nullptr) return fail(std::errc::invalid_argument);
+  if (init.max_send_wr > static_cast<uint32_t>(limits::kMaxQpWr) ||
+      init.max_send_sge > static_cast<uint32_t>(limits::kMaxSge) ||
+      init.max_inline_data > limits::kMaxInlineData ||
+      (init.srq == nullptr && (init.max_recv_wr > static_cast<uint32_t>(limits::kMaxQpWr) ||
+                               init.max_recv_sge > static_cast<uint32_t>(limits::kMaxSge))))
+    return fail(std::errc::invalid_argument);
+  Context& context = pd.context();
+  Node& node = context.node();
+  // What we grant: at least one of each, so a post never meets a zero-sized queue.
+  if (init.max_send_sge == 0) init.max_send_sge = 1;
+  if (init.srq != nullptr) {
+    init.max_recv_wr = 0;
+    init.max_recv_sge = 0;
+  } else if (init.max_recv_sge == 0) {
+    init.max_recv_sge = 1;
+  }
+
+  auto* qp = new QueuePair(pd, context, init);
+  qp->sq_capacity_ = ring_capacity(init.max_send_wr);
+  qp->sq_stride_ = SendWqe::stride_for(init.max_send_sge, init.max_inline_data);
+  qp->sq_.assign(uint64_t{qp->sq_capacity_} * qp->sq_stride_, 0);
+
+  host::ProcessSegment& segment = node.segment();
+  qp->shared_offset_ = segment.allocate(sizeof(shm::SharedQp));
+  if (qp->shared_offset_ == 0) {
+    delete qp;
+    return fail(std::errc::not_enough_memory);
+  }
+  qp->shared_ = segment.at<shm::SharedQp>(qp->shared_offset_);
+  if (init.srq == nullptr) {
+    const uint32_t capacity = ring_capacity(init.max_recv_wr);
+    qp->rq_bytes_ = shm::SharedRq::bytes_for(capacity, init.max_recv_sge);
+    qp->rq_offset_ = segment.allocate(qp->rq_bytes_);
+    if (qp->rq_offset_ == 0) {
+      segment.release(qp->shared_offset_, sizeof(shm::SharedQp));
+      delete qp;
+      return fail(std::errc::not_enough_memory);
+    }
+    qp->rq_ = segment.at<shm::SharedRq>(qp->rq_offset_);
+    qp->rq_->capacity = capacity;
+    qp->rq_->max_sge = init.max_recv_sge;
+    qp->rq_->stride = shm::SharedRq::stride_for(init.max_recv_sge);
+    qp->rq_->owner_proc = node.proc();
+    qp->rq_->pd_id = pd.id();
+  }
+  auto qpn = node.registry().allocate_qpn(node.proc(), qp->shared_offset_);
+  if (!qpn) {
+    if (qp->rq_offset_) segment.release(qp->rq_offset_, qp->rq_bytes_);
+    segment.release(qp->shared_offset_, sizeof(shm::SharedQp));
+    delete qp;
+    return fail(qpn.error());
+  }
+  qp->qpn_ = *qpn;
+  qp->id_ = node.qps().add(qp);
+  shm::SharedQp& shared = *qp->shared_;
+  shared.qpn = qp->qpn_;
+  shared.qp_type = init.type;
+  shared.owner_proc = node.proc();
+  shared.owner_qp_id = qp->id_;
+  shared.pd_id = pd.id();
+  shared.rq_offset = qp->rq_offset_;
+  shared.srq_offset = init.srq ? init.srq->shared_offset() : 0;
+  shared.recv_cq_offset = init.recv_cq->shared_offset();
+  shared.state.store(IBV_QPS_RESET, std::memory_order_release);
+
+  pd.attach();
+  init.send_cq->attach(qp);
+  if (init.recv_cq != init.send_cq) init.recv_cq->attach(qp);
+  if (init.srq) init.srq->attach();
+  return qp;
+}
+
+QueuePair::~QueuePair() {
+  Node& node = node_;
+  // Unpublish first, then wait for initiators working on us to leave.
+  if (shared_ != nullptr) {
+    shared_->state.store(shm::SharedQp::kDestroyed, std::memory_order_release);
+    node.registry().release_qpn(qpn_);
+    const uint64_t deadline = Node::now_ns() + 100'000'000;
+    while (shared_->users.load(std::memory_order_acquire) != 0 && Node::now_ns() < deadline) __builtin_ia32_pause();
+  }
+  node.remove_waiting(this);
+  node.qps().remove(id_);
+  init_.send_cq->detach(this);
+  if (init_.recv_cq != init_.send_cq) init_.recv_cq->detach(this);
+  if (init_.srq) init_.srq->detach();
+  pd_.detach();
+  host::ProcessSegment& segment = node.segment();
+  if (rq_offset_) segment.release(rq_offset_, rq_bytes_);
+  if (shared_offset_) segment.release(shared_offset_, sizeof(shm::SharedQp));
+}
+
+void QueuePair::publish_responder_state() {
+  shm::SharedQp& s = *shared_;
+  s.access.store(attrs_.access_flags, std::memory_order_relaxed);
+  s.qkey.store(attrs_.qkey, std::memory_order_relaxed);
+  s.dest_qpn.store(attrs_.dest_qpn, std::memory_order_relaxed);
+  s.min_rnr_timer.store(attrs_.min_rnr_timer, std::memory_order_relaxed);
+  s.max_dest_rd_atomic.store(attrs_.max_dest_rd_atomic, std::memory_order_relaxed);
+}
+
+Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
+  std::lock_guard sq_guard(sq_lock_);
+  // A peer may have moved us to ERROR since the last modify.
+  attrs_.state = state();
+  QpModifyContext ctx = make_modify_context(init_.type, attrs_);
+  const DeviceInfo& device = device_info();
+  ctx.gid_table_len = limits::kGidTableLen;
+  ctx.populated_gids = 0;
+  for (uint32_t i = 0; i < device.gids.size() && i < 64; ++i) ctx.populated_gids |= uint64_t{1} << i;
+  if (auto ok = check_modify_qp(ctx, attr, mask); !ok) {
+    SOFTHCA_DEBUG("modify_qp on qp 0x%x in state %s rejected (mask 0x%x)", qpn_, qp_state_name(attrs_.state), mask);
+    return ok;
+  }
+  const ibv_qp_state from = attrs_.state;
+  apply_modify_qp(attrs_, attr, mask, init_.type);
+  const ibv_qp_state to = attrs_.state;
+  publish_responder_state();
+  if ((mask & IBV_QP_DEST_QPN) != 0) target_ = TargetQp{};
+  if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
+    reset_queues_locked();
+    shared_->comm_established.store(0, std::memory_order_relaxed);
+  }
+  shared_->state.store(to, std::memory_order_release);
+  if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) {
+    flush_send_locked();
+    flush_recv();
+  }
+  if (to == IBV_QPS_SQD && sq_head_ == sq_tail_) {
+    mark_sq_drained(attrs_);
+    if (attrs_.en_sqd_async_notify) raise_event(IBV_EVENT_SQ_DRAINED);
+  }
+  if (to == IBV_QPS_RTS) progress_locked(Node::now_ns());
+  return {};
+}
+
+void QueuePair::query(ibv_qp_attr& attr, ibv_qp_init_attr& init) {
+  std::lock_guard guard(sq_lock_);
+  attrs_.state = state();
+  std::memset(&attr, 0, sizeof attr);
+  query_qp_attributes(attrs_, attr);
+  attr.cap.max_send_wr = init_.max_send_wr;
+  attr.cap.max_recv_wr = init_.max_recv_wr;
+  attr.cap.max_send_sge = init_.max_send_sge;
+  attr.cap.max_recv_sge = init_.max_recv_sge;
+  attr.cap.max_inline_data = init_.max_inline_data;
+  std::memset(&init, 0, sizeof init);
+  init.qp_type = init_.type;
+  init.sq_sig_all = init_.sq_sig_all ? 1 : 0;
+  init.cap = attr.cap;
+}
+
+void QueuePair::raise_event(ibv_event_type type) {
+  async_events.reported();
+  context_.raise_async_event(AsyncEvent{type, handle, 0});
+}
+
+bool QueuePair::signaled(const SendWqe& wqe) const {
+  return init_.sq_sig_all || (wqe.send_flags & IBV_SEND_SIGNALED) != 0;
+}
+
+int QueuePair::validate_send(const ibv_send_wr& wr) const {
+  if (!opcode_allowed(init_.type, wr.opcode)) return EINVAL;
+  if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > init_.max_send_sge) return EINVAL;
+  if (wr.num_sge > 0 && wr.sg_list == nullptr) return EINVAL;
+  if (wr.send_flags & IBV_SEND_INLINE) {
+    if (wr.opcode == IBV_WR_RDMA_READ || wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+        wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+      return EINVAL;
+    uint64_t total = 0;
+    for (int i = 0; i < wr.num_sge; ++i) total += wr.sg_list[i].length;
+    if (total > init_.max_inline_data) return EINVAL;
+  }
+  if (init_.type == IBV_QPT_UD && wr.wr.ud.ah == nullptr) return EINVAL;
+  return 0;
+}
+
+void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
+  SendWqe* wqe = sq_slot(sq_head_);
+  wqe->wr_id = wr.wr_id;
+  wqe->opcode = wr.opcode;
+  wqe->send_flags = wr.send_flags;
+  wqe->imm_data = wr.imm_data;
+  wqe->num_sge = static_cast<uint32_t>(wr.num_sge);
+  wqe->started = 0;
+  wqe->deadline_ns = 0;
+  wqe->length = 0;
+  wqe->rnr_left = attrs_.rnr_retry;
+  wqe->retry_left = attrs_.retry_cnt;
+  wqe->ah = nullptr;
+  switch (wr.opcode) {
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      wqe->remote_addr = wr.wr.atomic.remote_addr;
+      wqe->rkey = wr.wr.atomic.rkey;
+      wqe->compare_add = wr.wr.atomic.compare_add;
+      wqe->swap = wr.wr.atomic.swap;
+      break;
+    default:
+      wqe->remote_addr = wr.wr.rdma.remote_addr;
+      wqe->rkey = wr.wr.rdma.rkey;
+      break;
+  }
+  if (init_.type == IBV_QPT_UD) {
+    wqe->ah = address_handle_of(wr.wr.ud.ah);
+    wqe->remote_qpn = wr.wr.ud.remote_qpn;
+    wqe->remote_qkey = wr.wr.ud.remote_qkey;
+  }
+  if (wr.send_flags & IBV_SEND_INLINE) {
+    unsigned char* out = wqe->inline_data(init_.max_send_sge);
+    uint32_t len = 0;
+    for (int i = 0; i < wr.num_sge; ++i) {
+      std::memcpy(out + len, reinterpret_cast<const void*>(wr.sg_list[i].addr), wr.sg_list[i].length);
+      len += wr.sg_list[i].length;
+    }
+    wqe->inline_len = len;
+    wqe->num_sge = 0;
+  } else {
+    wqe->inline_len = 0;
+    for (int i = 0; i < wr.num_sge; ++i)
+      wqe->sge[i] = Sge{wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+  }
+  ++sq_head_;
+}
+
+int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  std::lock_guard guard(sq_lock_);
+  const uint32_t st = shared_->state.load(std::memory_order_acquire);
+  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) {
+    SOFTHCA_DEBUG("post_send on qp 0x%x in state %s: move it to RTS first", qpn_,
+                  qp_state_name(static_cast<ibv_qp_state>(st)));
+    *bad_wr = wr;
+    return EINVAL;
+  }
+  int err = 0;
+  for (; wr != nullptr; wr = wr->next) {
+    if ((err = validate_send(*wr)) != 0) break;
+    if (sq_head_ - sq_tail_ >= init_.max_send_wr) {
+      err = ENOMEM;
+      break;
+    }
+    enqueue_send_locked(*wr);
+  }
+  if (err) *bad_wr = wr;
+  progress_locked(Node::now_ns());
+  return err;
+}
+
+int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  if (init_.srq != nullptr) {
+    *bad_wr = wr;
+    return EINVAL;
+  }
+  std::lock_guard guard(rq_lock_);
+  const uint32_t st = shared_->state.load(std::memory_order_acquire);
+  if (st == IBV_QPS_RESET) {
+    *bad_wr = wr;
+    return EINVAL;
+  }
+  int err = 0;
+  for (; wr != nullptr; wr = wr->next) {
+    if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > init_.max_recv_sge ||
+        (wr->num_sge > 0 && wr->sg_list == nullptr)) {
+      err = EINVAL;
+      break;
+    }
+    if (rq_->outstanding() >= init_.max_recv_wr && init_.max_recv_wr > 0) {
+      err = ENOMEM;
+      break;
+    }
+    static_assert(sizeof(shm::RecvSge) == sizeof(ibv_sge));
+    if (!rq_->push(wr->wr_id, reinterpret_cast<const shm::RecvSge*>(wr->sg_list), static_cast<uint32_t>(wr->num_sge))) {
+      err = ENOMEM;
+      break;
+    }
+  }
+  if (err) *bad_wr = wr;
+  if (st == IBV_QPS_ERR) flush_recv();
+  return err;
+}
+
+void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
+  if (status == IBV_WC_SUCCESS && !signaled(wqe)) return;
+  shm::Cqe cqe{};
+  cqe.wr_id = wqe.wr_id;
+  cqe.status = status;
+  cqe.opcode = wc_opcode_for(wqe.opcode);
+  cqe.qp_num = qpn_;
+  if (status == IBV_WC_SUCCESS) {
+    if (wqe.opcode == IBV_WR_RDMA_READ) cqe.byte_len = static_cast<uint32_t>(wqe.length);
+    if (wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) cqe.byte_len = 8;
+  }
+  init_.send_cq->push(cqe);
+}
+
+void QueuePair::progress_locked(uint64_t now_ns) {
+  for (;;) {
+    const uint32_t st = shared_->state.load(std::memory_order_acquire);
+    if (st == IBV_QPS_ERR) {
+      flush_send_locked();
+      break;
+    }
+    if (sq_tail_ == sq_head_ || st != IBV_QPS_RTS) break;
+    SendWqe& wqe = *sq_slot(sq_tail_);
+    if (wqe.deadline_ns != 0 && now_ns < wqe.deadline_ns) break;  // parked
+    if (!wqe.started) {
+      wqe.started = 1;
+      wqe.first_try_ns = now_ns;
+    }
+    const ExecOutcome outcome = shm_execute(*this, wqe);
+    if (outcome.kind == ExecOutcome::Kind::kDone) {
+      wqe.deadline_ns = 0;
+      complete_send_locked(wqe, outcome.status);
+      ++sq_tail_;
+      if (outcome.status != IBV_WC_SUCCESS) enter_error_locked();
+      continue;
+    }
+    if (outcome.kind == ExecOutcome::Kind::kRnr) {
+      // rnr_retry 7 means retry forever.
+      if (attrs_.rnr_retry != 7) {
+        if (wqe.rnr_left == 0) {
+          complete_send_locked(wqe, IBV_WC_RNR_RETRY_EXC_ERR);
+          ++sq_tail_;
+          enter_error_locked();
+          continue;
+        }
+        --wqe.rnr_left;
+      }
+      wqe.deadline_ns = now_ns + outcome.rnr_delay_ns;
+    } else {
+      // No response: retransmit after the local ACK timeout, retry_cnt times.
+      const uint64_t timeout = ack_timeout_ns(attrs_.timeout);
+      if (timeout != 0 && wqe.deadline_ns != 0) {
+        if (wqe.retry_left == 0) {
+          complete_send_locked(wqe, IBV_WC_RETRY_EXC_ERR);
+          ++sq_tail_;
+          enter_error_locked();
+          continue;
+        }
+        --wqe.retry_left;
+      }
+      // timeout 0 is "wait forever": poll again now and then.
+      wqe.deadline_ns = now_ns + (timeout != 0 ? timeout : 10'000'000);
+    }
+    if (!parked_) {
+      parked_ = true;
+      node_.add_waiting(this);
+    }
+    return;
+  }
+  if (parked_) {
+    parked_ = false;
+    node_.remove_waiting(this);
+  }
+}
+
+void QueuePair::progress(uint64_t now_ns) {
+  std::lock_guard guard(sq_lock_);
+  progress_locked(now_ns);
+}
+
+uint64_t QueuePair::next_deadline() {
+  std::lock_guard guard(sq_lock_);
+  if (sq_tail_ == sq_head_) return 0;
+  return sq_slot(sq_tail_)->deadline_ns;
+}
+
+void QueuePair::enter_error_locked() {
+  uint32_t st = shared_->state.load(std::memory_order_acquire);
+  while (st != IBV_QPS_ERR && st != IBV_QPS_RESET)
+    if (shared_->state.compare_exchange_weak(st, IBV_QPS_ERR, std::memory_order_acq_rel)) break;
+  attrs_.state = IBV_QPS_ERR;
+  flush_send_locked();
+  flush_recv();
+}
+
+void QueuePair::flush_send_locked() {
+  while (sq_tail_ != sq_head_) {
+    SendWqe& wqe = *sq_slot(sq_tail_);
+    shm::Cqe cqe{};
+    cqe.wr_id = wqe.wr_id;
+    cqe.status = IBV_WC_WR_FLUSH_ERR;
+    cqe.opcode = wc_opcode_for(wqe.opcode);
+    cqe.qp_num = qpn_;
+    init_.send_cq->push(cqe);
+    ++sq_tail_;
+  }
+}
+
+void QueuePair::flush_recv() {
+  if (rq_ == nullptr) return;  // an SRQ's WQEs belong to the SRQ, not to this QP
+  alignas(16) unsigned char storage[sizeof(shm::RecvWqe) + limits::kMaxSge * sizeof(shm::RecvSge)];
+  auto* wqe = reinterpret_cast<shm::RecvWqe*>(storage);
+  while (rq_->take(wqe, nullptr)) {
+    shm::Cqe cqe{};
+    cqe.wr_id = wqe->wr_id;
+    cqe.status = IBV_WC_WR_FLUSH_ERR;
+    cqe.opcode = IBV_WC_RECV;
+    cqe.qp_num = qpn_;
+    init_.recv_cq->push(cqe);
+  }
+}
+
+void QueuePair::reset_queues_locked() {
+  sq_tail_ = sq_head_;
+  if (rq_ != nullptr) rq_->tail.store(rq_->head.load(std::memory_order_acquire), std::memory_order_release);
+  target_ = TargetQp{};
+}
+
+void QueuePair::on_remote_event(uint32_t detail) {
+  const auto event = static_cast<ibv_event_type>(detail);
+  if (event == IBV_EVENT_QP_FATAL || event == IBV_EVENT_QP_ACCESS_ERR || event == IBV_EVENT_QP_REQ_ERR) {
+    std::lock_guard guard(sq_lock_);
+    enter_error_locked();
+  }
+  raise_event(event);
+}
+
+}  // namespace softhca::engine

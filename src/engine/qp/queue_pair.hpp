@@ -1,0 +1,122 @@
+// A queue pair (RC, UC, UD). The send queue is local to this process: post_send
+// copies each work request into it and the send queue executes them in order,
+// right away, through the shm transport (the initiator performs the whole
+// operation on the target's shared state). A WQE that cannot finish now (RNR,
+// no response) is parked until its deadline; poll_cq, later posts and the
+// node's progress thread retry it. The receive queue and the responder-visible
+// state live in the process segment so initiators elsewhere can use them.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "common/result.hpp"
+#include "common/spinlock.hpp"
+#include "engine/context.hpp"
+#include "engine/qp/qp_state.hpp"
+#include "engine/qp/send_wqe.hpp"
+#include "link/shm/shared_queues.hpp"
+
+namespace softhca::engine {
+
+class CompletionQueue;
+class ProtectionDomain;
+class SharedReceiveQueue;
+
+struct QpInitAttr {
+  ibv_qp_type type;
+  CompletionQueue* send_cq;
+  CompletionQueue* recv_cq;
+  SharedReceiveQueue* srq;
+  uint32_t max_send_wr;
+  uint32_t max_recv_wr;
+  uint32_t max_send_sge;
+  uint32_t max_recv_sge;
+  uint32_t max_inline_data;
+  bool sq_sig_all;
+};
+
+// The target a WQE goes to, resolved from a QPN.
+struct TargetQp {
+  shm::SharedQp* qp = nullptr;
+  char* base = nullptr;  // the target's segment in our address space
+  uint32_t pid = 0;
+  uint32_t proc = 0;
+  uint32_t qpn = 0;
+};
+
+class QueuePair {
+ public:
+  static Result<QueuePair*> create(ProtectionDomain& pd, QpInitAttr& init);
+  ~QueuePair();
+
+  Result<void> modify(const ibv_qp_attr& attr, int mask);
+  void query(ibv_qp_attr& attr, ibv_qp_init_attr& init);
+  int post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr);
+  int post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+
+  // Retries parked work whose deadline has passed.
+  void progress(uint64_t now_ns);
+  uint64_t next_deadline();
+  // The progress thread relays an event another process raised on this QP.
+  void on_remote_event(uint32_t detail);
+
+  uint32_t qpn() const { return qpn_; }
+  ibv_qp_type type() const { return init_.type; }
+  ibv_qp_state state() const { return static_cast<ibv_qp_state>(shared_->state.load(std::memory_order_acquire)); }
+  Context& context() { return context_; }
+  ProtectionDomain& pd() { return pd_; }
+  const QpInitAttr& init_attr() const { return init_; }
+  const QpAttributes& attrs() const { return attrs_; }
+  uint32_t id() const { return id_; }
+
+  void* handle = nullptr;  // the application's ibv_qp
+  EventCounters async_events;
+
+  // Used by the shm transport.
+  Node& node() { return node_; }
+  TargetQp& connected_target() { return target_; }
+
+ private:
+  QueuePair(ProtectionDomain& pd, Context& context, const QpInitAttr& init);
+  SendWqe* sq_slot(uint32_t index) { return reinterpret_cast<SendWqe*>(sq_.data() + uint64_t{index & (sq_capacity_ - 1)} * sq_stride_); }
+  int validate_send(const ibv_send_wr& wr) const;
+  void enqueue_send_locked(const ibv_send_wr& wr);
+  void progress_locked(uint64_t now_ns);
+  void complete_send_locked(const SendWqe& wqe, ibv_wc_status status);
+  void enter_error_locked();
+  void flush_send_locked();
+  void flush_recv();
+  void reset_queues_locked();
+  void publish_responder_state();
+  void raise_event(ibv_event_type type);
+  bool signaled(const SendWqe& wqe) const;
+
+  ProtectionDomain& pd_;
+  Context& context_;
+  Node& node_;
+  QpInitAttr init_;
+  QpAttributes attrs_;
+  uint32_t qpn_ = 0;
+  uint32_t id_ = 0;
+  uint64_t shared_offset_ = 0;
+  shm::SharedQp* shared_ = nullptr;
+  uint64_t rq_offset_ = 0;
+  uint64_t rq_bytes_ = 0;
+  shm::SharedRq* rq_ = nullptr;
+
+  SpinLock sq_lock_;
+  std::vector<unsigned char> sq_;
+  uint32_t sq_stride_ = 0;
+  uint32_t sq_capacity_ = 0;  // power of two >= max_send_wr
+  uint32_t sq_head_ = 0;      // next free slot
+  uint32_t sq_tail_ = 0;      // oldest unfinished WQE
+  bool parked_ = false;
+  SpinLock rq_lock_;
+  TargetQp target_;
+};
+
+}  // namespace softhca::engine

@@ -1,0 +1,48 @@
+// A send work request as the send queue keeps it: copied at post time (inline
+// data included, so the application may reuse its buffer at once), plus the
+// retry state of the operation.
+#pragma once
+
+#include <cstdint>
+
+namespace softhca::engine {
+
+class AddressHandle;
+
+struct Sge {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+};
+
+struct SendWqe {
+  uint64_t wr_id;
+  uint32_t opcode;       // ibv_wr_opcode
+  uint32_t send_flags;   // ibv_send_flags
+  uint32_t imm_data;     // network byte order (or the rkey to invalidate)
+  uint32_t num_sge;
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t remote_qpn;   // UD
+  uint32_t remote_qkey;  // UD
+  uint32_t inline_len;   // bytes in inline_data() when IBV_SEND_INLINE
+  uint64_t compare_add;
+  uint64_t swap;
+  AddressHandle* ah;     // UD
+  uint64_t length;       // total message length
+  // Retry state.
+  uint64_t deadline_ns;  // when a parked WQE is retried
+  uint64_t first_try_ns;
+  uint8_t rnr_left;
+  uint8_t retry_left;
+  uint8_t started;
+  uint8_t pad[5];
+  Sge sge[];             // num_sge entries, then inline data
+
+  static uint32_t stride_for(uint32_t max_sge, uint32_t max_inline) {
+    return static_cast<uint32_t>((sizeof(SendWqe) + max_sge * sizeof(Sge) + max_inline + 15) & ~15u);
+  }
+  unsigned char* inline_data(uint32_t max_sge) { return reinterpret_cast<unsigned char*>(sge + max_sge); }
+};
+
+}  // namespace softhca::engine

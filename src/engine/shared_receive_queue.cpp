@@ -1,0 +1,79 @@
+#include "engine/shared_receive_queue.hpp"
+
+#include <bit>
+
+#include "engine/limits.hpp"
+#include "engine/protection_domain.hpp"
+
+namespace softhca::engine {
+
+Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uint32_t max_wr, uint32_t max_sge,
+                                                       uint32_t limit) {
+  if (max_wr == 0 || max_wr > static_cast<uint32_t>(limits::kMaxSrqWr) || max_sge == 0 ||
+      max_sge > static_cast<uint32_t>(limits::kMaxSrqSge) || limit > max_wr)
+    return fail(std::errc::invalid_argument);
+  Node& node = pd.context().node();
+  auto* srq = new SharedReceiveQueue(pd);
+  srq->max_wr_ = max_wr;
+  srq->max_sge_ = max_sge;
+  const uint32_t capacity = std::bit_ceil(max_wr);
+  srq->shared_bytes_ = shm::SharedRq::bytes_for(capacity, max_sge);
+  srq->shared_offset_ = node.segment().allocate(srq->shared_bytes_);
+  if (srq->shared_offset_ == 0) {
+    delete srq;
+    return fail(std::errc::not_enough_memory);
+  }
+  srq->shared_ = node.segment().at<shm::SharedRq>(srq->shared_offset_);
+  srq->shared_->capacity = capacity;
+  srq->shared_->max_sge = max_sge;
+  srq->shared_->stride = shm::SharedRq::stride_for(max_sge);
+  srq->shared_->owner_proc = node.proc();
+  srq->shared_->pd_id = pd.id();
+  srq->id_ = node.srqs().add(srq);
+  srq->shared_->owner_srq_id = srq->id_;
+  srq->shared_->limit.store(limit, std::memory_order_release);
+  pd.attach();
+  return srq;
+}
+
+SharedReceiveQueue::~SharedReceiveQueue() {
+  Node& node = pd_.context().node();
+  if (id_) node.srqs().remove(id_);
+  if (shared_offset_) node.segment().release(shared_offset_, shared_bytes_);
+  if (shared_) pd_.detach();
+}
+
+Result<void> SharedReceiveQueue::post(uint64_t wr_id, const shm::RecvSge* sges, uint32_t num_sge) {
+  if (num_sge > max_sge_) return fail(std::errc::invalid_argument);
+  std::lock_guard guard(post_mutex_);
+  if (shared_->outstanding() >= max_wr_ || !shared_->push(wr_id, sges, num_sge))
+    return fail(std::errc::not_enough_memory);
+  return {};
+}
+
+Result<void> SharedReceiveQueue::modify(uint32_t max_wr, uint32_t limit, int mask) {
+  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return fail(std::errc::invalid_argument);
+  if (mask & IBV_SRQ_MAX_WR) {
+    // The ring is shared and cannot move; it resizes within its capacity.
+    if (max_wr == 0 || max_wr > shared_->capacity || max_wr < shared_->outstanding())
+      return fail(std::errc::invalid_argument);
+  }
+  const uint32_t new_max = (mask & IBV_SRQ_MAX_WR) ? max_wr : max_wr_;
+  if ((mask & IBV_SRQ_LIMIT) && limit > new_max) return fail(std::errc::invalid_argument);
+  max_wr_ = new_max;
+  if (mask & IBV_SRQ_LIMIT) shared_->limit.store(limit, std::memory_order_release);
+  return {};
+}
+
+void SharedReceiveQueue::query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit) const {
+  max_wr = max_wr_;
+  max_sge = max_sge_;
+  limit = shared_->limit.load(std::memory_order_acquire);
+}
+
+void SharedReceiveQueue::on_limit_reached() {
+  async_events.reported();
+  pd_.context().raise_async_event(AsyncEvent{IBV_EVENT_SRQ_LIMIT_REACHED, handle, 0});
+}
+
+}  // namespace softhca::engine

@@ -1,0 +1,56 @@
+// A shared receive queue: a shm::SharedRq in the process segment that initiators
+// take receive WQEs from directly, plus the limit event.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "common/result.hpp"
+#include "engine/context.hpp"
+#include "link/shm/shared_queues.hpp"
+
+namespace softhca::engine {
+
+class ProtectionDomain;
+
+class SharedReceiveQueue {
+ public:
+  static Result<SharedReceiveQueue*> create(ProtectionDomain& pd, uint32_t max_wr, uint32_t max_sge,
+                                            uint32_t limit);
+  ~SharedReceiveQueue();
+
+  // Posts receive WQEs; on failure *bad is the index of the first one not posted.
+  Result<void> post(uint64_t wr_id, const shm::RecvSge* sges, uint32_t num_sge);
+  Result<void> modify(uint32_t max_wr, uint32_t limit, int mask);
+  void query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit) const;
+  void on_limit_reached();
+
+  ProtectionDomain& pd() { return pd_; }
+  uint32_t max_sge() const { return max_sge_; }
+  uint32_t max_wr() const { return max_wr_; }
+  uint64_t shared_offset() const { return shared_offset_; }
+  shm::SharedRq* shared() const { return shared_; }
+  uint32_t id() const { return id_; }
+
+  void* handle = nullptr;
+  EventCounters async_events;
+  void attach() { users_.fetch_add(1); }
+  void detach() { users_.fetch_sub(1); }
+  bool in_use() const { return users_.load() != 0; }
+
+ private:
+  SharedReceiveQueue(ProtectionDomain& pd) : pd_(pd) {}
+  ProtectionDomain& pd_;
+  uint32_t max_wr_ = 0;
+  uint32_t max_sge_ = 0;
+  uint32_t id_ = 0;
+  uint64_t shared_offset_ = 0;
+  uint64_t shared_bytes_ = 0;
+  shm::SharedRq* shared_ = nullptr;
+  std::mutex post_mutex_;
+  std::atomic<uint32_t> users_{0};
+};
+
+}  // namespace softhca::engine

@@ -1,0 +1,316 @@
+#include "host/host_registry.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "common/log.hpp"
+
+namespace softhca::host {
+namespace {
+
+constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
+constexpr uint32_t kVersion = 1;
+
+std::errc errc_from_errno(int err) { return static_cast<std::errc>(err); }
+
+// Holds flock() on the registry file while the first opener initialises it.
+class FileLock {
+ public:
+  FileLock(int fd, int op) : fd_(fd) { while (::flock(fd_, op) != 0 && errno == EINTR) {} }
+  ~FileLock() { ::flock(fd_, LOCK_UN); }
+
+ private:
+  int fd_;
+};
+
+void init_layout(RegistryLayout* layout) {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&layout->mutex, &attr);
+  pthread_mutexattr_destroy(&attr);
+  layout->next_pd_id.store(1);
+  std::random_device rd;
+  layout->key_salt = rd();
+  layout->qp_cursor = rd() % kMaxQpSlots;
+  layout->version = kVersion;
+  layout->layout_size = sizeof(RegistryLayout);
+  std::atomic_ref<uint64_t>(layout->magic).store(kMagic, std::memory_order_release);
+}
+
+}  // namespace
+
+uint64_t process_start_time(uint32_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[1024];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  // Field 22 (starttime); the command name (field 2) may contain spaces, so count after ')'.
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr) return 0;
+  int field = 2;
+  for (++p; *p != '\0'; ++p) {
+    if (*p == ' ') {
+      ++field;
+      if (field == 22) return std::strtoull(p + 1, nullptr, 10);
+    }
+  }
+  return 0;
+}
+
+Result<HostRegistry*> HostRegistry::open() {
+  char name[96];
+  std::snprintf(name, sizeof name, "/dev/shm/softhca-%u-v%u.registry", static_cast<unsigned>(::getuid()), kVersion);
+  return open_named(name, false);
+}
+
+Result<HostRegistry*> HostRegistry::open_named(const std::string& path, bool unlink_on_close) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    SOFTHCA_ERROR("cannot open host registry %s: %s", path.c_str(), std::strerror(errno));
+    return fail(errc_from_errno(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_uid != ::getuid()) {
+    SOFTHCA_ERROR("host registry %s is not owned by this user", path.c_str());
+    ::close(fd);
+    return fail(std::errc::permission_denied);
+  }
+  const size_t size = sizeof(RegistryLayout);
+  void* mem = nullptr;
+  {
+    FileLock guard(fd, LOCK_EX);
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      return fail(errc_from_errno(errno));
+    }
+    const bool fresh = st.st_size == 0;
+    if (fresh && ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      ::close(fd);
+      return fail(errc_from_errno(errno));
+    }
+    if (!fresh && static_cast<size_t>(st.st_size) != size) {
+      SOFTHCA_ERROR("host registry %s has an unexpected size (another softhca version?); remove it", path.c_str());
+      ::close(fd);
+      return fail(std::errc::invalid_argument);
+    }
+    mem = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) {
+      ::close(fd);
+      return fail(errc_from_errno(errno));
+    }
+    auto* layout = static_cast<RegistryLayout*>(mem);
+    if (fresh) {
+      init_layout(layout);
+    } else if (std::atomic_ref<uint64_t>(layout->magic).load(std::memory_order_acquire) != kMagic ||
+               layout->version != kVersion || layout->layout_size != size) {
+      SOFTHCA_ERROR("host registry %s has another layout; remove it", path.c_str());
+      ::munmap(mem, size);
+      ::close(fd);
+      return fail(std::errc::invalid_argument);
+    }
+  }
+  ::close(fd);
+  return new HostRegistry(static_cast<RegistryLayout*>(mem), path, unlink_on_close);
+}
+
+HostRegistry::~HostRegistry() {
+  ::munmap(layout_, sizeof(RegistryLayout));
+  if (unlink_on_close_) ::unlink(path_.c_str());
+}
+
+void HostRegistry::lock() {
+  int rc = pthread_mutex_lock(&layout_->mutex);
+  if (rc == EOWNERDEAD) {
+    // The previous holder died inside a critical section. Every critical
+    // section leaves slots consistent at each store (the validating field is
+    // written last), so the state is usable as it is.
+    SOFTHCA_WARN("a process died holding the host registry lock; recovering");
+    pthread_mutex_consistent(&layout_->mutex);
+  }
+}
+
+void HostRegistry::unlock() { pthread_mutex_unlock(&layout_->mutex); }
+
+bool HostRegistry::process_alive(uint32_t index) const {
+  const ProcSlot& slot = layout_->procs[index];
+  const uint32_t pid = slot.pid.load(std::memory_order_acquire);
+  if (pid == 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  return process_start_time(pid) == slot.start_time;
+}
+
+void HostRegistry::release_process_objects_locked(uint32_t proc) {
+  for (auto& qp : layout_->qps)
+    if (qp.qpn.load(std::memory_order_relaxed) != 0 && qp.proc == proc) qp.qpn.store(0, std::memory_order_release);
+  for (auto& mr : layout_->mrs)
+    if (mr.key.load(std::memory_order_relaxed) != 0 && mr.proc.load(std::memory_order_relaxed) == proc) {
+      mr.seq.fetch_add(1, std::memory_order_acq_rel);
+      mr.key.store(0, std::memory_order_release);
+      mr.seq.fetch_add(1, std::memory_order_release);
+    }
+}
+
+void HostRegistry::reclaim_dead_locked() {
+  for (uint32_t i = 0; i < kMaxProcs; ++i) {
+    if (layout_->procs[i].pid.load(std::memory_order_relaxed) == 0 || process_alive(i)) continue;
+    SOFTHCA_INFO("reclaiming resources of dead process %u", layout_->procs[i].pid.load());
+    release_process_objects_locked(i);
+    layout_->procs[i].pid.store(0, std::memory_order_release);
+  }
+}
+
+Result<uint32_t> HostRegistry::register_process(uint32_t pid, uint32_t segment_fd) {
+  lock();
+  reclaim_dead_locked();
+  for (uint32_t i = 0; i < kMaxProcs; ++i) {
+    ProcSlot& slot = layout_->procs[i];
+    if (slot.pid.load(std::memory_order_relaxed) != 0) continue;
+    slot.segment_fd = segment_fd;
+    slot.start_time = process_start_time(pid);
+    slot.pid.store(pid, std::memory_order_release);
+    unlock();
+    return i;
+  }
+  unlock();
+  return fail(std::errc::too_many_files_open_in_system);
+}
+
+void HostRegistry::unregister_process(uint32_t proc) {
+  lock();
+  release_process_objects_locked(proc);
+  layout_->procs[proc].pid.store(0, std::memory_order_release);
+  unlock();
+}
+
+Result<uint32_t> HostRegistry::allocate_qpn(uint32_t proc, uint64_t shm_offset) {
+  lock();
+  for (uint32_t n = 0; n < kMaxQpSlots; ++n) {
+    const uint32_t index = (layout_->qp_cursor + n) % kMaxQpSlots;
+    QpSlot& slot = layout_->qps[index];
+    if (slot.qpn.load(std::memory_order_relaxed) != 0) continue;
+    layout_->qp_cursor = index + 1;
+    const uint32_t qpn = kFirstQpn + index;
+    slot.proc = proc;
+    slot.shm_offset = shm_offset;
+    slot.qpn.store(qpn, std::memory_order_release);
+    unlock();
+    return qpn;
+  }
+  unlock();
+  return fail(std::errc::not_enough_memory);
+}
+
+void HostRegistry::release_qpn(uint32_t qpn) {
+  lock();
+  QpSlot& slot = layout_->qps[qp_index(qpn)];
+  if (slot.qpn.load(std::memory_order_relaxed) == qpn) slot.qpn.store(0, std::memory_order_release);
+  unlock();
+}
+
+const QpSlot* HostRegistry::find_qp(uint32_t qpn) const {
+  if (qpn < kFirstQpn || qpn >= kFirstQpn + kMaxQpSlots) return nullptr;
+  const QpSlot& slot = layout_->qps[qp_index(qpn)];
+  return slot.qpn.load(std::memory_order_acquire) == qpn ? &slot : nullptr;
+}
+
+Result<uint32_t> HostRegistry::allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova,
+                                           uint64_t length, uint64_t host_addr) {
+  lock();
+  for (uint32_t n = 0; n < kMaxMrSlots; ++n) {
+    const uint32_t index = (layout_->mr_cursor + n) % kMaxMrSlots;
+    MrSlot& slot = layout_->mrs[index];
+    if (slot.key.load(std::memory_order_relaxed) != 0) continue;
+    layout_->mr_cursor = index + 1;
+    // Key = slot index in the upper 24 bits, a varying 8-bit tag below (never
+    // zero), as hardware keys are; the tag makes a stale key fail validation.
+    layout_->key_salt = layout_->key_salt * 1103515245u + 12345u;
+    uint32_t tag = (layout_->key_salt >> 16) & 0xFF;
+    if (tag == 0) tag = 1;
+    const uint32_t key = (index << 8) | tag;
+    slot.seq.fetch_add(1, std::memory_order_acq_rel);
+    slot.proc.store(proc, std::memory_order_relaxed);
+    slot.pd_id.store(pd_id, std::memory_order_relaxed);
+    slot.access.store(access, std::memory_order_relaxed);
+    slot.iova.store(iova, std::memory_order_relaxed);
+    slot.length.store(length, std::memory_order_relaxed);
+    slot.host_addr.store(host_addr, std::memory_order_relaxed);
+    slot.key.store(key, std::memory_order_release);
+    slot.seq.fetch_add(1, std::memory_order_release);
+    unlock();
+    return key;
+  }
+  unlock();
+  return fail(std::errc::not_enough_memory);
+}
+
+void HostRegistry::release_mr(uint32_t key) {
+  lock();
+  MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
+  if (slot.key.load(std::memory_order_relaxed) == key) {
+    slot.seq.fetch_add(1, std::memory_order_acq_rel);
+    slot.key.store(0, std::memory_order_release);
+    slot.seq.fetch_add(1, std::memory_order_release);
+  }
+  unlock();
+}
+
+void HostRegistry::update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
+                             uint64_t host_addr) {
+  lock();
+  MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
+  if (slot.key.load(std::memory_order_relaxed) == key) {
+    slot.seq.fetch_add(1, std::memory_order_acq_rel);
+    slot.pd_id.store(pd_id, std::memory_order_relaxed);
+    slot.access.store(access, std::memory_order_relaxed);
+    slot.iova.store(iova, std::memory_order_relaxed);
+    slot.length.store(length, std::memory_order_relaxed);
+    slot.host_addr.store(host_addr, std::memory_order_relaxed);
+    slot.seq.fetch_add(1, std::memory_order_release);
+  }
+  unlock();
+}
+
+bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
+  const MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
+  for (;;) {
+    const uint32_t before = slot.seq.load(std::memory_order_acquire);
+    if (before & 1) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    out.key = slot.key.load(std::memory_order_relaxed);
+    out.proc = slot.proc.load(std::memory_order_relaxed);
+    out.pd_id = slot.pd_id.load(std::memory_order_relaxed);
+    out.access = slot.access.load(std::memory_order_relaxed);
+    out.iova = slot.iova.load(std::memory_order_relaxed);
+    out.length = slot.length.load(std::memory_order_relaxed);
+    out.host_addr = slot.host_addr.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (slot.seq.load(std::memory_order_relaxed) == before) return key != 0 && out.key == key;
+  }
+}
+
+uint32_t HostRegistry::allocate_pd_id() { return layout_->next_pd_id.fetch_add(1, std::memory_order_relaxed); }
+
+AtomicStripe& HostRegistry::atomic_stripe(uint64_t pid, uint64_t addr) {
+  const uint64_t h = (pid * 0x9E3779B97F4A7C15ULL) ^ (addr >> 3) * 0xC2B2AE3D27D4EB4FULL;
+  return layout_->atomic_stripes[(h >> 32) % kAtomicStripes];
+}
+
+}  // namespace softhca::host

@@ -1,0 +1,125 @@
+// The host registry: one shared-memory file per Unix user (/dev/shm, mode 0600)
+// that every softhca process maps. It allocates what must be unique per host
+// (QPNs, MR keys, PD ids), records which process owns each, and lets an
+// initiator find a target's shared state from a QPN or an rkey.
+//
+// Concurrency: allocation and release take the registry's robust, process-shared
+// mutex (never on the data path). Lookups on the data path read slots with
+// acquire loads and validate them by their key/qpn field, which is written last.
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/result.hpp"
+
+namespace softhca::host {
+
+inline constexpr uint32_t kMaxProcs = 1024;
+inline constexpr uint32_t kMaxQpSlots = 1 << 16;
+inline constexpr uint32_t kMaxMrSlots = 1 << 16;
+inline constexpr uint32_t kAtomicStripes = 1024;
+inline constexpr uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special; start above them like hardware
+
+struct ProcSlot {
+  std::atomic<uint32_t> pid;   // 0 = free
+  uint32_t segment_fd;         // fd of the owner's segment memfd, opened by peers via /proc/PID/fd
+  uint64_t start_time;         // from /proc/PID/stat: tells a live owner from a reused pid
+};
+
+struct QpSlot {
+  std::atomic<uint32_t> qpn;   // 0 = free; written last on publish, first on release
+  uint32_t proc;               // owner ProcSlot index
+  uint64_t shm_offset;         // the QP's SharedQp in the owner's segment
+};
+
+// Written under the registry mutex as a seqlock (seq odd while changing), read
+// lock-free by initiators; fields are relaxed atomics so readers never race.
+struct MrSlot {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> key;   // 0 = free; lkey == rkey == key
+  std::atomic<uint32_t> proc;
+  std::atomic<uint32_t> pd_id;
+  std::atomic<uint32_t> access;      // IBV_ACCESS_* flags
+  std::atomic<uint64_t> iova;        // the address remote peers use
+  std::atomic<uint64_t> length;
+  std::atomic<uint64_t> host_addr;   // where iova maps in the owner's address space
+};
+
+// A plain copy of an MrSlot.
+struct MrRecord {
+  uint32_t key, proc, pd_id, access;
+  uint64_t iova, length, host_addr;
+};
+
+struct alignas(64) AtomicStripe {
+  std::atomic<uint32_t> locked;
+};
+
+struct RegistryLayout {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t layout_size;
+  pthread_mutex_t mutex;  // robust, process-shared
+  std::atomic<uint32_t> next_pd_id;
+  uint32_t qp_cursor;     // next slot to try: QPNs rotate so a stale peer rarely meets a new QP
+  uint32_t mr_cursor;
+  uint32_t key_salt;
+  AtomicStripe atomic_stripes[kAtomicStripes];
+  ProcSlot procs[kMaxProcs];
+  QpSlot qps[kMaxQpSlots];
+  MrSlot mrs[kMaxMrSlots];
+};
+
+class HostRegistry {
+ public:
+  // Maps (creating if needed) the registry of the calling user.
+  static Result<HostRegistry*> open();
+  // For tests: a registry with a private name, unlinked when closed.
+  static Result<HostRegistry*> open_named(const std::string& name, bool unlink_on_close);
+  ~HostRegistry();
+
+  // Registers the calling process (pid, segment fd); reclaims slots of dead processes.
+  Result<uint32_t> register_process(uint32_t pid, uint32_t segment_fd);
+  void unregister_process(uint32_t proc);
+
+  Result<uint32_t> allocate_qpn(uint32_t proc, uint64_t shm_offset);
+  void release_qpn(uint32_t qpn);
+  const QpSlot* find_qp(uint32_t qpn) const;
+
+  Result<uint32_t> allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
+                               uint64_t host_addr);
+  void release_mr(uint32_t key);
+  // Updates a registered MR in place (rereg); the key stays the same.
+  void update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length, uint64_t host_addr);
+  // A consistent copy of the MR for `key`, or false if the key is not registered.
+  bool lookup_mr(uint32_t key, MrRecord& out) const;
+
+  uint32_t allocate_pd_id();
+
+  const ProcSlot& proc(uint32_t index) const { return layout_->procs[index]; }
+  bool process_alive(uint32_t index) const;
+
+  AtomicStripe& atomic_stripe(uint64_t pid, uint64_t addr);
+
+  static uint32_t qp_index(uint32_t qpn) { return (qpn - kFirstQpn) & (kMaxQpSlots - 1); }
+
+ private:
+  HostRegistry(RegistryLayout* layout, std::string path, bool unlink_on_close)
+      : layout_(layout), path_(std::move(path)), unlink_on_close_(unlink_on_close) {}
+  void lock();
+  void unlock();
+  void reclaim_dead_locked();
+  void release_process_objects_locked(uint32_t proc);
+
+  RegistryLayout* layout_;
+  std::string path_;
+  bool unlink_on_close_;
+};
+
+uint64_t process_start_time(uint32_t pid);
+
+}  // namespace softhca::host

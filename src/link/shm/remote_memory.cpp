@@ -1,0 +1,82 @@
+#include "link/shm/remote_memory.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+namespace softhca::shm {
+
+namespace {
+// getpid() is a syscall; the data path asks for it on every operation.
+std::atomic<uint32_t> g_self_pid{0};
+}  // namespace
+
+uint32_t self_pid() {
+  uint32_t pid = g_self_pid.load(std::memory_order_relaxed);
+  if (pid == 0) {
+    pid = static_cast<uint32_t>(::getpid());
+    g_self_pid.store(pid, std::memory_order_relaxed);
+  }
+  return pid;
+}
+
+void refresh_self_pid() { g_self_pid.store(static_cast<uint32_t>(::getpid()), std::memory_order_relaxed); }
+
+void copy_iovecs(const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes) {
+  int di = 0, si = 0;
+  size_t doff = 0, soff = 0;
+  while (bytes > 0 && di < ndst && si < nsrc) {
+    const size_t davail = dst[di].iov_len - doff;
+    const size_t savail = src[si].iov_len - soff;
+    size_t n = davail < savail ? davail : savail;
+    if (n > bytes) n = bytes;
+    if (n > 0) std::memmove(static_cast<char*>(dst[di].iov_base) + doff, static_cast<const char*>(src[si].iov_base) + soff, n);
+    doff += n;
+    soff += n;
+    bytes -= n;
+    if (doff == dst[di].iov_len) {
+      ++di;
+      doff = 0;
+    }
+    if (soff == src[si].iov_len) {
+      ++si;
+      soff = 0;
+    }
+  }
+}
+
+namespace {
+
+CopyResult from_errno(ssize_t done, size_t bytes) {
+  if (done >= 0 && static_cast<size_t>(done) == bytes) return CopyResult::kOk;
+  if (done < 0 && errno == ESRCH) return CopyResult::kGone;
+  return CopyResult::kFault;
+}
+
+}  // namespace
+
+CopyResult write_to(uint32_t pid, const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes) {
+  if (bytes == 0) return CopyResult::kOk;
+  if (pid == self_pid()) {
+    copy_iovecs(dst, ndst, src, nsrc, bytes);
+    return CopyResult::kOk;
+  }
+  const ssize_t done = ::process_vm_writev(static_cast<pid_t>(pid), src, static_cast<unsigned long>(nsrc), dst,
+                                           static_cast<unsigned long>(ndst), 0);
+  return from_errno(done, bytes);
+}
+
+CopyResult read_from(uint32_t pid, const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes) {
+  if (bytes == 0) return CopyResult::kOk;
+  if (pid == self_pid()) {
+    copy_iovecs(dst, ndst, src, nsrc, bytes);
+    return CopyResult::kOk;
+  }
+  const ssize_t done = ::process_vm_readv(static_cast<pid_t>(pid), dst, static_cast<unsigned long>(ndst), src,
+                                          static_cast<unsigned long>(nsrc), 0);
+  return from_errno(done, bytes);
+}
+
+}  // namespace softhca::shm

@@ -1,0 +1,27 @@
+// Copies between this process and another process's registered memory: memcpy
+// when the target is this process, otherwise one process_vm_readv/writev call
+// (single copy, no intermediate buffer).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace softhca::shm {
+
+enum class CopyResult { kOk, kFault, kGone };
+
+// Scatter `src` (in this process) into `dst` (in process `pid`), `bytes` in total.
+CopyResult write_to(uint32_t pid, const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes);
+// Gather `src` (in process `pid`) into `dst` (in this process).
+CopyResult read_from(uint32_t pid, const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes);
+
+// memcpy between two iovec lists in this process.
+void copy_iovecs(const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes);
+
+uint32_t self_pid();
+// After fork(), in the child.
+void refresh_self_pid();
+
+}  // namespace softhca::shm

@@ -1,0 +1,249 @@
+// The queues that live in a process segment and that initiators of any process
+// operate on directly: completion queues (many producers, one consumer),
+// receive queues (one producer, many consumers) and the owner's event ring.
+//
+// Memory ordering, per function:
+//  - CQ: a producer reserves slot `h` by CAS on `head`, fills the entry, then
+//    publishes it with a release store of `seq = h + 1`; the consumer acquires
+//    `seq`, reads the entry, and releases the slot by storing `tail`.
+//  - RQ: the owner fills slot `head`, then release-stores head + 1; a consumer
+//    acquire-loads head, copies slot `tail` and claims it by CAS on `tail`
+//    (the copy is valid if the CAS succeeds: the owner only rewrites a slot
+//    after `tail` has passed it).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+namespace softhca::shm {
+
+// One completion, laid out for a 64-byte cache line.
+struct Cqe {
+  uint64_t wr_id;
+  uint32_t status;       // ibv_wc_status
+  uint32_t opcode;       // ibv_wc_opcode
+  uint32_t vendor_err;
+  uint32_t byte_len;
+  uint32_t imm_data;     // network byte order, as ibv_wc carries it
+  uint32_t qp_num;
+  uint32_t src_qp;
+  uint32_t wc_flags;
+  uint16_t pkey_index;
+  uint16_t slid;
+  uint8_t sl;
+  uint8_t dlid_path_bits;
+  uint8_t solicited;
+  uint8_t pad;
+};
+
+struct alignas(64) CqSlot {
+  std::atomic<uint64_t> seq;  // h + 1 once entry h is published
+  Cqe cqe;
+};
+
+struct SharedCq {
+  uint32_t capacity;  // power of two
+  uint32_t owner_cq_id;       // the owner's local id for notifications
+  uint32_t owner_proc;        // registry proc slot of the owner
+  uint32_t pad0;
+  alignas(64) std::atomic<uint64_t> head;
+  alignas(64) std::atomic<uint64_t> tail;
+  alignas(64) std::atomic<uint32_t> armed;     // 0, kArmNext or kArmSolicited
+  std::atomic<uint32_t> overrun;               // set once: the CQ is in error
+  alignas(64) CqSlot slots[];
+
+  static constexpr uint32_t kArmNext = 1;
+  static constexpr uint32_t kArmSolicited = 2;
+
+  static uint64_t bytes_for(uint32_t capacity) { return sizeof(SharedCq) + uint64_t{capacity} * sizeof(CqSlot); }
+
+  enum class Push { kOk, kOkNotify, kOverrun };
+  // Thread: any initiator of any process.
+  Push push(const Cqe& cqe) {
+    if (overrun.load(std::memory_order_relaxed)) return Push::kOverrun;
+    uint64_t h = head.load(std::memory_order_relaxed);
+    for (;;) {
+      if (h - tail.load(std::memory_order_acquire) >= capacity) {
+        overrun.store(1, std::memory_order_relaxed);
+        return Push::kOverrun;
+      }
+      if (head.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
+    }
+    CqSlot& slot = slots[h & (capacity - 1)];
+    slot.cqe = cqe;
+    slot.seq.store(h + 1, std::memory_order_release);
+    // Notification: an armed CQ fires once for the next completion (or the next
+    // solicited / error completion when armed for solicited only).
+    uint32_t arm = armed.load(std::memory_order_acquire);
+    while (arm != 0) {
+      const bool fires = arm == kArmNext || cqe.solicited || cqe.status != 0;
+      if (!fires) break;
+      if (armed.compare_exchange_weak(arm, 0, std::memory_order_acq_rel)) return Push::kOkNotify;
+    }
+    return Push::kOk;
+  }
+
+  // Thread: the owner's consumer (under the CQ's consumer lock).
+  bool pop(Cqe& out) {
+    const uint64_t t = tail.load(std::memory_order_relaxed);
+    CqSlot& slot = slots[t & (capacity - 1)];
+    if (slot.seq.load(std::memory_order_acquire) != t + 1) return false;
+    out = slot.cqe;
+    tail.store(t + 1, std::memory_order_release);
+    return true;
+  }
+
+  bool empty() const {
+    const uint64_t t = tail.load(std::memory_order_relaxed);
+    return slots[t & (capacity - 1)].seq.load(std::memory_order_acquire) != t + 1;
+  }
+};
+
+struct RecvSge {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+};
+
+struct RecvWqe {
+  uint64_t wr_id;
+  uint32_t num_sge;
+  uint32_t pad;
+  RecvSge sge[];
+};
+
+struct SharedRq {
+  uint32_t capacity;  // power of two
+  uint32_t max_sge;
+  uint32_t stride;    // bytes per WQE
+  uint32_t owner_srq_id;  // for SRQ_LIMIT_REACHED; 0 for a QP's own RQ
+  uint32_t owner_proc;
+  uint32_t pd_id;
+  alignas(64) std::atomic<uint64_t> head;
+  alignas(64) std::atomic<uint64_t> tail;
+  alignas(64) std::atomic<uint32_t> limit;  // SRQ limit; 0 = not armed
+  alignas(64) unsigned char wqes[];
+
+  static uint32_t stride_for(uint32_t max_sge) {
+    return static_cast<uint32_t>((sizeof(RecvWqe) + max_sge * sizeof(RecvSge) + 15) & ~15u);
+  }
+  static uint64_t bytes_for(uint32_t capacity, uint32_t max_sge) {
+    return sizeof(SharedRq) + uint64_t{capacity} * stride_for(max_sge);
+  }
+  RecvWqe* slot(uint64_t index) { return reinterpret_cast<RecvWqe*>(wqes + (index & (capacity - 1)) * stride); }
+
+  uint64_t outstanding() const {
+    return head.load(std::memory_order_acquire) - tail.load(std::memory_order_acquire);
+  }
+  // Thread: the owner (under its post lock). False when full.
+  bool push(uint64_t wr_id, const RecvSge* sges, uint32_t num_sge) {
+    const uint64_t h = head.load(std::memory_order_relaxed);
+    if (h - tail.load(std::memory_order_acquire) >= capacity) return false;
+    RecvWqe* wqe = slot(h);
+    wqe->wr_id = wr_id;
+    wqe->num_sge = num_sge;
+    std::memcpy(wqe->sge, sges, num_sge * sizeof(RecvSge));
+    head.store(h + 1, std::memory_order_release);
+    return true;
+  }
+  // Thread: any initiator. Copies the claimed WQE into `out` (room for max_sge);
+  // returns false when empty. `remaining` receives the WQEs left after the claim.
+  bool take(RecvWqe* out, uint64_t* remaining) {
+    uint64_t t = tail.load(std::memory_order_acquire);
+    for (;;) {
+      const uint64_t h = head.load(std::memory_order_acquire);
+      if (t == h) return false;
+      const RecvWqe* wqe = slot(t);
+      out->wr_id = wqe->wr_id;
+      uint32_t n = wqe->num_sge;
+      if (n > max_sge) n = max_sge;
+      out->num_sge = n;
+      std::memcpy(out->sge, wqe->sge, n * sizeof(RecvSge));
+      if (tail.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        if (remaining) *remaining = h - (t + 1);
+        return true;
+      }
+    }
+  }
+};
+
+// The responder-visible state of a QP.
+struct SharedQp {
+  std::atomic<uint32_t> state;    // ibv_qp_state; kDestroyed once gone
+  std::atomic<uint32_t> users;    // initiators operating on it right now
+  uint32_t qpn;
+  uint32_t qp_type;               // ibv_qp_type
+  uint32_t owner_proc;
+  uint32_t owner_qp_id;           // the owner's local id for async events
+  uint32_t pd_id;
+  std::atomic<uint32_t> access;   // qp_access_flags
+  std::atomic<uint32_t> qkey;
+  std::atomic<uint32_t> dest_qpn;
+  std::atomic<uint32_t> min_rnr_timer;
+  std::atomic<uint32_t> max_dest_rd_atomic;
+  std::atomic<uint32_t> comm_established;  // first message arrived in RTR: COMM_EST raised
+  uint32_t pad;
+  uint64_t rq_offset;             // SharedRq of the QP, 0 when it uses an SRQ
+  uint64_t srq_offset;            // SharedRq of its SRQ, or 0
+  uint64_t recv_cq_offset;        // SharedCq that receives its receive completions
+
+  static constexpr uint32_t kDestroyed = 0xFFFF;
+};
+
+// What an initiator asks a target's owner to do (its progress thread does it).
+enum class EventKind : uint32_t {
+  kCqNotify = 1,      // object = owner_cq_id: signal the completion channel
+  kCqError = 2,       // object = owner_cq_id: CQ overrun, IBV_EVENT_CQ_ERR
+  kQpAsync = 3,       // object = owner_qp_id, detail = ibv_event_type
+  kSrqLimit = 4,      // object = owner_srq_id
+};
+
+struct Event {
+  uint32_t kind;
+  uint32_t object;
+  uint32_t detail;
+  uint32_t pad;
+};
+
+struct alignas(16) EventSlot {
+  std::atomic<uint64_t> seq;
+  Event event;
+};
+
+// The owner's doorbell and event ring, at the start of every segment.
+struct SegmentHeader {
+  static constexpr uint32_t kEventCapacity = 1024;
+  uint64_t magic;
+  uint32_t pid;
+  uint32_t pad;
+  alignas(64) std::atomic<uint32_t> doorbell;  // futex word: bumped after queueing an event
+  std::atomic<uint32_t> sleeping;              // the owner thread is (about to be) in FUTEX_WAIT
+  alignas(64) std::atomic<uint64_t> head;
+  alignas(64) std::atomic<uint64_t> tail;
+  alignas(64) EventSlot events[kEventCapacity];
+
+  // Thread: any. False when the ring is full (the event is dropped; rare, logged).
+  bool push(const Event& e) {
+    uint64_t h = head.load(std::memory_order_relaxed);
+    for (;;) {
+      if (h - tail.load(std::memory_order_acquire) >= kEventCapacity) return false;
+      if (head.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
+    }
+    EventSlot& slot = events[h % kEventCapacity];
+    slot.event = e;
+    slot.seq.store(h + 1, std::memory_order_release);
+    return true;
+  }
+  // Thread: the owner's progress thread.
+  bool pop(Event& out) {
+    const uint64_t t = tail.load(std::memory_order_relaxed);
+    EventSlot& slot = events[t % kEventCapacity];
+    if (slot.seq.load(std::memory_order_acquire) != t + 1) return false;
+    out = slot.event;
+    tail.store(t + 1, std::memory_order_release);
+    return true;
+  }
+};
+
+}  // namespace softhca::shm

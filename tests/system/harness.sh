@@ -1,0 +1,350 @@
+#!/usr/bin/env bash
+# harness.sh: run unmodified RDMA programs on softhca, alone or as a
+# server/client pair, each under a time limit, and judge the outcome.
+#
+# Pair mode (the pingpongs, perftest):
+#   harness.sh --name NAME --timeout SECS --libdir DIR --port PORT \
+#              --server 'CMD ARGS' --client 'CMD ARGS' \
+#              [--expect-server RE]... [--expect-client RE]... [--expect RE]... [--reject RE]...
+#   1. checks that nothing listens on TCP PORT yet (waits a little for a
+#      previous test's server to go away, then fails);
+#   2. starts the server in the background, in a session of its own, with
+#      LD_LIBRARY_PATH=DIR prepended;
+#   3. polls `ss` until 127.0.0.1:PORT (or any address) is listening, in a
+#      loop of 50 ms waits bounded by --ready-timeout; stops early and fails if
+#      the server exits first. The listening socket is the readiness signal:
+#      the pingpongs and perftest exchange QP data over that TCP connection,
+#      so a client that connects any earlier is refused and gives up;
+#   4. runs the client; waits for both, each bounded by --timeout;
+#   5. when the client fails, gives the server --grace seconds, then kills
+#      the server's process group (it is ours: we started it with setsid);
+#   6. prints both outputs, each line prefixed with [NAME server] or
+#      [NAME client], and one PASS/FAIL line; exits 0 on PASS, 1 on FAIL.
+#
+# Single mode (ibv_devices, ibv_devinfo, ibv_asyncwatch):
+#   harness.sh --name NAME --timeout SECS [--libdir DIR] --run 'CMD ARGS' \
+#              [--expect RE]... [--reject RE]... [--run-for SECS]
+#   --run-for SECS is for programs that never exit by themselves
+#   (ibv_asyncwatch loops in ibv_get_async_event): the program must still be
+#   running after SECS; the harness then terminates it (SIGTERM, via
+#   timeout) and that counts as success. Exiting earlier is a failure.
+#
+# A run FAILS when a program exits non-zero (124: timed out), when an
+# --expect/--expect-server/--expect-client regex (grep -E) does not match the
+# program's output (stdout and stderr together), when a --reject regex
+# matches any output, or when any output has a line that shows the wrong
+# library was loaded or the ABI does not match: "symbol lookup error",
+# "no version information available", "version `X' not found", or a
+# sanitizer report.
+#
+# Commands are shell words (quoting allowed) of one simple command; each is
+# run as `timeout -k GRACE SECS stdbuf -oL -eL bash -c 'exec CMD'` so that
+# output survives a kill (stdbuf line-buffers C stdio; --no-stdbuf disables it,
+# e.g. for sanitizer-built programs, whose runtime must be loaded first).
+# Only processes this harness started are ever signalled, by PID / PGID.
+set -u -o pipefail
+
+me=harness
+usage() {
+  sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+  cat <<'EOF'
+Options:
+  --name NAME            test name used in prefixes and the verdict (default: harness)
+  --timeout SECS         limit for each program (default 60)
+  --libdir DIR           prepend DIR to LD_LIBRARY_PATH for every program
+  --port PORT            TCP port the server listens on (pair mode; default 18515)
+  --server CMD, --client CMD   the pair
+  --run CMD              single-program mode
+  --run-for SECS         single mode: the program must still run after SECS
+  --expect RE            regex that must match every program's output
+  --expect-server RE, --expect-client RE   regex for one side only
+  --reject RE            regex that must not match any output
+  --ready-timeout SECS   bound for the listen poll (default: --timeout)
+  --grace SECS           wait for the server after a client failure, and
+                         SIGTERM-to-SIGKILL delay (default 5)
+  --keep DIR             keep the raw logs as DIR/NAME.{server,client,run}.log
+  --no-stdbuf            do not force line-buffered stdio
+  -h, --help             this text
+EOF
+}
+
+die_usage() { echo "$me: $*" >&2; echo "$me: run with --help for usage" >&2; exit 2; }
+
+name=harness timeout=60 libdir="" port=18515 server="" client="" run="" run_for=""
+ready_timeout="" grace=5 keep="" use_stdbuf=1
+expect_all=() expect_server=() expect_client=() reject=()
+
+while (($#)); do
+  opt=$1
+  case $opt in
+    -h|--help) usage; exit 0 ;;
+    --no-stdbuf) use_stdbuf=0; shift; continue ;;
+    --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
+  esac
+  (($# >= 2)) || die_usage "option $opt needs a value"
+  val=$2
+  case $opt in
+    --name) name=$val ;;
+    --timeout) timeout=$val ;;
+    --libdir) libdir=$val ;;
+    --port) port=$val ;;
+    --server) server=$val ;;
+    --client) client=$val ;;
+    --run) run=$val ;;
+    --run-for) run_for=$val ;;
+    --expect) expect_all+=("$val") ;;
+    --expect-server) expect_server+=("$val") ;;
+    --expect-client) expect_client+=("$val") ;;
+    --reject) reject+=("$val") ;;
+    --ready-timeout) ready_timeout=$val ;;
+    --grace) grace=$val ;;
+    --keep) keep=$val ;;
+    *) die_usage "unknown option $opt" ;;
+  esac
+  shift 2
+done
+
+is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+{ is_uint "$timeout" && ((timeout > 0)); } || die_usage "--timeout must be a positive integer"
+is_uint "$grace" || die_usage "--grace must be a non-negative integer"
+{ is_uint "$port" && ((port > 0 && port < 65536)); } || die_usage "--port must be a TCP port"
+[[ -z $run_for ]] || is_uint "$run_for" || die_usage "--run-for must be an integer"
+ready_timeout=${ready_timeout:-$timeout}
+is_uint "$ready_timeout" || die_usage "--ready-timeout must be an integer"
+if [[ -n $run ]]; then
+  [[ -z $server && -z $client ]] || die_usage "--run excludes --server/--client"
+  mode=single
+else
+  [[ -n $server && -n $client ]] || die_usage "need --server and --client, or --run"
+  [[ -z $run_for ]] || die_usage "--run-for is for --run only"
+  mode=pair
+fi
+if [[ -n $libdir && ! -d $libdir ]]; then
+  echo "$me: $name: FAIL: --libdir $libdir does not exist (was the library built?)"
+  exit 1
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/softhca-harness.XXXXXX") || exit 1
+declare -A pids=()      # role -> pid (= pgid: each program runs in its own session)
+failures=()
+fail() { failures+=("$*"); }
+
+now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
+t_start=$(now_ms)
+
+# poll SECS CMD...: run CMD every 50 ms until it succeeds (return 0) or SECS
+# have passed (return 1). Readiness and exit waits are bounded this way.
+poll() {
+  local deadline=$(($(now_ms) + $1 * 1000))
+  shift
+  while true; do
+    "$@" && return 0
+    (($(now_ms) < deadline)) || return 1
+    sleep 0.05
+  done
+}
+# shellcheck disable=SC2317  # called through poll
+not() { ! "$@"; }
+
+# Is PID a live process (not a zombie)?
+alive() {
+  local stat
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
+  stat=${stat##*) }
+  [[ ${stat%% *} != Z ]]
+}
+
+# Terminate the process group we created for a role, then make sure it is gone.
+kill_role() {
+  local role=$1 pid=${pids[$1]:-}
+  [[ -n $pid ]] || return 0
+  if alive "$pid"; then
+    echo "$me: $name: stopping $role (pid $pid)" >&2
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+    poll "$grace" not alive "$pid"
+    if alive "$pid"; then
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+    fi
+  fi
+  # Members of the group that outlived its leader (the leader is timeout(1)).
+  kill -KILL -- "-$pid" 2>/dev/null
+  return 0
+}
+
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+  local role
+  for role in "${!pids[@]}"; do kill_role "$role"; done
+  if [[ -n $keep ]]; then
+    mkdir -p "$keep" && for role in server client run; do
+      [[ -f $tmp/$role.log ]] && cp "$tmp/$role.log" "$keep/$name.$role.log"
+    done
+  fi
+  rm -rf "$tmp"
+}
+# verdict: print PASS or FAIL with every reason, and exit 0 or 1.
+verdict() {
+  local elapsed=$(($(now_ms) - t_start)) f secs_text
+  printf -v secs_text '%d.%03ds' $((elapsed / 1000)) $((elapsed % 1000))
+  if ((${#failures[@]} == 0)); then
+    echo "$me: $name: PASS ($secs_text)"
+    exit 0
+  fi
+  echo "$me: $name: FAIL ($secs_text)"
+  for f in "${failures[@]}"; do echo "$me: $name:   - $f"; done
+  exit 1
+}
+
+trap cleanup EXIT
+trap 'fail "interrupted by a signal"; show server; show client; show run; verdict' INT TERM HUP
+
+# start ROLE SECS CMD: run CMD in the background in its own session.
+start() {
+  local role=$1 secs=$2 cmd=$3 first
+  local -a env=() buf=()
+  read -r first _ <<<"$cmd"
+  if ! command -v -- "$first" >/dev/null 2>&1; then
+    echo "$me: $role program not found: $first (run scripts/install-deps.sh?)" >"$tmp/$role.log"
+    return 1
+  fi
+  [[ -n $libdir ]] && env=(env "LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  ((use_stdbuf)) && buf=(stdbuf -oL -eL)
+  echo "$me: $name: $role: ${libdir:+LD_LIBRARY_PATH=$libdir }$cmd (limit ${secs}s)"
+  setsid "${env[@]}" timeout -k "$grace" "$secs" "${buf[@]}" bash -c "exec $cmd" \
+    </dev/null >"$tmp/$role.log" 2>&1 &
+  pids[$role]=$!
+}
+
+# finish ROLE: wait for ROLE and record its exit status in rc_ROLE.
+finish() {
+  local role=$1 pid=${pids[$1]:-} rc
+  [[ -n $pid ]] || return 0
+  wait "$pid" 2>/dev/null  # no "Killed" job notice: judge() reports it
+  rc=$?
+  unset "pids[$role]"
+  printf -v "rc_$role" %d "$rc"
+}
+
+describe_rc() {
+  case $1 in
+    0) echo "exit 0" ;;
+    124) echo "timed out (limit reached)" ;;
+    137) echo "killed with SIGKILL (did not stop after SIGTERM)" ;;
+    126) echo "not executable (rc 126)" ;;
+    127) echo "not found or failed to exec (rc 127)" ;;
+    *) if (($1 > 128 && $1 <= 128 + 64)); then
+         echo "killed by signal $(($1 - 128)) (SIG$(kill -l $(($1 - 128)) 2>/dev/null))"
+       else
+         echo "exit $1"
+       fi ;;
+  esac
+}
+
+listening() {
+  [[ -n $(ss -ltnH "sport = :$port" 2>/dev/null) ]]
+}
+# The server is listening, or has exited (then there is no point in waiting).
+# shellcheck disable=SC2317  # called through poll
+server_settled() { listening || ! alive "${pids[server]}"; }
+
+bad_line_re="symbol lookup error|no version information available|version \`[^']*' not found|undefined symbol:|ERROR: AddressSanitizer|ERROR: LeakSanitizer|WARNING: ThreadSanitizer|runtime error:"
+
+# judge ROLE RC ALLOWED_RC EXPECTS...: check one program's status and output.
+judge() {
+  local role=$1 rc=$2 ok_rc=$3 re log=$tmp/$1.log
+  shift 3
+  if [[ ! -f $log ]]; then fail "$role did not run"; return; fi
+  if [[ $rc != "$ok_rc" ]]; then
+    if [[ $ok_rc == 124 && $rc == 0 ]]; then
+      fail "$role exited by itself (exit 0) before --run-for ${run_for}s"
+    else
+      fail "$role: $(describe_rc "$rc")"
+    fi
+  fi
+  if grep -E -q -- "$bad_line_re" "$log"; then
+    fail "$role: loader/ABI/sanitizer error: $(grep -E -m1 -- "$bad_line_re" "$log")"
+  fi
+  for re in "$@"; do
+    grep -E -q -- "$re" "$log" || fail "$role: output does not match /$re/"
+  done
+  for re in "${reject[@]}"; do
+    if grep -E -q -- "$re" "$log"; then
+      fail "$role: output matches rejected /$re/: $(grep -E -m1 -- "$re" "$log")"
+    fi
+  done
+}
+
+show() {
+  local role=$1
+  [[ -f $tmp/$role.log ]] || return 0
+  sed "s/^/[$name $role] /" "$tmp/$role.log"
+}
+
+if ! command -v setsid >/dev/null || ! command -v timeout >/dev/null; then
+  echo "$me: $name: FAIL: setsid and timeout (util-linux, coreutils) are required"
+  exit 1
+fi
+((use_stdbuf)) && ! command -v stdbuf >/dev/null && use_stdbuf=0
+
+if [[ $mode == single ]]; then
+  secs=$timeout
+  ok_rc=0
+  if [[ -n $run_for ]]; then secs=$run_for; ok_rc=124; fi
+  rc_run=""
+  if start run "$secs" "$run"; then
+    finish run
+  else
+    rc_run=127
+  fi
+  show run
+  judge run "$rc_run" "$ok_rc" "${expect_all[@]}"
+else
+  if ! command -v ss >/dev/null; then
+    echo "$me: $name: FAIL: ss (iproute2) is required for readiness polling"
+    exit 1
+  fi
+  # 1. The port must be free, or the client would talk to a stranger.
+  if ! poll 5 not listening; then
+    echo "$me: $name: FAIL: TCP port $port is already in use: $(ss -ltnpH "sport = :$port" | head -1)"
+    exit 1
+  fi
+  rc_server="" rc_client=""
+  # 2-3. Server, then bounded readiness polling.
+  if start server "$timeout" "$server"; then
+    poll "$ready_timeout" server_settled
+    if listening && alive "${pids[server]}"; then
+      echo "$me: $name: server listening on port $port after $(($(now_ms) - t_start)) ms"
+      # 4. Client.
+      if start client "$timeout" "$client"; then
+        finish client
+      else
+        rc_client=127
+      fi
+      # 5. A failed client leaves the server waiting: give it --grace seconds.
+      if [[ $rc_client != 0 ]]; then
+        poll "$grace" not alive "${pids[server]}"
+        kill_role server
+      fi
+      finish server
+    elif alive "${pids[server]}"; then
+      fail "server is not listening on port $port after ${ready_timeout}s"
+      kill_role server
+      finish server
+    else
+      finish server
+      fail "server exited ($(describe_rc "$rc_server")) before listening on port $port"
+      rc_server=0  # reported above; don't report it twice
+    fi
+  else
+    rc_server=127
+  fi
+  # 6. Report.
+  show server
+  show client
+  judge server "$rc_server" 0 "${expect_all[@]}" "${expect_server[@]}"
+  if [[ -f $tmp/client.log ]]; then
+    judge client "$rc_client" 0 "${expect_all[@]}" "${expect_client[@]}"
+  fi
+fi
+
+verdict
