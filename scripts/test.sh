@@ -75,8 +75,8 @@ run_ctest() {
     total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")
     tests_passed=$((tests_passed + total - failed))
     tests_failed=$((tests_failed + failed))
-  elif grep -q 'No tests were found' "$log"; then
-    summary+=("WARN  $name: no tests matched${*:+ ($*)}")
+  else
+    summary+=("WARN  $name: ran no tests${*:+ (ctest $*)}")
   fi
   return "$rc"
 }

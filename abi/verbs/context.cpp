@@ -114,10 +114,12 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
   switch (got->type) {
     case IBV_EVENT_CQ_ERR:
       event->element.cq = static_cast<ibv_cq*>(got->handle);
+      if (auto* cq = to_cq(event->element.cq)) cq->async_events.reported();
       break;
     case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_SRQ_LIMIT_REACHED:
       event->element.srq = static_cast<ibv_srq*>(got->handle);
+      if (auto* srq = to_srq(event->element.srq)) srq->async_events.reported();
       break;
     case IBV_EVENT_PORT_ACTIVE:
     case IBV_EVENT_PORT_ERR:
@@ -132,6 +134,7 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
       break;
     default:
       event->element.qp = static_cast<ibv_qp*>(got->handle);
+      if (auto* qp = to_qp(event->element.qp)) qp->async_events.reported();
       break;
   }
   return 0;

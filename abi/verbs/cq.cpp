@@ -109,6 +109,7 @@ int ibv_destroy_cq(ibv_cq* cq) {
     if (impl == nullptr) return EINVAL;
     if (impl->in_use()) return EBUSY;
     // As rdma-core does: wait until every event given out was acknowledged.
+    impl->context().forget_events(cq);
     impl->comp_events.wait_all_acked();
     impl->async_events.wait_all_acked();
     delete impl;
@@ -130,6 +131,7 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) 
     errno = to_errno(got.error());
     return -1;
   }
+  (*got)->comp_events.reported();
   auto* handle = static_cast<ibv_cq*>((*got)->handle);
   *cq = handle;
   *cq_context = handle->cq_context;

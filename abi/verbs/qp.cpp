@@ -143,6 +143,7 @@ int ibv_destroy_qp(ibv_qp* qp) {
   return int_verb([&] {
     engine::QueuePair* impl = to_qp(qp);
     if (impl == nullptr) return EINVAL;
+    impl->context().forget_events(qp);
     impl->async_events.wait_all_acked();
     delete impl;
     pthread_mutex_destroy(&qp->mutex);

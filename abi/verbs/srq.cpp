@@ -82,6 +82,7 @@ int ibv_destroy_srq(ibv_srq* srq) {
     engine::SharedReceiveQueue* impl = to_srq(srq);
     if (impl == nullptr) return EINVAL;
     if (impl->in_use()) return EBUSY;
+    impl->pd().context().forget_events(srq);
     impl->async_events.wait_all_acked();
     delete impl;
     pthread_mutex_destroy(&srq->mutex);

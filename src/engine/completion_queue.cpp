@@ -119,7 +119,6 @@ Result<void> CompletionQueue::resize(int cqe) {
 
 void CompletionQueue::signal_channel() {
   if (channel_ == nullptr) return;
-  comp_events.reported();
   channel_->signal(*this);
 }
 
@@ -141,7 +140,6 @@ void CompletionQueue::on_remote_notify() { signal_channel(); }
 void CompletionQueue::on_overrun() {
   if (error_raised_.exchange(true)) return;
   SOFTHCA_WARN("cq overrun: more completions than its %d entries; the cq is in error", cqe_);
-  async_events.reported();
   context_.raise_async_event(AsyncEvent{IBV_EVENT_CQ_ERR, handle, 0});
 }
 

@@ -48,9 +48,27 @@ Result<AsyncEvent> Context::get_async_event() {
     return fail(static_cast<std::errc>(n < 0 ? errno : EIO));
   }
   std::lock_guard guard(mutex_);
+  if (events_.empty()) return fail(std::errc::resource_unavailable_try_again);
   AsyncEvent event = events_.front();
   events_.pop_front();
   return event;
+}
+
+void Context::forget_events(const void* handle) {
+  std::lock_guard guard(mutex_);
+  for (auto it = events_.begin(); it != events_.end();) {
+    if (it->handle == handle) {
+      it = events_.erase(it);
+      // Take the event's count back off the eventfd so it does not stay readable.
+      uint64_t value = 0;
+      const int flags = ::fcntl(async_fd_, F_GETFL);
+      ::fcntl(async_fd_, F_SETFL, flags | O_NONBLOCK);
+      [[maybe_unused]] ssize_t n = ::read(async_fd_, &value, sizeof value);
+      ::fcntl(async_fd_, F_SETFL, flags);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace softhca::engine

@@ -18,8 +18,11 @@ struct AsyncEvent {
   int port_num;
 };
 
-// Anything that can be named by an async event counts events given out and
-// acknowledged, so destroy can wait until the application has acked them all.
+// Anything that can be named by an event counts the events delivered to the
+// application (by ibv_get_async_event / ibv_get_cq_event) and those it acked,
+// so destroy can wait until every delivered event was acked, as rdma-core does.
+// Events never delivered do not count: programs that never read them must not
+// hang in destroy.
 class EventCounters {
  public:
   void reported() {
@@ -62,6 +65,8 @@ class Context {
   void raise_async_event(const AsyncEvent& event);
   // Blocks (unless the fd is O_NONBLOCK: EAGAIN) until an event is pending.
   Result<AsyncEvent> get_async_event();
+  // Drops events not yet delivered for an object being destroyed.
+  void forget_events(const void* handle);
 
  private:
   Context() = default;

@@ -72,7 +72,6 @@ void SharedReceiveQueue::query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& li
 }
 
 void SharedReceiveQueue::on_limit_reached() {
-  async_events.reported();
   pd_.context().raise_async_event(AsyncEvent{IBV_EVENT_SRQ_LIMIT_REACHED, handle, 0});
 }
 

@@ -212,7 +212,6 @@ void QueuePair::query(ibv_qp_attr& attr, ibv_qp_init_attr& init) {
 }
 
 void QueuePair::raise_event(ibv_event_type type) {
-  async_events.reported();
   context_.raise_async_event(AsyncEvent{type, handle, 0});
 }
 
