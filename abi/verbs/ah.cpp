@@ -13,9 +13,9 @@
 using namespace softhca;
 using namespace softhca::abi;
 
-namespace softhca::engine {
-AddressHandle* address_handle_of(ibv_ah* ah) { return to_ah(ah); }
-}  // namespace softhca::engine
+namespace softhca::abi {
+engine::AddressHandle* address_handle_of(ibv_ah* ah) { return to_ah(ah); }
+}  // namespace softhca::abi
 
 namespace {
 

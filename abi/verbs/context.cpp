@@ -74,6 +74,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
     }
     auto* h = new ContextHandle{};
     h->impl = *ctx;
+    h->impl->set_ah_translator(address_handle_of);
     fill_ops(*h);
     ibv_context& c = h->vctx.context;
     c.device = device;

@@ -4,6 +4,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "handles.hpp"
+
 namespace softhca::abi {
 
 int poll_cq_op(ibv_cq* cq, int num_entries, ibv_wc* wc);
@@ -13,5 +15,7 @@ int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 ibv_cq_ex* create_cq_ex_op(ibv_context* context, ibv_cq_init_attr_ex* attr);
 ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr);
+// Given to the engine context so UD work requests can name their ibv_ah.
+engine::AddressHandle* address_handle_of(ibv_ah* ah);
 
 }  // namespace softhca::abi

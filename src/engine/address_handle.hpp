@@ -5,16 +5,9 @@
 #include <cstdint>
 #include <cstring>
 
-struct ibv_ah;
-
 namespace softhca::engine {
 
 class ProtectionDomain;
-class AddressHandle;
-
-// The engine object behind an application's ibv_ah (defined by the verbs shim,
-// which owns the public struct).
-AddressHandle* address_handle_of(ibv_ah* ah);
 
 struct AddressVector {
   uint8_t dgid[16];

@@ -50,8 +50,16 @@ class EventCounters {
   uint32_t acked_ = 0;
 };
 
+class AddressHandle;
+
 class Context {
  public:
+  // The shim owns ibv_ah; it tells the engine how to find the AddressHandle
+  // behind one, so UD work requests can be taken as the application wrote them.
+  using AhTranslator = AddressHandle* (*)(ibv_ah*);
+  void set_ah_translator(AhTranslator translator) { ah_translator_ = translator; }
+  AddressHandle* address_handle(ibv_ah* ah) const { return ah_translator_ ? ah_translator_(ah) : nullptr; }
+
   static Result<Context*> open();
   ~Context();
   Context(const Context&) = delete;
@@ -71,6 +79,7 @@ class Context {
  private:
   Context() = default;
   Node* node_ = nullptr;
+  AhTranslator ah_translator_ = nullptr;
   int async_fd_ = -1;
   int cmd_fd_ = -1;
   std::mutex mutex_;

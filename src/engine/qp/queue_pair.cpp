@@ -231,7 +231,7 @@ int QueuePair::validate_send(const ibv_send_wr& wr) const {
     for (int i = 0; i < wr.num_sge; ++i) total += wr.sg_list[i].length;
     if (total > init_.max_inline_data) return EINVAL;
   }
-  if (init_.type == IBV_QPT_UD && wr.wr.ud.ah == nullptr) return EINVAL;
+  if (init_.type == IBV_QPT_UD && context_.address_handle(wr.wr.ud.ah) == nullptr) return EINVAL;
   return 0;
 }
 
@@ -262,7 +262,7 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
       break;
   }
   if (init_.type == IBV_QPT_UD) {
-    wqe->ah = address_handle_of(wr.wr.ud.ah);
+    wqe->ah = context_.address_handle(wr.wr.ud.ah);
     wqe->remote_qpn = wr.wr.ud.remote_qpn;
     wqe->remote_qkey = wr.wr.ud.remote_qkey;
   }

@@ -1,0 +1,119 @@
+// The host registry with a private file: QPN and MR-key allocation, lookup,
+// key validation, rereg, and reclaiming what a dead process held.
+#include "host/host_registry.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <set>
+#include <string>
+
+#include "engine/qp/shm_execute.hpp"
+
+namespace softhca::host {
+namespace {
+
+class HostRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = "/dev/shm/softhca-unit-" + std::to_string(::getpid()) + "-" +
+                             ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    auto opened = HostRegistry::open_named(path, true);
+    ASSERT_TRUE(opened.has_value());
+    registry_ = *opened;
+    auto proc = registry_->register_process(static_cast<uint32_t>(::getpid()), 3);
+    ASSERT_TRUE(proc.has_value());
+    proc_ = *proc;
+  }
+  void TearDown() override { delete registry_; }
+  HostRegistry* registry_ = nullptr;
+  uint32_t proc_ = 0;
+};
+
+TEST_F(HostRegistryTest, QpnsAreUniqueAndFindable) {
+  std::set<uint32_t> seen;
+  for (int i = 0; i < 100; ++i) {
+    auto qpn = registry_->allocate_qpn(proc_, 0x1000 + i);
+    ASSERT_TRUE(qpn.has_value());
+    EXPECT_GE(*qpn, kFirstQpn);
+    EXPECT_TRUE(seen.insert(*qpn).second);
+    const QpSlot* slot = registry_->find_qp(*qpn);
+    ASSERT_NE(slot, nullptr);
+    EXPECT_EQ(slot->shm_offset, 0x1000u + i);
+  }
+  const uint32_t some = *seen.begin();
+  registry_->release_qpn(some);
+  EXPECT_EQ(registry_->find_qp(some), nullptr);
+  EXPECT_EQ(registry_->find_qp(0), nullptr);
+  EXPECT_EQ(registry_->find_qp(0xFFFFFF), nullptr);
+}
+
+TEST_F(HostRegistryTest, MrKeysValidateAndDieWithDereg) {
+  auto key = registry_->allocate_mr(proc_, 7, 0x3, 0x10000, 4096, 0x7f0000);
+  ASSERT_TRUE(key.has_value());
+  MrRecord mr;
+  ASSERT_TRUE(registry_->lookup_mr(*key, mr));
+  EXPECT_EQ(mr.pd_id, 7u);
+  EXPECT_EQ(mr.iova, 0x10000u);
+  EXPECT_EQ(mr.length, 4096u);
+  EXPECT_EQ(mr.host_addr, 0x7f0000u);
+  // A key with the right slot but another tag is not this MR.
+  EXPECT_FALSE(registry_->lookup_mr(*key ^ 0x1, mr));
+  EXPECT_FALSE(registry_->lookup_mr(0, mr));
+  registry_->update_mr(*key, 8, 0x1, 0x20000, 8192, 0x7f1000);
+  ASSERT_TRUE(registry_->lookup_mr(*key, mr));
+  EXPECT_EQ(mr.pd_id, 8u);
+  EXPECT_EQ(mr.length, 8192u);
+  registry_->release_mr(*key);
+  EXPECT_FALSE(registry_->lookup_mr(*key, mr));
+}
+
+TEST_F(HostRegistryTest, KeysOfReusedSlotsDiffer) {
+  std::set<uint32_t> keys;
+  for (int i = 0; i < 50; ++i) {
+    auto key = registry_->allocate_mr(proc_, 1, 0, 0, 1, 0);
+    ASSERT_TRUE(key.has_value());
+    EXPECT_NE(*key, 0u);
+    EXPECT_TRUE(keys.insert(*key).second);
+    registry_->release_mr(*key);
+  }
+}
+
+TEST_F(HostRegistryTest, DeadProcessResourcesAreReclaimed) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  // Register the (now dead) child as if it had died holding a QP and an MR.
+  auto dead = registry_->register_process(static_cast<uint32_t>(child), 3);
+  ASSERT_TRUE(dead.has_value());
+  auto qpn = registry_->allocate_qpn(*dead, 64);
+  auto key = registry_->allocate_mr(*dead, 1, 0, 0, 1, 0);
+  ASSERT_TRUE(qpn.has_value() && key.has_value());
+  EXPECT_FALSE(registry_->process_alive(*dead));
+  EXPECT_TRUE(registry_->process_alive(proc_));
+  // The next registration sweeps dead owners.
+  auto next = registry_->register_process(static_cast<uint32_t>(::getpid()), 4);
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(registry_->find_qp(*qpn), nullptr);
+  MrRecord mr;
+  EXPECT_FALSE(registry_->lookup_mr(*key, mr));
+}
+
+TEST(IbtaTimers, RnrTimerTableEndpoints) {
+  EXPECT_EQ(engine::rnr_timer_ns(0), 655'360'000u);  // code 0 is the longest, 655.36 ms
+  EXPECT_EQ(engine::rnr_timer_ns(1), 10'000u);
+  EXPECT_EQ(engine::rnr_timer_ns(12), 640'000u);
+  EXPECT_EQ(engine::rnr_timer_ns(31), 491'520'000u);
+}
+
+TEST(IbtaTimers, AckTimeoutDoublesAndZeroIsInfinite) {
+  EXPECT_EQ(engine::ack_timeout_ns(0), 0u);
+  EXPECT_EQ(engine::ack_timeout_ns(1), 8192u);
+  EXPECT_EQ(engine::ack_timeout_ns(14), 4096ull << 14);
+}
+
+}  // namespace
+}  // namespace softhca::host

@@ -1,0 +1,150 @@
+// The shared rings of the shm link, single-threaded: ordering, capacity,
+// overrun, arming rules and the SRQ limit bookkeeping.
+#include "link/shm/shared_queues.hpp"
+
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+namespace softhca::shm {
+namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+template <typename T>
+std::unique_ptr<T, FreeDeleter> make_zeroed(size_t bytes) {
+  void* mem = std::aligned_alloc(4096, (bytes + 4095) & ~size_t{4095});
+  std::memset(mem, 0, bytes);
+  return std::unique_ptr<T, FreeDeleter>(static_cast<T*>(mem));
+}
+
+std::unique_ptr<SharedCq, FreeDeleter> make_cq(uint32_t capacity) {
+  auto cq = make_zeroed<SharedCq>(SharedCq::bytes_for(capacity));
+  cq->capacity = capacity;
+  return cq;
+}
+
+Cqe cqe_with(uint64_t wr_id, uint32_t status = IBV_WC_SUCCESS, bool solicited = false) {
+  Cqe c{};
+  c.wr_id = wr_id;
+  c.status = status;
+  c.solicited = solicited ? 1 : 0;
+  return c;
+}
+
+TEST(SharedCq, PopsInPushOrder) {
+  auto cq = make_cq(8);
+  for (uint64_t i = 0; i < 5; ++i) EXPECT_EQ(cq->push(cqe_with(i)), SharedCq::Push::kOk);
+  Cqe out;
+  for (uint64_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(cq->pop(out));
+    EXPECT_EQ(out.wr_id, i);
+  }
+  EXPECT_FALSE(cq->pop(out));
+  EXPECT_TRUE(cq->empty());
+}
+
+TEST(SharedCq, WrapsAroundManyTimes) {
+  auto cq = make_cq(4);
+  Cqe out;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    ASSERT_EQ(cq->push(cqe_with(i)), SharedCq::Push::kOk);
+    ASSERT_TRUE(cq->pop(out));
+    ASSERT_EQ(out.wr_id, i);
+  }
+}
+
+TEST(SharedCq, OverrunIsStickyAndKeepsEarlierEntries) {
+  auto cq = make_cq(4);
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(cq->push(cqe_with(i)), SharedCq::Push::kOk);
+  EXPECT_EQ(cq->push(cqe_with(99)), SharedCq::Push::kOverrun);
+  Cqe out;
+  ASSERT_TRUE(cq->pop(out));
+  EXPECT_EQ(out.wr_id, 0u);
+  // Once in error the CQ takes nothing more, even with room again.
+  EXPECT_EQ(cq->push(cqe_with(100)), SharedCq::Push::kOverrun);
+}
+
+TEST(SharedCq, ArmedForNextFiresOnceThenDisarms) {
+  auto cq = make_cq(8);
+  EXPECT_EQ(cq->push(cqe_with(1)), SharedCq::Push::kOk);  // not armed
+  cq->armed.store(SharedCq::kArmNext);
+  EXPECT_EQ(cq->push(cqe_with(2)), SharedCq::Push::kOkNotify);
+  EXPECT_EQ(cq->push(cqe_with(3)), SharedCq::Push::kOk);
+}
+
+TEST(SharedCq, SolicitedArmIgnoresUnsolicitedSuccess) {
+  auto cq = make_cq(8);
+  cq->armed.store(SharedCq::kArmSolicited);
+  EXPECT_EQ(cq->push(cqe_with(1)), SharedCq::Push::kOk);
+  EXPECT_EQ(cq->push(cqe_with(2, IBV_WC_SUCCESS, true)), SharedCq::Push::kOkNotify);
+  cq->armed.store(SharedCq::kArmSolicited);
+  // An error completion fires a solicited-only arm too.
+  EXPECT_EQ(cq->push(cqe_with(3, IBV_WC_WR_FLUSH_ERR)), SharedCq::Push::kOkNotify);
+}
+
+std::unique_ptr<SharedRq, FreeDeleter> make_rq(uint32_t capacity, uint32_t max_sge) {
+  auto rq = make_zeroed<SharedRq>(SharedRq::bytes_for(capacity, max_sge));
+  rq->capacity = capacity;
+  rq->max_sge = max_sge;
+  rq->stride = SharedRq::stride_for(max_sge);
+  return rq;
+}
+
+struct WqeBuffer {
+  alignas(16) unsigned char bytes[sizeof(RecvWqe) + 4 * sizeof(RecvSge)];
+  RecvWqe* wqe() { return reinterpret_cast<RecvWqe*>(bytes); }
+};
+
+TEST(SharedRq, TakesInPostOrderWithSges) {
+  auto rq = make_rq(4, 4);
+  RecvSge sges[3] = {{0x1000, 10, 7}, {0x2000, 20, 8}, {0x3000, 30, 9}};
+  ASSERT_TRUE(rq->push(11, sges, 3));
+  ASSERT_TRUE(rq->push(12, sges, 1));
+  WqeBuffer buf;
+  uint64_t remaining = 0;
+  ASSERT_TRUE(rq->take(buf.wqe(), &remaining));
+  EXPECT_EQ(buf.wqe()->wr_id, 11u);
+  ASSERT_EQ(buf.wqe()->num_sge, 3u);
+  EXPECT_EQ(buf.wqe()->sge[2].addr, 0x3000u);
+  EXPECT_EQ(buf.wqe()->sge[2].length, 30u);
+  EXPECT_EQ(buf.wqe()->sge[2].lkey, 9u);
+  EXPECT_EQ(remaining, 1u);
+  ASSERT_TRUE(rq->take(buf.wqe(), &remaining));
+  EXPECT_EQ(buf.wqe()->wr_id, 12u);
+  EXPECT_EQ(remaining, 0u);
+  EXPECT_FALSE(rq->take(buf.wqe(), &remaining));
+}
+
+TEST(SharedRq, RefusesPostsBeyondCapacity) {
+  auto rq = make_rq(2, 1);
+  RecvSge sge{0x1000, 1, 1};
+  EXPECT_TRUE(rq->push(1, &sge, 1));
+  EXPECT_TRUE(rq->push(2, &sge, 1));
+  EXPECT_FALSE(rq->push(3, &sge, 1));
+  EXPECT_EQ(rq->outstanding(), 2u);
+  WqeBuffer buf;
+  ASSERT_TRUE(rq->take(buf.wqe(), nullptr));
+  EXPECT_TRUE(rq->push(3, &sge, 1));
+}
+
+TEST(SegmentHeaderEvents, RingKeepsOrderAndRefusesWhenFull) {
+  auto header = make_zeroed<SegmentHeader>(sizeof(SegmentHeader));
+  for (uint32_t i = 0; i < SegmentHeader::kEventCapacity; ++i)
+    ASSERT_TRUE(header->push(Event{static_cast<uint32_t>(EventKind::kCqNotify), i, 0, 0}));
+  EXPECT_FALSE(header->push(Event{static_cast<uint32_t>(EventKind::kCqNotify), 9999, 0, 0}));
+  Event out;
+  for (uint32_t i = 0; i < SegmentHeader::kEventCapacity; ++i) {
+    ASSERT_TRUE(header->pop(out));
+    ASSERT_EQ(out.object, i);
+  }
+  EXPECT_FALSE(header->pop(out));
+}
+
+}  // namespace
+}  // namespace softhca::shm
