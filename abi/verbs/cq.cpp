@@ -1,11 +1,13 @@
 // Completion queues and completion channels.
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "engine/completion_channel.hpp"
 #include "engine/completion_queue.hpp"
 #include "engine/context.hpp"
 #include "engine/limits.hpp"
+#include "ext_verbs.hpp"
 #include "handles.hpp"
 #include "verbs_ops.hpp"
 
@@ -27,9 +29,32 @@ int req_notify_cq_op(ibv_cq* cq, int solicited_only) {
   return 0;
 }
 
-ibv_cq_ex* create_cq_ex_op(ibv_context*, ibv_cq_init_attr_ex*) {
-  errno = EOPNOTSUPP;
-  return nullptr;
+ibv_cq_ex* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
+                            int comp_vector, uint64_t wc_flags, uint32_t flags) {
+  engine::Context* ctx = to_context(context);
+  if (ctx == nullptr || comp_vector < 0 || comp_vector >= limits::kNumCompVectors) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto h = std::make_unique<CqHandle>();  // before the engine CQ: nothing to undo if this throws
+  auto cq = engine::CompletionQueue::create(*ctx, cqe, to_channel(channel));
+  if (!cq) {
+    errno = to_errno(cq.error());
+    return nullptr;
+  }
+  h->impl = *cq;
+  h->impl->handle = &h->cq;
+  h->wc_flags = wc_flags;
+  h->single_threaded = (flags & IBV_CREATE_CQ_ATTR_SINGLE_THREADED) != 0;
+  ibv_cq_ex& c = h->cq;
+  c.context = context;
+  c.channel = channel;
+  c.cq_context = cq_context;
+  c.cqe = cqe;
+  pthread_mutex_init(&c.mutex, nullptr);
+  pthread_cond_init(&c.cond, nullptr);
+  install_cq_poll_ops(*h);
+  return &h.release()->cq;
 }
 
 }  // namespace softhca::abi
@@ -69,27 +94,8 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
 
 ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
   return pointer_verb([&]() -> ibv_cq* {
-    engine::Context* ctx = to_context(context);
-    if (ctx == nullptr || comp_vector < 0 || comp_vector >= limits::kNumCompVectors) {
-      errno = EINVAL;
-      return nullptr;
-    }
-    auto cq = engine::CompletionQueue::create(*ctx, cqe, to_channel(channel));
-    if (!cq) {
-      errno = to_errno(cq.error());
-      return nullptr;
-    }
-    auto* h = new CqHandle{};
-    h->impl = *cq;
-    h->impl->handle = &h->cq;
-    ibv_cq_ex& c = h->cq;
-    c.context = context;
-    c.channel = channel;
-    c.cq_context = cq_context;
-    c.cqe = cqe;
-    pthread_mutex_init(&c.mutex, nullptr);
-    pthread_cond_init(&c.cond, nullptr);
-    return ibv_cq_ex_to_cq(&c);
+    ibv_cq_ex* cq = create_cq_common(context, cqe, cq_context, channel, comp_vector, IBV_WC_STANDARD_FLAGS, 0);
+    return cq != nullptr ? ibv_cq_ex_to_cq(cq) : nullptr;
   });
 }
 

@@ -9,9 +9,14 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
+#include <memory>
 #include <new>
 #include <type_traits>
+
+#include "common/spinlock.hpp"
+#include "link/shm/shared_queues.hpp"
 
 namespace softhca::engine {
 class Context;
@@ -53,19 +58,34 @@ struct MrHandle {
   engine::MemoryRegion* impl;
 };
 // Every CQ is allocated as an ibv_cq_ex: ibv_cq_ex_to_cq() is a cast, and the
-// ex layout starts with the ibv_cq layout.
+// ex layout starts with the ibv_cq layout. Every CQ, legacy or not, also
+// answers the extended poll API (cq_ex.cpp): start_poll takes `poll_lock`
+// (unless created SINGLE_THREADED) and parks the completion it popped in
+// `current`, where the read_* ops find it; end_poll releases the lock.
 struct CqHandle {
   ibv_cq_ex cq;
   engine::CompletionQueue* impl;
+  shm::Cqe current{};      // the completion start_poll/next_poll gave out
+  uint64_t wc_flags = 0;   // ibv_create_cq_wc_flags asked at creation
+  bool single_threaded = false;
+  bool polling = false;    // between a successful start_poll and end_poll
+  SpinLock poll_lock;
 };
 struct ChannelHandle {
   ibv_comp_channel channel;
   engine::CompletionChannel* impl;
 };
-// Every QP is allocated as an ibv_qp_ex so ibv_qp_to_qp_ex() can hand it out.
+// The work requests one ibv_wr_start..ibv_wr_complete builds (qp_ex.cpp).
+struct QpExBatch;
+struct QpExBatchDeleter {
+  void operator()(QpExBatch* batch) const noexcept;
+};
+// Every QP is allocated as an ibv_qp_ex; ibv_qp_to_qp_ex() hands it out only for
+// QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, the ones with a `batch`.
 struct QpHandle {
   ibv_qp_ex qp;
   engine::QueuePair* impl;
+  std::unique_ptr<QpExBatch, QpExBatchDeleter> batch;  // null: no new post-send API
 };
 struct SrqHandle {
   ibv_srq srq;

@@ -7,6 +7,7 @@
 #include "engine/protection_domain.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "engine/shared_receive_queue.hpp"
+#include "ext_verbs.hpp"
 #include "handles.hpp"
 #include "verbs_ops.hpp"
 
@@ -83,8 +84,14 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
       errno = EINVAL;
       return nullptr;
     }
-    // Extended creation flags (send ops, XRC, RSS, ...) are not offered yet.
-    if (attr->comp_mask & ~static_cast<uint32_t>(IBV_QP_INIT_ATTR_PD)) {
+    // The new post-send API (SEND_OPS_FLAGS) and create_flags 0 are offered;
+    // XRC, RSS, TSO, ... are not.
+    constexpr uint32_t kSupported =
+        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    const bool send_ops = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+    if ((attr->comp_mask & ~kSupported) != 0 ||
+        ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) != 0 && attr->create_flags != 0) ||
+        (send_ops && check_send_ops_flags(attr->qp_type, attr->send_ops_flags) != 0)) {
       errno = EOPNOTSUPP;
       return nullptr;
     }
@@ -101,7 +108,16 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     legacy.qp_type = attr->qp_type;
     legacy.sq_sig_all = attr->sq_sig_all;
     ibv_qp* qp = create_qp(attr->pd, &legacy);
-    if (qp != nullptr) attr->cap = legacy.cap;
+    if (qp == nullptr) return nullptr;
+    attr->cap = legacy.cap;
+    if (send_ops) {
+      try {
+        enable_qp_ex(*reinterpret_cast<QpHandle*>(qp), attr->send_ops_flags, legacy.cap);
+      } catch (...) {
+        ibv_destroy_qp(qp);
+        throw;
+      }
+    }
     return qp;
   });
 }
@@ -151,12 +167,6 @@ int ibv_destroy_qp(ibv_qp* qp) {
     delete reinterpret_cast<QpHandle*>(qp);
     return 0;
   });
-}
-
-ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
-  // QPs created without IBV_QP_INIT_ATTR_SEND_OPS_FLAGS have no extended post API.
-  (void)qp;
-  return nullptr;
 }
 
 int ibv_query_qp_data_in_order(ibv_qp* qp, ibv_wr_opcode op, uint32_t flags) {

@@ -294,15 +294,16 @@ bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
       __builtin_ia32_pause();
       continue;
     }
-    out.key = slot.key.load(std::memory_order_relaxed);
-    out.proc = slot.proc.load(std::memory_order_relaxed);
-    out.pd_id = slot.pd_id.load(std::memory_order_relaxed);
-    out.access = slot.access.load(std::memory_order_relaxed);
-    out.iova = slot.iova.load(std::memory_order_relaxed);
-    out.length = slot.length.load(std::memory_order_relaxed);
-    out.host_addr = slot.host_addr.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (slot.seq.load(std::memory_order_relaxed) == before) return key != 0 && out.key == key;
+    // Acquire loads keep the closing seq read after the field reads (a fence
+    // would do the same, but TSan does not model fences).
+    out.key = slot.key.load(std::memory_order_acquire);
+    out.proc = slot.proc.load(std::memory_order_acquire);
+    out.pd_id = slot.pd_id.load(std::memory_order_acquire);
+    out.access = slot.access.load(std::memory_order_acquire);
+    out.iova = slot.iova.load(std::memory_order_acquire);
+    out.length = slot.length.load(std::memory_order_acquire);
+    out.host_addr = slot.host_addr.load(std::memory_order_acquire);
+    if (slot.seq.load(std::memory_order_acquire) == before) return key != 0 && out.key == key;
   }
 }
 
