@@ -14,6 +14,7 @@ packages=(
   ucx-utils                             # comparison peer for bench/peers
   python3 python3-pyverbs
   iproute2 procps                       # ss (readiness polling), ps/kill
+  gdb                                   # stacks of a timed-out peer in the harness
 )
 
 missing=()

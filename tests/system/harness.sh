@@ -26,8 +26,8 @@
 #              [--expect RE]... [--reject RE]... [--run-for SECS]
 #   --run-for SECS is for programs that never exit by themselves
 #   (ibv_asyncwatch loops in ibv_get_async_event): the program must still be
-#   running after SECS; the harness then terminates it (SIGTERM, via
-#   timeout) and that counts as success. Exiting earlier is a failure.
+#   running after SECS; the harness then terminates it (SIGTERM) and that
+#   counts as success. Exiting earlier is a failure.
 #
 # A run FAILS when a program exits non-zero (124: timed out), when an
 # --expect/--expect-server/--expect-client regex (grep -E) does not match the
@@ -37,11 +37,19 @@
 # "no version information available", "version `X' not found", or a
 # sanitizer report.
 #
+# Time limits: each program gets --timeout seconds from its start. The harness
+# waits for it without polling (wait -n against a sleep); at the limit it
+# first attaches gdb, when installed, to every program still running and
+# prints the stacks of all their threads ([NAME ROLE bt] lines; --no-backtrace
+# or SOFTHCA_HARNESS_BACKTRACE=0 to skip), then sends SIGTERM to the program's
+# process group and SIGKILL --grace seconds later. Every program also runs
+# under timeout(1) with 30 s more, the backstop should the harness be killed.
+#
 # Commands are shell words (quoting allowed) of one simple command; each is
-# run as `timeout -k GRACE SECS stdbuf -oL -eL bash -c 'exec CMD'` so that
-# output survives a kill (stdbuf line-buffers C stdio; --no-stdbuf disables it,
-# e.g. for sanitizer-built programs, whose runtime must be loaded first).
-# Only processes this harness started are ever signalled, by PID / PGID.
+# run as `setsid timeout -k GRACE SECS+30 stdbuf -oL -eL bash -c 'exec CMD'` so
+# that output survives a kill (stdbuf line-buffers C stdio; --no-stdbuf
+# disables it, e.g. for sanitizer-built programs, whose runtime must be loaded
+# first). Only processes this harness started are ever signalled, by PID/PGID.
 set -u -o pipefail
 
 me=harness
@@ -64,6 +72,8 @@ Options:
                          SIGTERM-to-SIGKILL delay (default 5)
   --keep DIR             keep the raw logs as DIR/NAME.{server,client,run}.log
   --no-stdbuf            do not force line-buffered stdio
+  --no-backtrace         at a time limit, do not attach gdb to the programs
+                         still running (also SOFTHCA_HARNESS_BACKTRACE=0)
   -h, --help             this text
 EOF
 }
@@ -71,14 +81,35 @@ EOF
 die_usage() { echo "$me: $*" >&2; echo "$me: run with --help for usage" >&2; exit 2; }
 
 name=harness timeout=60 libdir="" port=18515 server="" client="" run="" run_for=""
-ready_timeout="" grace=5 keep="" use_stdbuf=1
+ready_timeout="" grace=5 keep="" use_stdbuf=1 want_backtraces=${SOFTHCA_HARNESS_BACKTRACE:-1}
 expect_all=() expect_server=() expect_client=() reject=()
+
+# ---- begin --ready-regex (rdma_cm servers; added with librdmacm, issue 3) ----
+# rdma_cm servers (rping -s, ucmatose, rdma_server, perftest -R) open no TCP
+# port. With --ready-regex RE the server counts as ready once a line of its
+# output (stdout+stderr) matches RE — e.g. softhca's "cm: listening on" line,
+# logged with SOFTHCA_LOG=info once the listener is registered — instead of
+# once TCP --port listens. Parsed here, before the main option loop.
+ready_regex=""
+_args=()
+while (($#)); do
+  case $1 in
+    --ready-regex) (($# >= 2)) || { echo "$me: --ready-regex needs a value" >&2; exit 2; }
+                   ready_regex=$2; shift 2 ;;
+    --ready-regex=*) ready_regex=${1#*=}; shift ;;
+    *) _args+=("$1"); shift ;;
+  esac
+done
+set -- ${_args[@]+"${_args[@]}"}
+unset _args
+# ---- end --ready-regex ----
 
 while (($#)); do
   opt=$1
   case $opt in
     -h|--help) usage; exit 0 ;;
     --no-stdbuf) use_stdbuf=0; shift; continue ;;
+    --no-backtrace) want_backtraces=0; shift; continue ;;
     --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
   esac
   (($# >= 2)) || die_usage "option $opt needs a value"
@@ -119,13 +150,19 @@ else
   [[ -z $run_for ]] || die_usage "--run-for is for --run only"
   mode=pair
 fi
-if [[ -n $libdir && ! -d $libdir ]]; then
-  echo "$me: $name: FAIL: --libdir $libdir does not exist (was the library built?)"
-  exit 1
+if [[ -n $libdir ]]; then
+  if [[ ! -d $libdir ]]; then
+    echo "$me: $name: FAIL: --libdir $libdir does not exist (was the library built?)"
+    exit 1
+  fi
+  libdir=$(cd "$libdir" && pwd)
 fi
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/softhca-harness.XXXXXX") || exit 1
 declare -A pids=()      # role -> pid (= pgid: each program runs in its own session)
+declare -A stop_at=()   # role -> time (ms) at which the harness stops it
+backtraces_taken=0
+sleeper=""              # the sleep(1) that bounds the current wait
 failures=()
 fail() { failures+=("$*"); }
 
@@ -171,10 +208,15 @@ kill_role() {
   return 0
 }
 
+# The traps run only in the harness itself: a child that bash forked for a
+# background command and that is signalled before it execs its program (the
+# sleep in finish(), say) still has them, and must not clean up our files.
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
+  [[ $BASHPID == "$$" ]] || return 0
   local role
   for role in "${!pids[@]}"; do kill_role "$role"; done
+  [[ -n $sleeper ]] && kill -KILL "$sleeper" 2>/dev/null
   if [[ -n $keep ]]; then
     mkdir -p "$keep" && for role in server client run; do
       [[ -f $tmp/$role.log ]] && cp "$tmp/$role.log" "$keep/$name.$role.log"
@@ -195,8 +237,18 @@ verdict() {
   exit 1
 }
 
+# shellcheck disable=SC2317  # invoked by the signal traps
+on_signal() {
+  [[ $BASHPID == "$$" ]] || exit 143
+  fail "interrupted by a signal"
+  show server
+  show client
+  show run
+  verdict
+}
+
 trap cleanup EXIT
-trap 'fail "interrupted by a signal"; show server; show client; show run; verdict' INT TERM HUP
+trap on_signal INT TERM HUP
 
 # start ROLE SECS CMD: run CMD in the background in its own session.
 start() {
@@ -210,19 +262,62 @@ start() {
   [[ -n $libdir ]] && env=(env "LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
   ((use_stdbuf)) && buf=(stdbuf -oL -eL)
   echo "$me: $name: $role: ${libdir:+LD_LIBRARY_PATH=$libdir }$cmd (limit ${secs}s)"
-  setsid "${env[@]}" timeout -k "$grace" "$secs" "${buf[@]}" bash -c "exec $cmd" \
+  # The harness stops the program at its deadline (finish); timeout(1) is the
+  # backstop should the harness itself be killed.
+  setsid "${env[@]}" timeout -k "$grace" $((secs + 30)) "${buf[@]}" bash -c "exec $cmd" \
     </dev/null >"$tmp/$role.log" 2>&1 &
   pids[$role]=$!
+  stop_at[$role]=$(($(now_ms) + secs * 1000))
 }
 
-# finish ROLE: wait for ROLE and record its exit status in rc_ROLE.
+# finish ROLE [expected]: wait for ROLE until its deadline and record its exit
+# status in rc_ROLE (124 when the deadline passed). At the deadline, unless the
+# timeout is expected (--run-for), first record where every program hangs.
 finish() {
-  local role=$1 pid=${pids[$1]:-} rc
+  local role=$1 expected=${2:-} pid=${pids[$1]:-} rc left timed_out=0
   [[ -n $pid ]] || return 0
+  if alive "$pid"; then
+    left=$((stop_at[$role] - $(now_ms)))
+    ((left > 0)) || left=0
+    printf -v left '%d.%03d' $((left / 1000)) $((left % 1000))
+    sleep "$left" >/dev/null 2>&1 &
+    sleeper=$!
+    wait -n "$pid" "$sleeper" 2>/dev/null  # whichever ends first; no polling
+    kill -KILL "$sleeper" 2>/dev/null
+    wait "$sleeper" 2>/dev/null
+    sleeper=""
+    if alive "$pid"; then
+      timed_out=1
+      [[ -n $expected ]] || backtraces
+      kill_role "$role"
+    fi
+  fi
   wait "$pid" 2>/dev/null  # no "Killed" job notice: judge() reports it
   rc=$?
+  ((timed_out)) && rc=124
   unset "pids[$role]"
   printf -v "rc_$role" %d "$rc"
+}
+
+# backtraces: once per run, attach gdb (when installed) to every program still
+# running and save all its threads' stacks in ROLE.bt, shown with the output.
+backtraces() {
+  local role pid prog
+  ((want_backtraces && !backtraces_taken)) || return 0
+  backtraces_taken=1
+  command -v gdb >/dev/null || return 0
+  for role in "${!pids[@]}"; do
+    pid=${pids[$role]}
+    alive "$pid" || continue
+    # The program is the child of timeout(1), the session leader we started.
+    for prog in $(pgrep -P "$pid" 2>/dev/null); do
+      {
+        echo "---- still running at the time limit: pid $prog, stacks of all threads ----"
+        timeout 30 gdb -p "$prog" -batch -nx -ex 'set pagination off' \
+          -ex 'thread apply all bt' </dev/null 2>&1 | grep -E '^(Thread|#|warning: process|ptrace)'
+      } >>"$tmp/$role.bt"
+    done
+  done
 }
 
 describe_rc() {
@@ -246,6 +341,13 @@ listening() {
 # The server is listening, or has exited (then there is no point in waiting).
 # shellcheck disable=SC2317  # called through poll
 server_settled() { listening || ! alive "${pids[server]}"; }
+
+# ---- begin --ready-regex (see the option's block above) ----
+if [[ -n $ready_regex ]]; then
+  # shellcheck disable=SC2317  # called through poll
+  listening() { [[ -f $tmp/server.log ]] && grep -E -q -- "$ready_regex" "$tmp/server.log"; }
+fi
+# ---- end --ready-regex ----
 
 bad_line_re="symbol lookup error|no version information available|version \`[^']*' not found|undefined symbol:|ERROR: AddressSanitizer|ERROR: LeakSanitizer|WARNING: ThreadSanitizer|runtime error:"
 
@@ -278,6 +380,8 @@ show() {
   local role=$1
   [[ -f $tmp/$role.log ]] || return 0
   sed "s/^/[$name $role] /" "$tmp/$role.log"
+  [[ -f $tmp/$role.bt ]] && sed "s/^/[$name $role bt] /" "$tmp/$role.bt"
+  return 0
 }
 
 if ! command -v setsid >/dev/null || ! command -v timeout >/dev/null; then
@@ -292,7 +396,7 @@ if [[ $mode == single ]]; then
   if [[ -n $run_for ]]; then secs=$run_for; ok_rc=124; fi
   rc_run=""
   if start run "$secs" "$run"; then
-    finish run
+    finish run ${run_for:+expected}
   else
     rc_run=127
   fi

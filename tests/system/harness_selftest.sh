@@ -114,6 +114,13 @@ expect client_times_out 1 'client: timed out' 8 -- \
   "${common[@]}" --timeout 2 --server "$(server)" --client "$(client hang)"
 gone server
 gone client
+if command -v gdb >/dev/null; then
+  if grep -Eq '^\[client_times_out client bt\] (Thread|#0)' "$out"; then
+    echo "ok   stacks of the hung client printed"; passed=$((passed + 1))
+  else
+    echo "FAIL no [client_times_out client bt] lines (gdb is installed)"; failed=$((failed + 1))
+  fi
+fi
 
 expect stubborn_server_killed 1 'server: killed with SIGKILL' 10 -- \
   "${common[@]}" --timeout 20 --server "$(server stubborn)" --client 'false'
@@ -143,7 +150,7 @@ expect single_pass 0 'single_pass: PASS' 5 -- --timeout 5 --run 'echo softhca0: 
   --expect softhca0 --expect 'PORT_(ACTIVE|DOWN)'
 expect single_mismatch 1 'run: output does not match /RoCE v2/' 5 -- --timeout 5 --run 'echo RoCE v1' --expect 'RoCE v2'
 expect single_rc 1 'run: exit 3' 5 -- --timeout 5 --run 'bash -c "exit 3"'
-expect single_timeout 1 'run: timed out' 5 -- --timeout 1 --run 'sleep 30'
+expect single_timeout 1 'run: timed out' 5 -- --timeout 1 --no-backtrace --run 'sleep 30'
 expect single_reject 1 'rejected /invalid data/' 5 -- --timeout 5 --run 'echo invalid data in page 3' --reject 'invalid data'
 expect no_version_info 1 'loader/ABI/sanitizer error' 5 -- --timeout 5 \
   --run 'echo "prog: ./lib/libibverbs.so.1: no version information available (required by prog)"'

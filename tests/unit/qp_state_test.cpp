@@ -201,7 +201,7 @@ std::string type_name(ibv_qp_type t) {
     case IBV_QPT_RC: return "RC";
     case IBV_QPT_UC: return "UC";
     case IBV_QPT_UD: return "UD";
-    default: return "T" + std::to_string(static_cast<int>(t));
+    default: return std::string("T").append(std::to_string(static_cast<int>(t)));
   }
 }
 
