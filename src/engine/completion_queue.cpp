@@ -14,7 +14,10 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
   if (cqe < 1 || cqe > limits::kMaxCqe) return fail(std::errc::invalid_argument);
   Node& node = context.node();
   auto* cq = new CompletionQueue(context, cqe, channel);
-  const uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe) + 1);
+  // The ring holds `capacity` entries and overruns past that: round cqe up to a
+  // power of two, no further (bit_ceil(cqe + 1) let a CQ of 4 take 8 completions
+  // without overrun, where hardware that reports 4 would raise CQ_ERR).
+  const uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
   cq->shared_bytes_ = shm::SharedCq::bytes_for(capacity);
   cq->shared_offset_ = node.segment().allocate(cq->shared_bytes_);
   if (cq->shared_offset_ == 0) {
@@ -80,6 +83,24 @@ void to_wc(const shm::Cqe& c, ibv_wc& wc) {
 
 }  // namespace
 
+bool CompletionQueue::pop_locked(shm::Cqe& out) {
+  for (;;) {
+    const uint64_t position = shared_->tail.load(std::memory_order_relaxed);
+    if (!shared_->pop(out)) return false;
+    if (purges_.empty()) return true;
+    bool drop = false;
+    for (const Purge& p : purges_) drop |= position < p.until && out.qp_num == p.qpn;
+    std::erase_if(purges_, [&](const Purge& p) { return position + 1 >= p.until; });
+    if (!drop) return true;
+  }
+}
+
+void CompletionQueue::purge_qp(uint32_t qpn) {
+  std::lock_guard guard(poll_lock_);
+  const uint64_t until = shared_->head.load(std::memory_order_acquire);
+  if (until != shared_->tail.load(std::memory_order_relaxed)) purges_.push_back(Purge{qpn, until});
+}
+
 int CompletionQueue::poll(int n, ibv_wc* wc) {
   if (n < 0) return -1;
   Node& node = context_.node();
@@ -87,7 +108,7 @@ int CompletionQueue::poll(int n, ibv_wc* wc) {
   std::lock_guard guard(poll_lock_);
   int got = 0;
   shm::Cqe cqe;
-  while (got < n && shared_->pop(cqe)) to_wc(cqe, wc[got++]);
+  while (got < n && pop_locked(cqe)) to_wc(cqe, wc[got++]);
   return got;
 }
 
@@ -95,7 +116,7 @@ bool CompletionQueue::poll_one(shm::Cqe& out) {
   Node& node = context_.node();
   if (node.has_waiting()) node.run_timers(Node::now_ns());
   std::lock_guard guard(poll_lock_);
-  return shared_->pop(out);
+  return pop_locked(out);
 }
 
 void CompletionQueue::arm(bool solicited_only) {
@@ -109,8 +130,8 @@ Result<void> CompletionQueue::resize(int cqe) {
   if (static_cast<uint64_t>(cqe) < outstanding) return fail(std::errc::invalid_argument);
   // The ring is shared with initiators in other processes that hold its
   // offset; it can shrink or grow within its capacity, not move.
-  if (static_cast<uint32_t>(cqe) + 1 > shared_->capacity) {
-    SOFTHCA_INFO("resize_cq to %d exceeds the ring's capacity %u", cqe, shared_->capacity - 1);
+  if (static_cast<uint32_t>(cqe) > shared_->capacity) {
+    SOFTHCA_INFO("resize_cq to %d exceeds the ring's capacity %u", cqe, shared_->capacity);
     return fail(std::errc::not_enough_memory);
   }
   cqe_ = cqe;

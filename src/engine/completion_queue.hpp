@@ -34,6 +34,9 @@ class CompletionQueue {
 
   // Posts a completion generated in this process (send completions, flushes).
   void push(const shm::Cqe& cqe);
+  // A QP moved to RESET: its completions still in the ring are discarded, as
+  // hardware providers clean the CQ on reset (mlx5 cq_clean, rxe reset).
+  void purge_qp(uint32_t qpn);
   // Called by the progress thread for a notification from another process.
   void on_remote_notify();
   void on_overrun();
@@ -67,7 +70,13 @@ class CompletionQueue {
   uint64_t shared_offset_ = 0;
   uint64_t shared_bytes_ = 0;
   shm::SharedCq* shared_ = nullptr;
+  bool pop_locked(shm::Cqe& out);
+  struct Purge {
+    uint32_t qpn;
+    uint64_t until;  // ring positions below this were produced before the reset
+  };
   SpinLock poll_lock_;
+  std::vector<Purge> purges_;  // guarded by poll_lock_
   std::mutex users_mutex_;
   std::vector<QueuePair*> users_;
   std::atomic<bool> error_raised_{false};

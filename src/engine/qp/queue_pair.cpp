@@ -180,6 +180,8 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   if ((mask & IBV_QP_DEST_QPN) != 0) target_ = TargetQp{};
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
     reset_queues_locked();
+    init_.send_cq->purge_qp(qpn_);
+    if (init_.recv_cq != init_.send_cq) init_.recv_cq->purge_qp(qpn_);
     shared_->comm_established.store(0, std::memory_order_relaxed);
   }
   shared_->state.store(to, std::memory_order_release);
@@ -362,7 +364,16 @@ void QueuePair::progress_locked(uint64_t now_ns) {
     }
     if (sq_tail_ == sq_head_ || st != IBV_QPS_RTS) break;
     SendWqe& wqe = *sq_slot(sq_tail_);
-    if (wqe.deadline_ns != 0 && now_ns < wqe.deadline_ns) break;  // parked
+    if (wqe.deadline_ns != 0 && now_ns < wqe.deadline_ns) {
+      // Parked and not yet due: stay on the node's waiting list. (Breaking out
+      // here used to fall into the un-park below, so a poll before the deadline
+      // dropped the QP from the list and its RNR/timeout retry never ran.)
+      if (!parked_) {
+        parked_ = true;
+        node_.add_waiting(this);
+      }
+      return;
+    }
     if (!wqe.started) {
       wqe.started = 1;
       wqe.first_try_ns = now_ns;
@@ -470,8 +481,15 @@ void QueuePair::reset_queues_locked() {
 void QueuePair::on_remote_event(uint32_t detail) {
   const auto event = static_cast<ibv_event_type>(detail);
   if (event == IBV_EVENT_QP_FATAL || event == IBV_EVENT_QP_ACCESS_ERR || event == IBV_EVENT_QP_REQ_ERR) {
+    // The initiator already moved us to ERROR; flush what is queued. If the
+    // application reset the QP before this event arrived, the error is over:
+    // forcing ERROR again would break the QP it just restated.
     std::lock_guard guard(sq_lock_);
-    enter_error_locked();
+    if (state() == IBV_QPS_ERR) {
+      attrs_.state = IBV_QPS_ERR;
+      flush_send_locked();
+      flush_recv();
+    }
   }
   raise_event(event);
 }

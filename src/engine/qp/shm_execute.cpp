@@ -129,6 +129,21 @@ void mark_established(Node& node, const TargetQp& target) {
     raise_on_target(node, target, IBV_EVENT_COMM_EST);
 }
 
+// A responder in a process that died answers nothing: no RNR NAK, no error
+// NAK. Its segment stays mapped here, but the host registry reclaims its MRs
+// whenever another process registers, so without this check a dead peer would
+// show up as RNR forever (rnr_retry 7) or as a spurious REM_ACCESS_ERR. Only
+// asked on those slow paths (it reads /proc).
+bool target_gone(Node& node, const TargetQp& target) {
+  return target.proc != node.proc() && !node.registry().process_alive(target.proc);
+}
+
+// The responder had no receive WQE: an RNR NAK, if anyone is there to send it.
+ExecOutcome rnr_or_silence(Node& node, const TargetQp& target) {
+  if (target_gone(node, target)) return no_response();
+  return ExecOutcome{Kind::kRnr, IBV_WC_SUCCESS, rnr_timer_ns(target.qp->min_rnr_timer.load())};
+}
+
 shm::SharedRq* target_rq(const TargetQp& target) {
   const uint64_t offset = target.qp->srq_offset ? target.qp->srq_offset : target.qp->rq_offset;
   return reinterpret_cast<shm::SharedRq*>(target.base + offset);
@@ -352,6 +367,7 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
   // A responder error: RC reports it to both sides; UC drops the message.
   auto responder_fails = [&](ibv_wc_status requester_status, ibv_event_type event) {
     if (!reliable) return done(IBV_WC_SUCCESS);
+    if (target_gone(node, target)) return no_response();
     responder_error(node, target, event);
     return done(requester_status);
   };
@@ -366,7 +382,7 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
       const bool with_imm = wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
       if (with_imm && !take_recv(node, target, claim)) {
         if (!reliable) return done(IBV_WC_SUCCESS);
-        return ExecOutcome{Kind::kRnr, IBV_WC_SUCCESS, rnr_timer_ns(target.qp->min_rnr_timer.load())};
+        return rnr_or_silence(node, target);
       }
       const shm::CopyResult copied = shm::write_to(target.pid, &dst, 1, src, nsrc, length);
       if (copied == shm::CopyResult::kGone) return reliable ? no_response() : done(IBV_WC_SUCCESS);
@@ -387,7 +403,7 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
       RecvClaim claim;
       if (!take_recv(node, target, claim)) {
         if (!reliable) return done(IBV_WC_SUCCESS);
-        return ExecOutcome{Kind::kRnr, IBV_WC_SUCCESS, rnr_timer_ns(target.qp->min_rnr_timer.load())};
+        return rnr_or_silence(node, target);
       }
       const shm::RecvWqe& rwqe = *claim.wqe();
       iovec dst[limits::kMaxSge];
@@ -408,6 +424,7 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
         // ERROR; an RC requester learns it from the NAK (invalid request for a
         // length error, remote operational error for a protection error).
         if (!reliable) return done(IBV_WC_SUCCESS);  // UC: the message is dropped
+        if (target_gone(node, target)) return no_response();
         push_target_cqe(node, target, cqe);
         responder_error(node, target, IBV_EVENT_QP_FATAL);
         return done(rstatus == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
