@@ -10,25 +10,38 @@
 
 namespace softhca::engine {
 
+shm::CqRing* CompletionQueue::allocate_ring(uint32_t capacity, uint64_t& offset, uint64_t& bytes) {
+  host::ProcessSegment& segment = context_.node().segment();
+  bytes = shm::CqRing::bytes_for(capacity);
+  offset = segment.allocate(bytes);
+  if (offset == 0) return nullptr;
+  auto* ring = segment.at<shm::CqRing>(offset);
+  ring->capacity = capacity;
+  return ring;
+}
+
 Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, CompletionChannel* channel) {
   if (cqe < 1 || cqe > limits::kMaxCqe) return fail(std::errc::invalid_argument);
   Node& node = context.node();
   auto* cq = new CompletionQueue(context, cqe, channel);
+  cq->shared_offset_ = node.segment().allocate(sizeof(shm::SharedCq));
   // The ring holds `capacity` entries and overruns past that: round cqe up to a
-  // power of two, no further (bit_ceil(cqe + 1) let a CQ of 4 take 8 completions
-  // without overrun, where hardware that reports 4 would raise CQ_ERR).
-  const uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
-  cq->shared_bytes_ = shm::SharedCq::bytes_for(capacity);
-  cq->shared_offset_ = node.segment().allocate(cq->shared_bytes_);
-  if (cq->shared_offset_ == 0) {
+  // power of two, no further (hardware that reports N entries raises CQ_ERR
+  // not far past N).
+  uint64_t ring_offset = 0, ring_bytes = 0;
+  shm::CqRing* ring = cq->shared_offset_ ? cq->allocate_ring(std::bit_ceil(static_cast<uint32_t>(cqe)), ring_offset, ring_bytes)
+                                         : nullptr;
+  if (ring == nullptr) {
     delete cq;
     return fail(std::errc::not_enough_memory);
   }
+  cq->rings_.push_back(RingBlock{ring_offset, ring_bytes});
+  cq->ring_ = ring;
   cq->shared_ = node.segment().at<shm::SharedCq>(cq->shared_offset_);
-  cq->shared_->capacity = capacity;
   cq->shared_->owner_proc = node.proc();
   cq->id_ = node.cqs().add(cq);
   cq->shared_->owner_cq_id = cq->id_;
+  cq->shared_->ring_offset.store(ring_offset, std::memory_order_release);
   if (channel) channel->attach();
   return cq;
 }
@@ -40,7 +53,8 @@ CompletionQueue::~CompletionQueue() {
     channel_->forget(*this);
     channel_->detach();
   }
-  if (shared_offset_) node.segment().release(shared_offset_, shared_bytes_);
+  for (const RingBlock& block : rings_) node.segment().release(block.offset, block.bytes);
+  if (shared_offset_) node.segment().release(shared_offset_, sizeof(shm::SharedCq));
 }
 
 void CompletionQueue::attach(QueuePair* qp) {
@@ -85,8 +99,8 @@ void to_wc(const shm::Cqe& c, ibv_wc& wc) {
 
 bool CompletionQueue::pop_locked(shm::Cqe& out) {
   for (;;) {
-    const uint64_t position = shared_->tail.load(std::memory_order_relaxed);
-    if (!shared_->pop(out)) return false;
+    const uint64_t position = ring_->tail.load(std::memory_order_relaxed);
+    if (!ring_->pop(out)) return false;
     if (purges_.empty()) return true;
     bool drop = false;
     for (const Purge& p : purges_) drop |= position < p.until && out.qp_num == p.qpn;
@@ -97,8 +111,8 @@ bool CompletionQueue::pop_locked(shm::Cqe& out) {
 
 void CompletionQueue::purge_qp(uint32_t qpn) {
   std::lock_guard guard(poll_lock_);
-  const uint64_t until = shared_->head.load(std::memory_order_acquire);
-  if (until != shared_->tail.load(std::memory_order_relaxed)) purges_.push_back(Purge{qpn, until});
+  const uint64_t until = ring_->head.load(std::memory_order_acquire) & ~shm::CqRing::kClosed;
+  if (until != ring_->tail.load(std::memory_order_relaxed)) purges_.push_back(Purge{qpn, until});
 }
 
 int CompletionQueue::poll(int n, ibv_wc* wc) {
@@ -126,14 +140,42 @@ void CompletionQueue::arm(bool solicited_only) {
 
 Result<void> CompletionQueue::resize(int cqe) {
   if (cqe < 1 || cqe > limits::kMaxCqe) return fail(std::errc::invalid_argument);
-  const uint64_t outstanding = shared_->head.load() - shared_->tail.load();
-  if (static_cast<uint64_t>(cqe) < outstanding) return fail(std::errc::invalid_argument);
-  // The ring is shared with initiators in other processes that hold its
-  // offset; it can shrink or grow within its capacity, not move.
-  if (static_cast<uint32_t>(cqe) > shared_->capacity) {
-    SOFTHCA_INFO("resize_cq to %d exceeds the ring's capacity %u", cqe, shared_->capacity);
-    return fail(std::errc::not_enough_memory);
+  std::lock_guard guard(poll_lock_);
+  const uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
+  const uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
+  if (capacity == ring_->capacity) {
+    if (static_cast<uint64_t>(cqe) < ring_->head.load(std::memory_order_acquire) - tail)
+      return fail(std::errc::invalid_argument);
+    cqe_ = cqe;
+    return {};
   }
+  uint64_t offset = 0, bytes = 0;
+  shm::CqRing* next = allocate_ring(capacity, offset, bytes);
+  if (next == nullptr) return fail(std::errc::not_enough_memory);
+  // Close the old ring: from here no producer can reserve in it; those that
+  // already did publish within moments (they hold no lock and never block).
+  const uint64_t head = ring_->head.fetch_or(shm::CqRing::kClosed, std::memory_order_acq_rel);
+  const uint64_t held = head - tail;
+  if (held > capacity || held > static_cast<uint64_t>(cqe)) {
+    // It would not fit: reopen the old ring and refuse, as the verbs do.
+    ring_->head.fetch_and(~shm::CqRing::kClosed, std::memory_order_acq_rel);
+    context_.node().segment().release(offset, bytes);
+    return fail(std::errc::invalid_argument);
+  }
+  for (uint64_t position = tail; position < head; ++position) {
+    shm::CqSlot& from = ring_->slot(position);
+    const uint64_t deadline = Node::now_ns() + 100'000'000;
+    while (from.seq.load(std::memory_order_acquire) != position + 1 && Node::now_ns() < deadline)
+      __builtin_ia32_pause();
+    shm::CqSlot& to = next->slot(position - tail);
+    to.cqe = from.cqe;
+    to.seq.store(position - tail + 1, std::memory_order_relaxed);
+  }
+  next->head.store(held, std::memory_order_relaxed);
+  for (Purge& p : purges_) p.until = p.until > tail ? p.until - tail : 0;
+  rings_.push_back(RingBlock{offset, bytes});
+  ring_ = next;
+  shared_->ring_offset.store(offset, std::memory_order_release);
   cqe_ = cqe;
   return {};
 }
@@ -144,7 +186,7 @@ void CompletionQueue::signal_channel() {
 }
 
 void CompletionQueue::push(const shm::Cqe& cqe) {
-  switch (shared_->push(cqe)) {
+  switch (shared_->push(context_.node().segment().base(), cqe)) {
     case shm::SharedCq::Push::kOk:
       break;
     case shm::SharedCq::Push::kOkNotify:

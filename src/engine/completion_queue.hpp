@@ -67,9 +67,19 @@ class CompletionQueue {
   CompletionChannel* channel_;
   int cqe_;
   uint32_t id_ = 0;
+  // Allocates and zeroes a ring of `capacity` slots; nullptr when the segment is full.
+  shm::CqRing* allocate_ring(uint32_t capacity, uint64_t& offset, uint64_t& bytes);
+
   uint64_t shared_offset_ = 0;
-  uint64_t shared_bytes_ = 0;
   shm::SharedCq* shared_ = nullptr;
+  shm::CqRing* ring_ = nullptr;  // the current ring (consumer side)
+  struct RingBlock {
+    uint64_t offset;
+    uint64_t bytes;
+  };
+  // Every ring this CQ used: a replaced ring is kept until the CQ is destroyed,
+  // because an initiator may still be reading its closed head.
+  std::vector<RingBlock> rings_;
   bool pop_locked(shm::Cqe& out);
   struct Purge {
     uint32_t qpn;

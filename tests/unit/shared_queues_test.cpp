@@ -23,11 +23,18 @@ std::unique_ptr<T, FreeDeleter> make_zeroed(size_t bytes) {
   return std::unique_ptr<T, FreeDeleter>(static_cast<T*>(mem));
 }
 
-std::unique_ptr<SharedCq, FreeDeleter> make_cq(uint32_t capacity) {
-  auto cq = make_zeroed<SharedCq>(SharedCq::bytes_for(capacity));
-  cq->capacity = capacity;
-  return cq;
-}
+// A CQ as it sits in a segment: the header at offset 0, its ring at 4096.
+struct TestCq {
+  explicit TestCq(uint32_t capacity) : segment(make_zeroed<char>(4096 + CqRing::bytes_for(capacity))) {
+    ring()->capacity = capacity;
+    header()->ring_offset.store(4096);
+  }
+  SharedCq* header() { return reinterpret_cast<SharedCq*>(segment.get()); }
+  CqRing* ring() { return reinterpret_cast<CqRing*>(segment.get() + 4096); }
+  SharedCq::Push push(const Cqe& cqe) { return header()->push(segment.get(), cqe); }
+  bool pop(Cqe& out) { return ring()->pop(out); }
+  std::unique_ptr<char, FreeDeleter> segment;
+};
 
 Cqe cqe_with(uint64_t wr_id, uint32_t status = IBV_WC_SUCCESS, bool solicited = false) {
   Cqe c{};
@@ -38,54 +45,84 @@ Cqe cqe_with(uint64_t wr_id, uint32_t status = IBV_WC_SUCCESS, bool solicited = 
 }
 
 TEST(SharedCq, PopsInPushOrder) {
-  auto cq = make_cq(8);
-  for (uint64_t i = 0; i < 5; ++i) EXPECT_EQ(cq->push(cqe_with(i)), SharedCq::Push::kOk);
+  TestCq cq(8);
+  for (uint64_t i = 0; i < 5; ++i) EXPECT_EQ(cq.push(cqe_with(i)), SharedCq::Push::kOk);
   Cqe out;
   for (uint64_t i = 0; i < 5; ++i) {
-    ASSERT_TRUE(cq->pop(out));
+    ASSERT_TRUE(cq.pop(out));
     EXPECT_EQ(out.wr_id, i);
   }
-  EXPECT_FALSE(cq->pop(out));
-  EXPECT_TRUE(cq->empty());
+  EXPECT_FALSE(cq.pop(out));
+  EXPECT_TRUE(cq.ring()->empty());
 }
 
 TEST(SharedCq, WrapsAroundManyTimes) {
-  auto cq = make_cq(4);
+  TestCq cq(4);
   Cqe out;
   for (uint64_t i = 0; i < 1000; ++i) {
-    ASSERT_EQ(cq->push(cqe_with(i)), SharedCq::Push::kOk);
-    ASSERT_TRUE(cq->pop(out));
+    ASSERT_EQ(cq.push(cqe_with(i)), SharedCq::Push::kOk);
+    ASSERT_TRUE(cq.pop(out));
     ASSERT_EQ(out.wr_id, i);
   }
 }
 
 TEST(SharedCq, OverrunIsStickyAndKeepsEarlierEntries) {
-  auto cq = make_cq(4);
-  for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(cq->push(cqe_with(i)), SharedCq::Push::kOk);
-  EXPECT_EQ(cq->push(cqe_with(99)), SharedCq::Push::kOverrun);
+  TestCq cq(4);
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(cq.push(cqe_with(i)), SharedCq::Push::kOk);
+  EXPECT_EQ(cq.push(cqe_with(99)), SharedCq::Push::kOverrun);
   Cqe out;
-  ASSERT_TRUE(cq->pop(out));
+  ASSERT_TRUE(cq.pop(out));
   EXPECT_EQ(out.wr_id, 0u);
   // Once in error the CQ takes nothing more, even with room again.
-  EXPECT_EQ(cq->push(cqe_with(100)), SharedCq::Push::kOverrun);
+  EXPECT_EQ(cq.push(cqe_with(100)), SharedCq::Push::kOverrun);
 }
 
 TEST(SharedCq, ArmedForNextFiresOnceThenDisarms) {
-  auto cq = make_cq(8);
-  EXPECT_EQ(cq->push(cqe_with(1)), SharedCq::Push::kOk);  // not armed
-  cq->armed.store(SharedCq::kArmNext);
-  EXPECT_EQ(cq->push(cqe_with(2)), SharedCq::Push::kOkNotify);
-  EXPECT_EQ(cq->push(cqe_with(3)), SharedCq::Push::kOk);
+  TestCq cq(8);
+  EXPECT_EQ(cq.push(cqe_with(1)), SharedCq::Push::kOk);  // not armed
+  cq.header()->armed.store(SharedCq::kArmNext);
+  EXPECT_EQ(cq.push(cqe_with(2)), SharedCq::Push::kOkNotify);
+  EXPECT_EQ(cq.push(cqe_with(3)), SharedCq::Push::kOk);
 }
 
 TEST(SharedCq, SolicitedArmIgnoresUnsolicitedSuccess) {
-  auto cq = make_cq(8);
-  cq->armed.store(SharedCq::kArmSolicited);
-  EXPECT_EQ(cq->push(cqe_with(1)), SharedCq::Push::kOk);
-  EXPECT_EQ(cq->push(cqe_with(2, IBV_WC_SUCCESS, true)), SharedCq::Push::kOkNotify);
-  cq->armed.store(SharedCq::kArmSolicited);
+  TestCq cq(8);
+  cq.header()->armed.store(SharedCq::kArmSolicited);
+  EXPECT_EQ(cq.push(cqe_with(1)), SharedCq::Push::kOk);
+  EXPECT_EQ(cq.push(cqe_with(2, IBV_WC_SUCCESS, true)), SharedCq::Push::kOkNotify);
+  cq.header()->armed.store(SharedCq::kArmSolicited);
   // An error completion fires a solicited-only arm too.
-  EXPECT_EQ(cq->push(cqe_with(3, IBV_WC_WR_FLUSH_ERR)), SharedCq::Push::kOkNotify);
+  EXPECT_EQ(cq.push(cqe_with(3, IBV_WC_WR_FLUSH_ERR)), SharedCq::Push::kOkNotify);
+}
+
+TEST(SharedCq, ProducersFollowTheRingOffsetAfterAResize) {
+  // Two rings in one fake segment; the second replaces the first, as
+  // CompletionQueue::resize does: close, copy, publish the new offset.
+  auto segment = make_zeroed<char>(4096 + 2 * 8192);
+  auto* header = reinterpret_cast<SharedCq*>(segment.get());
+  auto* first = reinterpret_cast<CqRing*>(segment.get() + 4096);
+  auto* second = reinterpret_cast<CqRing*>(segment.get() + 4096 + 8192);
+  first->capacity = 2;
+  second->capacity = 8;
+  header->ring_offset.store(4096);
+  ASSERT_EQ(header->push(segment.get(), cqe_with(1)), SharedCq::Push::kOk);
+  ASSERT_EQ(header->push(segment.get(), cqe_with(2)), SharedCq::Push::kOk);
+  const uint64_t closed_at = first->head.fetch_or(CqRing::kClosed);
+  ASSERT_EQ(closed_at, 2u);
+  for (uint64_t i = 0; i < closed_at; ++i) {
+    second->slot(i).cqe = first->slot(i).cqe;
+    second->slot(i).seq.store(i + 1);
+  }
+  second->head.store(closed_at);
+  header->ring_offset.store(4096 + 8192);
+  for (uint64_t i = 3; i <= 6; ++i) ASSERT_EQ(header->push(segment.get(), cqe_with(i)), SharedCq::Push::kOk);
+  Cqe out;
+  for (uint64_t i = 1; i <= 6; ++i) {
+    ASSERT_TRUE(second->pop(out));
+    EXPECT_EQ(out.wr_id, i);
+  }
+  // Nothing was reserved in the closed ring after it closed.
+  EXPECT_EQ(first->head.load(), CqRing::kClosed | 2u);
 }
 
 std::unique_ptr<SharedRq, FreeDeleter> make_rq(uint32_t capacity, uint32_t max_sge) {

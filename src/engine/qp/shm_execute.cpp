@@ -110,7 +110,7 @@ void responder_error(Node& node, const TargetQp& target, ibv_event_type event) {
 
 void push_target_cqe(Node& node, const TargetQp& target, const shm::Cqe& cqe) {
   auto* cq = reinterpret_cast<shm::SharedCq*>(target.base + target.qp->recv_cq_offset);
-  switch (cq->push(cqe)) {
+  switch (cq->push(target.base, cqe)) {
     case shm::SharedCq::Push::kOk:
       return;
     case shm::SharedCq::Push::kOkNotify:

@@ -3,9 +3,12 @@
 // receive queues (one producer, many consumers) and the owner's event ring.
 //
 // Memory ordering, per function:
-//  - CQ: a producer reserves slot `h` by CAS on `head`, fills the entry, then
-//    publishes it with a release store of `seq = h + 1`; the consumer acquires
-//    `seq`, reads the entry, and releases the slot by storing `tail`.
+//  - CQ: a producer acquires the ring offset, reserves slot `h` by CAS on the
+//    ring's `head`, fills the entry, then publishes it with a release store of
+//    `seq = h + 1`; the consumer acquires `seq`, reads the entry, and releases
+//    the slot by storing `tail`. Resize closes `head` with an atomic OR, waits
+//    for the reserved slots to be published, copies them, then release-stores
+//    the new ring's offset.
 //  - RQ: the owner fills slot `head`, then release-stores head + 1; a consumer
 //    acquire-loads head, copies slot `tail` and claims it by CAS on `tail`
 //    (the copy is valid if the CAS succeeds: the owner only rewrites a slot
@@ -42,39 +45,82 @@ struct alignas(64) CqSlot {
   Cqe cqe;
 };
 
-struct SharedCq {
+// The slots of a CQ. A CQ keeps one ring at a time; ibv_resize_cq replaces it
+// by closing the old one (bit 63 of `head`, so no producer can reserve there
+// any more), copying what it holds into a new ring and publishing the new
+// ring's offset in the SharedCq.
+struct CqRing {
+  static constexpr uint64_t kClosed = 1ULL << 63;
   uint32_t capacity;  // power of two
+  uint32_t pad;
+  alignas(64) std::atomic<uint64_t> head;  // producer reservations; kClosed once replaced
+  alignas(64) std::atomic<uint64_t> tail;  // consumer position
+  alignas(64) CqSlot slots[];
+
+  static uint64_t bytes_for(uint32_t capacity) { return sizeof(CqRing) + uint64_t{capacity} * sizeof(CqSlot); }
+  CqSlot& slot(uint64_t position) { return slots[position & (capacity - 1)]; }
+
+  // Thread: the owner's consumer (under the CQ's consumer lock).
+  bool pop(Cqe& out) {
+    const uint64_t t = tail.load(std::memory_order_relaxed);
+    CqSlot& s = slot(t);
+    if (s.seq.load(std::memory_order_acquire) != t + 1) return false;
+    out = s.cqe;
+    tail.store(t + 1, std::memory_order_release);
+    return true;
+  }
+  bool empty() {
+    const uint64_t t = tail.load(std::memory_order_relaxed);
+    return slot(t).seq.load(std::memory_order_acquire) != t + 1;
+  }
+};
+
+// A completion queue as initiators see it: where its ring is, how it is armed.
+// QPs name it by the offset of this header, which never moves.
+struct SharedCq {
   uint32_t owner_cq_id;       // the owner's local id for notifications
   uint32_t owner_proc;        // registry proc slot of the owner
-  uint32_t pad0;
-  alignas(64) std::atomic<uint64_t> head;
-  alignas(64) std::atomic<uint64_t> tail;
+  std::atomic<uint64_t> ring_offset;           // the current CqRing in the owner's segment
   alignas(64) std::atomic<uint32_t> armed;     // 0, kArmNext or kArmSolicited
   std::atomic<uint32_t> overrun;               // set once: the CQ is in error
-  alignas(64) CqSlot slots[];
 
   static constexpr uint32_t kArmNext = 1;
   static constexpr uint32_t kArmSolicited = 2;
 
-  static uint64_t bytes_for(uint32_t capacity) { return sizeof(SharedCq) + uint64_t{capacity} * sizeof(CqSlot); }
-
   enum class Push { kOk, kOkNotify, kOverrun };
-  // Thread: any initiator of any process.
-  Push push(const Cqe& cqe) {
-    if (overrun.load(std::memory_order_relaxed)) return Push::kOverrun;
-    uint64_t h = head.load(std::memory_order_relaxed);
+  // Thread: any initiator of any process. `base` is the owner's segment as
+  // mapped by the caller.
+  Push push(char* base, const Cqe& cqe) {
     for (;;) {
-      if (h - tail.load(std::memory_order_acquire) >= capacity) {
-        overrun.store(1, std::memory_order_relaxed);
-        return Push::kOverrun;
+      if (overrun.load(std::memory_order_relaxed)) return Push::kOverrun;
+      auto* ring = reinterpret_cast<CqRing*>(base + ring_offset.load(std::memory_order_acquire));
+      uint64_t h = ring->head.load(std::memory_order_relaxed);
+      bool reserved = false;
+      while (!(h & CqRing::kClosed)) {
+        if (h - ring->tail.load(std::memory_order_acquire) >= ring->capacity) {
+          overrun.store(1, std::memory_order_relaxed);
+          return Push::kOverrun;
+        }
+        if (ring->head.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+          reserved = true;
+          break;
+        }
       }
-      if (head.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
+      if (!reserved) {  // a resize is moving the ring: wait for the new offset
+        __builtin_ia32_pause();
+        continue;
+      }
+      CqSlot& slot = ring->slot(h);
+      slot.cqe = cqe;
+      slot.seq.store(h + 1, std::memory_order_release);
+      return notify_after(cqe);
     }
-    CqSlot& slot = slots[h & (capacity - 1)];
-    slot.cqe = cqe;
-    slot.seq.store(h + 1, std::memory_order_release);
-    // Notification: an armed CQ fires once for the next completion (or the next
-    // solicited / error completion when armed for solicited only).
+  }
+
+ private:
+  // An armed CQ fires once for the next completion (or for the next solicited
+  // or error completion when armed for solicited only).
+  Push notify_after(const Cqe& cqe) {
     uint32_t arm = armed.load(std::memory_order_acquire);
     while (arm != 0) {
       const bool fires = arm == kArmNext || cqe.solicited || cqe.status != 0;
@@ -82,21 +128,6 @@ struct SharedCq {
       if (armed.compare_exchange_weak(arm, 0, std::memory_order_acq_rel)) return Push::kOkNotify;
     }
     return Push::kOk;
-  }
-
-  // Thread: the owner's consumer (under the CQ's consumer lock).
-  bool pop(Cqe& out) {
-    const uint64_t t = tail.load(std::memory_order_relaxed);
-    CqSlot& slot = slots[t & (capacity - 1)];
-    if (slot.seq.load(std::memory_order_acquire) != t + 1) return false;
-    out = slot.cqe;
-    tail.store(t + 1, std::memory_order_release);
-    return true;
-  }
-
-  bool empty() const {
-    const uint64_t t = tail.load(std::memory_order_relaxed);
-    return slots[t & (capacity - 1)].seq.load(std::memory_order_acquire) != t + 1;
   }
 };
 
