@@ -140,8 +140,12 @@ QueuePair::~QueuePair() {
     const uint64_t deadline = Node::now_ns() + 100'000'000;
     while (shared_->users.load(std::memory_order_acquire) != 0 && Node::now_ns() < deadline) __builtin_ia32_pause();
   }
+  // Leave the object table first: remove() waits out a timer run that is
+  // progressing us right now, and after it no timer can reach us and park us
+  // again; only then leave the waiting list, for good.
+  // (id 0: creation failed before the QP got one; 0 must never enter the free list.)
+  if (id_ != 0) node.qps().remove(id_);
   node.remove_waiting(this);
-  node.qps().remove(id_);
   init_.send_cq->detach(this);
   if (init_.recv_cq != init_.send_cq) init_.recv_cq->detach(this);
   if (init_.srq) init_.srq->detach();
@@ -272,6 +276,8 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
     unsigned char* out = wqe->inline_data(init_.max_send_sge);
     uint32_t len = 0;
     for (int i = 0; i < wr.num_sge; ++i) {
+      // An empty SGE may carry addr 0: memcpy from nullptr is undefined even for 0 bytes.
+      if (wr.sg_list[i].length == 0) continue;
       std::memcpy(out + len, reinterpret_cast<const void*>(wr.sg_list[i].addr), wr.sg_list[i].length);
       len += wr.sg_list[i].length;
     }
@@ -331,7 +337,11 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
       break;
     }
     static_assert(sizeof(shm::RecvSge) == sizeof(ibv_sge));
-    if (!rq_->push(wr->wr_id, reinterpret_cast<const shm::RecvSge*>(wr->sg_list), static_cast<uint32_t>(wr->num_sge))) {
+    // A receive without SGEs (for WRITE_WITH_IMM or zero-byte SENDs) may have
+    // sg_list == nullptr; push memcpys from it, so hand it a real (empty) array.
+    static constexpr shm::RecvSge kNoSge{};
+    const auto* sges = wr->num_sge > 0 ? reinterpret_cast<const shm::RecvSge*>(wr->sg_list) : &kNoSge;
+    if (!rq_->push(wr->wr_id, sges, static_cast<uint32_t>(wr->num_sge))) {
       err = ENOMEM;
       break;
     }
@@ -342,6 +352,9 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
+  if (status != IBV_WC_SUCCESS)
+    SOFTHCA_INFO("qp 0x%x: send wr 0x%llx (opcode %u) completes with status %d; the qp goes to ERROR", qpn_,
+                 static_cast<unsigned long long>(wqe.wr_id), wqe.opcode, static_cast<int>(status));
   if (status == IBV_WC_SUCCESS && !signaled(wqe)) return;
   shm::Cqe cqe{};
   cqe.wr_id = wqe.wr_id;

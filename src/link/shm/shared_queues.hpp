@@ -94,10 +94,16 @@ struct SharedCq {
     for (;;) {
       if (overrun.load(std::memory_order_relaxed)) return Push::kOverrun;
       auto* ring = reinterpret_cast<CqRing*>(base + ring_offset.load(std::memory_order_acquire));
-      uint64_t h = ring->head.load(std::memory_order_relaxed);
       bool reserved = false;
-      while (!(h & CqRing::kClosed)) {
-        if (h - ring->tail.load(std::memory_order_acquire) >= ring->capacity) {
+      uint64_t h = 0;
+      for (;;) {
+        // tail before head: tail never passes head, so h - t cannot underflow
+        // (with a stale h read first, a preempted producer saw a huge
+        // difference and declared a spurious overrun).
+        const uint64_t t = ring->tail.load(std::memory_order_acquire);
+        h = ring->head.load(std::memory_order_acquire);
+        if (h & CqRing::kClosed) break;
+        if (h - t >= ring->capacity && h - ring->tail.load(std::memory_order_acquire) >= ring->capacity) {
           overrun.store(1, std::memory_order_relaxed);
           return Push::kOverrun;
         }
@@ -256,9 +262,11 @@ struct SegmentHeader {
 
   // Thread: any. False when the ring is full (the event is dropped; rare, logged).
   bool push(const Event& e) {
-    uint64_t h = head.load(std::memory_order_relaxed);
+    uint64_t h = 0;
     for (;;) {
-      if (h - tail.load(std::memory_order_acquire) >= kEventCapacity) return false;
+      const uint64_t t = tail.load(std::memory_order_acquire);  // before head: see SharedCq::push
+      h = head.load(std::memory_order_acquire);
+      if (h - t >= kEventCapacity) return false;
       if (head.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
     }
     EventSlot& slot = events[h % kEventCapacity];
