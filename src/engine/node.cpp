@@ -142,15 +142,22 @@ void Node::remove_waiting(QueuePair* qp) {
   if (waiting_.erase(qp) != 0) waiting_count_.fetch_sub(1, std::memory_order_relaxed);
 }
 
+std::vector<std::pair<QueuePair*, uint32_t>> Node::waiting_snapshot() {
+  // A QP's id is read here, under the mutex, while the QP is still on the list:
+  // ~QueuePair takes this mutex (remove_waiting) before the QP is freed. Reading
+  // it later, outside the lock, raced with destroy_qp (a use after free TSan found).
+  std::vector<std::pair<QueuePair*, uint32_t>> out;
+  std::lock_guard guard(waiting_mutex_);
+  out.reserve(waiting_.size());
+  for (QueuePair* qp : waiting_) out.emplace_back(qp, qp->id());
+  return out;
+}
+
 void Node::run_timers(uint64_t now) {
-  std::vector<QueuePair*> due;
-  {
-    std::lock_guard guard(waiting_mutex_);
-    for (QueuePair* qp : waiting_) due.push_back(qp);
-  }
-  // A QP found here may be destroyed concurrently; the object table guards its lifetime.
-  for (QueuePair* qp : due) {
-    qps_.with(qp->id(), [&](QueuePair& live) {
+  // A QP found here may be destroyed concurrently; the object table guards its
+  // lifetime, and the pointer is only compared until the table vouches for it.
+  for (auto [qp, id] : waiting_snapshot()) {
+    qps_.with(id, [&](QueuePair& live) {
       if (&live == qp) live.progress(now);
     });
   }
@@ -184,13 +191,8 @@ void Node::progress_loop() {
     if (has_waiting()) {
       const uint64_t now = now_ns();
       run_timers(now);
-      std::vector<QueuePair*> parked;
-      {
-        std::lock_guard guard(waiting_mutex_);
-        parked.assign(waiting_.begin(), waiting_.end());
-      }
-      for (QueuePair* qp : parked)
-        qps_.with(qp->id(), [&](QueuePair& live) {
+      for (auto [qp, id] : waiting_snapshot())
+        qps_.with(id, [&](QueuePair& live) {
           if (&live != qp) return;
           const uint64_t d = live.next_deadline();
           if (d != 0 && (deadline == 0 || d < deadline)) deadline = d;

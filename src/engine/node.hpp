@@ -16,6 +16,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/result.hpp"
@@ -99,6 +100,8 @@ class Node {
   void stop();
   void progress_loop();
   void dispatch(const shm::Event& event);
+  // The waiting QPs with their object-table ids (read under the lock).
+  std::vector<std::pair<QueuePair*, uint32_t>> waiting_snapshot();
 
   host::HostRegistry* registry_ = nullptr;
   host::ProcessSegment* segment_ = nullptr;

@@ -45,6 +45,9 @@ SharedReceiveQueue::~SharedReceiveQueue() {
 
 Result<void> SharedReceiveQueue::post(uint64_t wr_id, const shm::RecvSge* sges, uint32_t num_sge) {
   if (num_sge > max_sge_) return fail(std::errc::invalid_argument);
+  // sg_list may be nullptr when num_sge is 0; push memcpys from it (undefined for nullptr).
+  static constexpr shm::RecvSge kNoSge{};
+  if (num_sge == 0) sges = &kNoSge;
   std::lock_guard guard(post_mutex_);
   if (shared_->outstanding() >= max_wr_ || !shared_->push(wr_id, sges, num_sge))
     return fail(std::errc::not_enough_memory);

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Checks that our libibverbs.so.1 exports the same versioned interface as the
-# rdma-core 44 one installed on the system.
+# Checks that our libibverbs.so.1 (or librdmacm.so.1) exports the same
+# versioned interface as the rdma-core 44 one installed on the system.
 #
 #   exports_test.sh OUR_LIB SYSTEM_LIB
 #
 # Compared:
-#   - SONAME: must be libibverbs.so.1;
+#   - SONAME: the system library's (libibverbs.so.1, librdmacm.so.1);
 #   - version nodes (.gnu.version_d): every node of the system library must be
 #     defined by ours, with the same parent; ours defines no extra node;
 #   - exported symbols: the set of "name@@NODE" (default version) / "name@NODE"
@@ -66,9 +66,12 @@ version_nodes() {
 }
 
 # --- SONAME -------------------------------------------------------------------
-soname=$(LC_ALL=C readelf -d -W "$ours" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
-if [[ $soname != "libibverbs.so.1" ]]; then
-  echo "FAIL: SONAME of $ours is '${soname}', expected 'libibverbs.so.1'"
+soname_of() { LC_ALL=C readelf -d -W "$1" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p'; }
+# The system library's (libibverbs.so.1, or librdmacm.so.1 for that library's test).
+want_soname=$(soname_of "$system")
+soname=$(soname_of "$ours")
+if [[ -z $want_soname || $soname != "$want_soname" ]]; then
+  echo "FAIL: SONAME of $ours is '${soname}', expected '${want_soname:-libibverbs.so.1}'"
   failed=1
 fi
 

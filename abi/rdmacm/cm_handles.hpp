@@ -1,0 +1,100 @@
+// The structs a librdmacm application sees, and how the shim gets from them to
+// the CM service (src/cm/service.hpp).
+//
+// Each handle embeds the public struct first; the service's objects carry a
+// pointer back (CmId::user). The shim keeps librdmacm's own bookkeeping here
+// (synchronous ids, rdma_create_ep's saved attributes, the negotiated depths,
+// ECE values) and does the QP work of librdmacm itself through the public
+// verbs API, as rdma-core's librdmacm does on top of libibverbs.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <infiniband/ib.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "cm/service.hpp"
+
+namespace softhca::rdmacm {
+
+struct ChannelHandle {
+  rdma_event_channel channel;
+  std::shared_ptr<cm::Channel> impl;
+};
+
+struct IdHandle {
+  rdma_cm_id id;
+  cm::CmId* impl = nullptr;
+  ChannelHandle* sync_channel = nullptr;  // a synchronous id's private channel (NULL channel at create)
+  bool device_ref = false;                // holds a reference on the default PD
+  std::unique_ptr<ibv_qp_init_attr> ep_qp_init_attr;  // rdma_create_ep on a passive endpoint
+  std::vector<uint8_t> ep_connect_data;               // rdma_create_ep's ai_connect
+  uint8_t initiator_depth = 0;
+  uint8_t responder_resources = 0;
+  bool connect_error = false;
+  ibv_ece local_ece{};
+  ibv_ece remote_ece{};
+};
+
+struct EventHandle {
+  rdma_cm_event event;
+  cm::CmId* counted = nullptr;
+  uint8_t private_data[cm::kMaxEventPrivateData];
+};
+
+static_assert(offsetof(ChannelHandle, channel) == 0 && offsetof(IdHandle, id) == 0 &&
+              offsetof(EventHandle, event) == 0);
+
+inline IdHandle* to_handle(rdma_cm_id* id) { return reinterpret_cast<IdHandle*>(id); }
+inline ChannelHandle* to_handle(rdma_event_channel* ch) { return reinterpret_cast<ChannelHandle*>(ch); }
+inline EventHandle* to_handle(rdma_cm_event* ev) { return reinterpret_cast<EventHandle*>(ev); }
+
+// librdmacm's conventions: 0 or -1 with errno; pointers or NULL with errno.
+inline int set_errno(int err) {
+  errno = err;
+  return -1;
+}
+inline int set_errno(std::errc err) { return set_errno(static_cast<int>(err)); }
+
+template <typename Fn>
+int cm_call(Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return set_errno(ENOMEM);
+  } catch (...) {
+    return set_errno(EIO);
+  }
+}
+
+// The service, or nullptr with errno set.
+cm::Service* service();
+
+// ---- the device (one softhca0 context shared by every id, as librdmacm does) ----
+bool device_present();  // without opening it (librdmacm's "No RDMA devices" check)
+ibv_context* device_context();
+// The default protection domain, allocated with the first id that needs it.
+ibv_pd* device_pd_acquire();
+void device_pd_release();
+
+// Refreshes the id's public fields (addresses, GIDs, verbs/pd/port, path
+// record) from the service.
+void sync_id(IdHandle* h);
+
+// librdmacm's QP steps (qp.cpp).
+int modify_qp_rtr(IdHandle* h, uint8_t resp_res);
+int modify_qp_rts(IdHandle* h, uint8_t init_depth);
+int modify_qp_err(rdma_cm_id* id);
+void destroy_cqs(rdma_cm_id* id);
+// The RTU after CONNECT_RESPONSE (rdma_establish, or with a QP inside rdma_get_cm_event).
+int process_conn_resp(IdHandle* h);
+// A synchronous id waits for the event its call started; 0 for other ids.
+int complete(IdHandle* h);
+
+}  // namespace softhca::rdmacm

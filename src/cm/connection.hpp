@@ -1,0 +1,263 @@
+// The connection side of one rdma_cm id: the IB CM state machine (IBTA vol. 1,
+// 12.9) as the Linux kernel's ib_cm runs it under rdma_cm, reduced to what a
+// reliable, in-order local transport needs (no MRA, no retransmission yet).
+//
+// Pure: each call takes the current state and an input (a user request or a
+// received message) and returns a Step — at most one message to send to the
+// peer and at most one event to report — plus the new state. No I/O, no clock,
+// no locks; cm/service.cpp owns the ids and moves the bytes.
+//
+//   active                         passive
+//   kIdle --connect--> kReqSent    (REQ) --> kReqRcvd         CONNECT_REQUEST
+//   kReqSent <--REP--              kReqRcvd --accept--> kRepSent
+//   kReqSent --REP--> kRepRcvd     CONNECT_RESPONSE (librdmacm turns it into
+//                                  ESTABLISHED after moving the QP to RTS)
+//   kRepRcvd --establish--> kEstablished (RTU) --> kRepSent -> kEstablished
+//   kEstablished --disconnect--> kDreqSent (DREQ) --> peer: DREP, DISCONNECTED
+//   kDreqSent --DREP--> kTimewait  DISCONNECTED
+//   REJ in kReqSent/kRepRcvd/kRepSent/kReqRcvd --> kIdle  REJECTED(reason)
+//
+// Values follow the kernel: REJECTED's status is the REJ reason (8 when nobody
+// listens, 28 for rdma_reject), the event private data lengths are the full
+// message capacities (56 after the IP header for a REQ, 196 for a REP, 148
+// for a REJ), and the REQ/REP resource fields are swapped into the receiver's
+// point of view (its responder_resources is the sender's initiator_depth).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "cm/wire.hpp"
+#include "common/result.hpp"
+
+namespace softhca::cm {
+
+enum class ConnState : uint8_t {
+  kIdle,         // no connection (never connected, rejected, or lost before establishing)
+  kReqSent,      // active: REQ sent, waiting for REP or REJ
+  kRepRcvd,      // active: REP received, CONNECT_RESPONSE reported; rdma_establish sends RTU
+  kReqRcvd,      // passive: REQ received, CONNECT_REQUEST reported; accept or reject next
+  kRepSent,      // passive: REP sent, waiting for RTU
+  kEstablished,
+  kDreqSent,     // DREQ sent, waiting for DREP
+  kTimewait,     // disconnected
+  kSidrReqSent,  // UD active: SIDR_REQ sent, waiting for SIDR_REP
+  kSidrReqRcvd,  // UD passive: SIDR_REQ received, CONNECT_REQUEST reported
+};
+
+const char* conn_state_name(ConnState state);
+
+// enum rdma_cm_event_type values (rdma/rdma_cma.h), kept numeric here so the
+// state machine does not depend on the librdmacm header.
+enum class CmEventType : int {
+  kAddrResolved = 0,
+  kAddrError = 1,
+  kRouteResolved = 2,
+  kRouteError = 3,
+  kConnectRequest = 4,
+  kConnectResponse = 5,
+  kConnectError = 6,
+  kUnreachable = 7,
+  kRejected = 8,
+  kEstablished = 9,
+  kDisconnected = 10,
+  kDeviceRemoval = 11,
+  kMulticastJoin = 12,
+  kMulticastError = 13,
+  kAddrChange = 14,
+  kTimewaitExit = 15,
+};
+
+// struct rdma_conn_param as an event reports it.
+struct ConnParam {
+  uint8_t responder_resources = 0;
+  uint8_t initiator_depth = 0;
+  uint8_t flow_control = 0;
+  uint8_t retry_count = 0;
+  uint8_t rnr_retry_count = 0;
+  uint8_t srq = 0;
+  uint32_t qp_num = 0;
+};
+
+inline constexpr std::size_t kMaxEventPrivateData = kRepPrivateDataSize;  // 196, the largest
+
+struct EventOut {
+  CmEventType type = CmEventType::kAddrResolved;
+  int status = 0;
+  ConnParam param;       // for UD ids: param.qp_num is the remote QPN
+  uint32_t qkey = 0;     // UD: the remote Q_Key (struct rdma_ud_param)
+  uint8_t private_data_len = 0;
+  std::array<uint8_t, kMaxEventPrivateData> private_data{};
+};
+
+struct Step {
+  std::optional<CmMessage> send;
+  std::optional<EventOut> event;
+};
+
+// The primary path of a connection, from the local side's point of view.
+struct PathInfo {
+  Gid sgid{};
+  Gid dgid{};
+  uint8_t sgid_index = 0;
+  uint16_t pkey = 0xFFFF;
+  uint8_t mtu = IBV_MTU_4096;
+  uint8_t hop_limit = 64;
+  uint8_t traffic_class = 0;
+  uint32_t flow_label = 0;
+  uint8_t local_ack_timeout = 14;  // 4.096 us * 2^14 = 67 ms
+};
+
+// What the QPs on both ends are set up with; filled as the handshake runs.
+struct Negotiated {
+  ibv_qp_type qp_type = IBV_QPT_RC;
+  uint32_t local_qpn = 0;
+  uint32_t remote_qpn = 0;
+  uint32_t local_psn = 0;
+  uint32_t remote_psn = 0;
+  uint8_t responder_resources = 0;  // our QP's max_dest_rd_atomic
+  uint8_t initiator_depth = 0;      // our QP's max_rd_atomic
+  uint8_t retry_count = 7;          // our QP's retry_cnt
+  uint8_t rnr_retry_count = 7;      // our QP's rnr_retry
+  bool flow_control = false;
+  bool srq = false;
+  bool remote_srq = false;
+  uint64_t remote_ca_guid = 0;
+  PathInfo path;
+};
+
+// rdma_connect's input, already checked and completed by the caller.
+struct ConnectArgs {
+  uint32_t local_comm_id = 0;
+  uint64_t service_id = 0;
+  uint64_t local_ca_guid = 0;
+  uint32_t qpn = 0;
+  bool srq = false;
+  uint32_t starting_psn = 0;
+  uint8_t responder_resources = 0;
+  uint8_t initiator_depth = 0;
+  uint8_t retry_count = 7;
+  uint8_t rnr_retry_count = 7;
+  bool flow_control = false;
+  ibv_qp_type qp_type = IBV_QPT_RC;
+  PathInfo path;
+  // The REQ's whole private data: rdma_cm's IP header, then the user's bytes.
+  std::array<uint8_t, kReqPrivateDataSize> private_data{};
+};
+
+// rdma_connect on a UD id (service ID resolution).
+struct SidrArgs {
+  uint32_t local_comm_id = 0;
+  uint64_t service_id = 0;
+  uint16_t pkey = 0xFFFF;
+  PathInfo path;
+  std::array<uint8_t, kSidrReqPrivateDataSize> private_data{};  // IP header + user bytes
+};
+
+// rdma_accept's input.
+struct AcceptArgs {
+  uint32_t qpn = 0;
+  bool srq = false;
+  uint32_t starting_psn = 0;
+  uint8_t responder_resources = 0;
+  uint8_t initiator_depth = 0;
+  uint8_t rnr_retry_count = 7;
+  bool flow_control = false;
+  uint64_t local_ca_guid = 0;
+  std::span<const uint8_t> private_data;  // at most kRepPrivateDataSize
+};
+
+class Connection {
+ public:
+  Connection() = default;
+
+  ConnState state() const { return state_; }
+  uint32_t local_comm_id() const { return local_comm_id_; }
+  uint32_t remote_comm_id() const { return remote_comm_id_; }
+  const Negotiated& negotiated() const { return neg_; }
+  // True once a REQ was sent or received: the QP attributes now come from the
+  // connection (rdma_init_qp_attr's "cm_id.ib exists" case).
+  bool has_cm() const { return has_cm_; }
+
+  // Active side. Errors: invalid_argument (not kIdle).
+  Result<Step> connect(const ConnectArgs& args);
+  // Passive side: a new connection from a REQ; reports CONNECT_REQUEST with
+  // the user's part of the private data (after `user_offset` header bytes).
+  static Connection from_req(const ReqMsg& req, uint32_t local_comm_id, uint32_t local_psn, const PathInfo& path,
+                             std::size_t user_offset, Step& step);
+  // Errors: invalid_argument (not kReqRcvd, private data too long).
+  Result<Step> accept(const AcceptArgs& args);
+
+  // UD ids: SIDR. The active side sends a SIDR_REQ and gets ESTABLISHED
+  // (with the remote QPN and Q_Key) or UNREACHABLE (status: the SIDR_REP
+  // status; 1 when nobody listens, 2 for rdma_reject).
+  // Errors: invalid_argument (not kIdle).
+  Result<Step> sidr_request(const SidrArgs& args);
+  static Connection from_sidr_req(const SidrReqMsg& req, uint32_t local_comm_id, const PathInfo& path,
+                                  std::size_t user_offset, Step& step);
+  // Errors: invalid_argument (not kSidrReqRcvd, private data too long).
+  Result<Step> sidr_accept(uint32_t qpn, uint32_t qkey, std::span<const uint8_t> private_data);
+  // rdma_reject: kReqRcvd (REJ of the REQ) or kRepRcvd (REJ of the REP), or
+  // kSidrReqRcvd (SIDR_REP "rejected").
+  // Errors: invalid_argument (wrong state, private data too long).
+  Result<Step> reject(std::span<const uint8_t> private_data, uint16_t reason);
+  // rdma_establish / the RTU after CONNECT_RESPONSE. Errors: invalid_argument (not kRepRcvd).
+  Result<Step> establish();
+  // rdma_notify(IBV_EVENT_COMM_EST) on the passive side: as if the RTU came.
+  // Errors: invalid_argument (not kRepSent), already_connected (established).
+  Result<Step> notify_established();
+  // rdma_disconnect. kEstablished sends a DREQ; kDreqSent/kTimewait and the
+  // half-open states are no-ops (the kernel sends nothing there either).
+  // Errors: invalid_argument when no connection was ever started.
+  Result<Step> disconnect();
+  // A message from the peer of this connection.
+  Step on_message(const CmMessage& msg);
+  // The peer process is gone: what its CM would have sent while destroying
+  // its end (REJ in the handshake, DREQ/DREP when connected).
+  Step on_peer_lost();
+  // This id is being destroyed: the message that tells the peer (the kernel's
+  // cm_destroy_id), and the connection is idle afterwards.
+  Step on_destroy();
+
+  // For the passive side before accept: what the REQ asked for.
+  void set_local_qpn(uint32_t qpn) { neg_.local_qpn = qpn; }
+
+ private:
+  Step on_rep(const RepMsg& rep);
+  Step on_rej(const RejMsg& rej);
+  Step on_dreq(const DreqMsg& dreq);
+  Step on_sidr_rep(const SidrRepMsg& rep);
+  SidrRepMsg make_sidr_rep(SidrStatus status, std::span<const uint8_t> private_data) const;
+  RejMsg make_rej(uint16_t reason, RejectedMessage which, std::span<const uint8_t> private_data) const;
+
+  ConnState state_ = ConnState::kIdle;
+  bool has_cm_ = false;
+  uint32_t local_comm_id_ = 0;
+  uint32_t remote_comm_id_ = 0;
+  uint64_t service_id_ = 0;  // SIDR: echoed in the SIDR_REP
+  Negotiated neg_;
+};
+
+// ---- QP attributes (rdma_init_qp_attr) -------------------------------------
+
+struct QpAttrPlan {
+  ibv_qp_attr attr{};
+  int mask = 0;
+};
+
+// The attributes that move a QP of this connection to `target` (INIT, RTR or
+// RTS), as the kernel's rdma_init_qp_attr gives them: INIT carries the port,
+// P_Key index and access flags (REMOTE_WRITE, plus READ and ATOMIC when the
+// connection grants responder resources; 0 before any REQ; a Q_Key for UD),
+// RTR the path, remote QPN and PSN and max_dest_rd_atomic, RTS the timeouts,
+// retry counts, our PSN and max_rd_atomic.
+// Errors: invalid_argument (other states, or RTR/RTS of a connection that
+// knows no peer yet).
+Result<QpAttrPlan> init_qp_attr(const Connection& conn, ibv_qp_type qp_type, uint8_t port_num,
+                                uint16_t pkey_index, uint32_t qkey, ibv_qp_state target);
+
+}  // namespace softhca::cm

@@ -1,0 +1,265 @@
+// The connection manager of one process: its rdma_cm ids, event channels and
+// the CM thread. What the kernel's rdma_cm + ib_cm + ucma do for a real HCA,
+// done in the process itself and talking to the other processes of the host
+// through cm/transport.hpp, with bound and listening ports recorded in the
+// per-user cm/port_table.hpp.
+//
+// Threads and locks: one mutex guards every id and channel of the process.
+// API calls (from any application thread) and the CM thread (one per process,
+// started with the service, blocked in poll(2) while nothing arrives) take
+// it, run the pure state machine (cm/connection.hpp), queue events, and
+// collect outgoing messages, which are sent only after the mutex is released
+// (two processes sending to each other while holding their locks could
+// otherwise wait for each other forever).
+//
+// Event channels: a queue plus an eventfd that is readable exactly while the
+// queue is not empty, so applications can poll the channel's fd; a blocking
+// get_event waits in poll(2) on it. An event holds its id until acknowledged:
+// destroy_id and migrate_id wait for the acknowledgements of the events
+// already handed out for that id (as librdmacm does), and drop the ones not
+// yet handed out.
+//
+// Process lifetime: the service is created on first use and never destroyed
+// (the CM thread runs until exit). At exit the endpoint is removed and the
+// process's ports released; a process that dies abruptly leaves them to be
+// reclaimed by the survivors, and its peers see its connections break, which
+// they report as the kernel reports a peer whose ids were destroyed
+// (REJECTED during the handshake, DISCONNECTED once connected). A child of
+// fork() starts a fresh service of its own on first use.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "cm/address.hpp"
+#include "cm/connection.hpp"
+#include "cm/port_table.hpp"
+#include "cm/transport.hpp"
+#include "common/result.hpp"
+
+namespace softhca::cm {
+
+class CmId;
+class Service;
+
+// One event as the service queues and hands it out.
+struct Event {
+  CmId* id = nullptr;         // the id it is about (the new id for CONNECT_REQUEST)
+  CmId* listen_id = nullptr;  // CONNECT_REQUEST: the listening id
+  CmId* counted = nullptr;    // whose acknowledgement count it holds (the listener for CONNECT_REQUEST)
+  EventOut out;
+};
+
+class Channel {
+ public:
+  ~Channel();
+  int fd() const { return fd_; }
+
+ private:
+  friend class Service;
+  int fd_ = -1;
+  bool signaled_ = false;
+  std::deque<Event> queue_;
+};
+
+// A snapshot of an id's addressing, for the ABI layer's rdma_cm_id fields.
+struct IdInfo {
+  IpAddress src;
+  IpAddress dst;
+  bool has_device = false;  // bound to softhca0 (a specific local address, or resolved)
+  uint8_t port_num = 1;
+  uint8_t sgid_index = 0;
+  Gid sgid{};
+  Gid dgid{};
+  uint16_t pkey = 0xFFFF;
+  ConnState conn_state = ConnState::kIdle;
+  Negotiated negotiated;
+  bool listening = false;
+  bool route_resolved = false;
+};
+
+class CmId {
+ public:
+  uint16_t ps() const { return ps_; }
+  ibv_qp_type qp_type() const { return qp_type_; }
+  void* user() const { return user_; }
+
+ private:
+  friend class Service;
+  void* user_ = nullptr;
+  Channel* channel_ = nullptr;
+  uint16_t ps_ = 0;
+  ibv_qp_type qp_type_ = IBV_QPT_RC;
+  uint32_t comm_id_ = 0;
+
+  // rdma_cm level
+  uint32_t binding_ = 0;  // port table handle; 0 = not bound
+  bool bound_ = false;
+  bool addr_resolved_ = false;
+  bool route_resolved_ = false;
+  bool listening_ = false;
+  int backlog_ = 0;
+  int pending_requests_ = 0;  // CONNECT_REQUESTs queued and not yet handed out
+  IpAddress src_;
+  IpAddress dst_;
+  bool has_device_ = false;
+  uint8_t sgid_index_ = 0;
+  Gid sgid_{};
+  Gid dgid_{};
+
+  // IB CM level
+  Connection conn_;
+  uint32_t peer_pid_ = 0;
+  std::string peer_path_;
+  CmId* listener_ = nullptr;  // for ids created by a CONNECT_REQUEST
+
+  uint64_t delivered_ = 0;
+  uint64_t acked_ = 0;
+  bool destroying_ = false;
+};
+
+// rdma_connect's parameters after librdmacm's defaulting.
+struct ConnectRequest {
+  uint32_t qpn = 0;
+  bool srq = false;
+  uint8_t responder_resources = 0;
+  uint8_t initiator_depth = 0;
+  uint8_t retry_count = 7;
+  uint8_t rnr_retry_count = 7;
+  bool flow_control = false;
+  std::span<const uint8_t> private_data;  // the user's bytes (at most 56 on an IP port space)
+};
+
+// rdma_accept's parameters after librdmacm's defaulting.
+struct AcceptRequest {
+  uint32_t qpn = 0;
+  bool srq = false;
+  uint8_t responder_resources = 0;
+  uint8_t initiator_depth = 0;
+  uint8_t rnr_retry_count = 7;
+  bool flow_control = false;
+  std::span<const uint8_t> private_data;  // at most 196
+};
+
+class Service {
+ public:
+  // The process's service, started on first call. Errors: whatever stops the
+  // port table or the endpoint from opening (logged).
+  static Result<Service*> instance();
+
+  Result<std::shared_ptr<Channel>> create_channel();
+
+  Result<CmId*> create_id(Channel* channel, uint16_t ps, ibv_qp_type qp_type, void* user);
+  // Drops the id's undelivered events, tells its peer (REJ/DREQ as the kernel
+  // does), releases its port, waits for its handed-out events to be
+  // acknowledged, and frees it.
+  void destroy_id(CmId* id);
+  // Sets the ABI handle of an id created by a CONNECT_REQUEST, unless set;
+  // `make` runs under the service lock. Returns the handle.
+  void* ensure_user(CmId* id, const std::function<void*()>& make);
+
+  // Errors: invalid_argument (wrong state), address_not_available (not an
+  // address of this host), address_in_use, address_family_not_supported.
+  Result<void> bind(CmId* id, const IpAddress& addr);
+  // Queues ADDR_RESOLVED, or ADDR_ERROR(-EHOSTUNREACH) for an address that is
+  // not on this host. Errors: invalid_argument, address_not_available (src),
+  // network_unreachable (no route at all).
+  Result<void> resolve_addr(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst, int timeout_ms);
+  // Queues ROUTE_RESOLVED. Errors: invalid_argument (address not resolved).
+  Result<void> resolve_route(CmId* id, int timeout_ms);
+  // Errors: invalid_argument, address_in_use.
+  Result<void> listen(CmId* id, int backlog);
+  // Sends the REQ (or queues REJECTED(8) at once when nobody listens).
+  // Errors: invalid_argument (state, private data too long).
+  Result<void> connect(CmId* id, const ConnectRequest& req);
+  // Errors: invalid_argument (no CONNECT_REQUEST pending, private data too long).
+  Result<void> accept(CmId* id, const AcceptRequest& req);
+  // Errors: invalid_argument.
+  Result<void> reject(CmId* id, std::span<const uint8_t> private_data, uint16_t reason);
+  // The RTU after CONNECT_RESPONSE. Errors: invalid_argument.
+  Result<void> establish(CmId* id);
+  // rdma_notify(IBV_EVENT_COMM_EST).
+  Result<void> notify_established(CmId* id);
+  // Returns whether an event for the id is queued or on its way (what a
+  // synchronous id should wait for). Errors: invalid_argument (never connected).
+  Result<bool> disconnect(CmId* id);
+
+  // Errors: resource_unavailable_try_again (nonblocking and empty).
+  Result<Event> get_event(Channel* channel, bool nonblocking);
+  void ack_event(CmId* counted);
+  // Moves the id (and its undelivered events) to another channel.
+  void migrate_id(CmId* id, Channel* to);
+  // Whether an event for the id waits in its channel.
+  bool has_queued_event(CmId* id);
+
+  Result<QpAttrPlan> init_qp_attr(CmId* id, ibv_qp_state target);
+  IdInfo info(CmId* id);
+
+  // The device maxima librdmacm uses for RDMA_MAX_RESP_RES/INIT_DEPTH.
+  static uint8_t max_responder_resources();
+  static uint8_t max_initiator_depth();
+
+ private:
+  struct Outgoing {
+    uint32_t pid = 0;
+    std::string path;
+    uint32_t comm_id = 0;  // the local id, to fail if the peer is gone
+    MadBytes bytes{};
+  };
+
+  Service() = default;
+  Result<void> start();
+  void run();
+
+  // All *_locked helpers run under mu_.
+  void push_event_locked(Channel* ch, Event ev);
+  void apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& out);
+  void destroy_locked(CmId* id, std::unique_lock<std::mutex>& lk, std::vector<Outgoing>& out);
+  void drop_events_locked(CmId* id, std::vector<CmId*>& orphans);
+  uint32_t next_comm_id_locked();
+  uint64_t next_tid_locked(uint32_t comm_id);
+  void send_all(std::vector<Outgoing>&& out);
+  void on_message(uint32_t pid, std::span<const uint8_t> bytes);
+  void on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out);
+  void on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out);
+  // A new id for an incoming request (REQ or SIDR_REQ), from its IP header.
+  CmId* new_passive_id_locked(CmId* listener, uint32_t pid, const IpHeader& hdr, uint16_t port);
+  void on_peer_lost(uint32_t pid);
+  void peer_unreachable(uint32_t comm_id, uint32_t pid);
+  CmId* find_listener_locked(const BindKey& dst);
+  Result<void> connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
+  Result<void> sidr_connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
+  int next_timeout_ms();
+  void fire_timers();
+  Result<void> bind_locked(CmId* id, const IpAddress& addr);
+
+  std::mutex mu_;
+  std::condition_variable acked_cv_;
+  std::unordered_map<uint32_t, CmId*> ids_;  // by local comm ID
+  // TIMEWAIT_EXIT deadlines (comm IDs of connections in timewait).
+  std::multimap<std::chrono::steady_clock::time_point, uint32_t> timewait_;
+  std::vector<CmId*> listeners_;
+  uint32_t comm_id_seed_ = 0;
+  uint64_t tid_counter_ = 0;
+
+  PortTable* table_ = nullptr;
+  uint32_t proc_ = 0;
+  std::unique_ptr<Transport> transport_;
+
+  friend void service_atfork_child();
+  friend void service_atexit();
+};
+
+}  // namespace softhca::cm

@@ -1,0 +1,466 @@
+// librdmacm's API on softhca, as an application sees it (the public header
+// and our librdmacm.so.1): events and their values, private data in REQ, REP
+// and REJ, connecting to nobody, nonblocking channels, bind errors,
+// destroying ids with events outstanding, and peers that are killed in the
+// middle of a handshake or while connected (cm_peer, a separate process).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace {
+
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(port);
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return sin;
+}
+
+sockaddr* sa(sockaddr_in& sin) { return reinterpret_cast<sockaddr*>(&sin); }
+
+// The next event within timeout_ms, or nullptr.
+rdma_cm_event* wait_event(rdma_event_channel* ch, int timeout_ms = 5000) {
+  pollfd p{ch->fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) != 1) return nullptr;
+  rdma_cm_event* ev = nullptr;
+  if (rdma_get_cm_event(ch, &ev) != 0) return nullptr;
+  return ev;
+}
+
+// Expects an event of `type` and returns it (unacknowledged).
+rdma_cm_event* expect_event(rdma_event_channel* ch, rdma_cm_event_type type, int timeout_ms = 5000) {
+  rdma_cm_event* ev = wait_event(ch, timeout_ms);
+  EXPECT_NE(ev, nullptr) << "no " << rdma_event_str(type);
+  if (ev == nullptr) return nullptr;
+  EXPECT_EQ(ev->event, type) << "got " << rdma_event_str(ev->event) << " status " << ev->status;
+  return ev;
+}
+
+class CmApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ch_ = rdma_create_event_channel();
+    ASSERT_NE(ch_, nullptr);
+  }
+  void TearDown() override { rdma_destroy_event_channel(ch_); }
+
+  // A listener on 127.0.0.1 with an ephemeral port.
+  rdma_cm_id* listen_any(uint16_t& port) {
+    rdma_cm_id* id = nullptr;
+    EXPECT_EQ(rdma_create_id(ch_, &id, this, RDMA_PS_TCP), 0);
+    sockaddr_in sin = loopback(0);
+    EXPECT_EQ(rdma_bind_addr(id, sa(sin)), 0);
+    EXPECT_EQ(rdma_listen(id, 8), 0);
+    port = ntohs(rdma_get_src_port(id));
+    return id;
+  }
+
+  // An active id resolved to 127.0.0.1:port (ADDR_RESOLVED and ROUTE_RESOLVED consumed).
+  rdma_cm_id* resolved(uint16_t port) {
+    rdma_cm_id* id = nullptr;
+    EXPECT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+    sockaddr_in dst = loopback(port);
+    EXPECT_EQ(rdma_resolve_addr(id, nullptr, sa(dst), 2000), 0);
+    rdma_cm_event* ev = expect_event(ch_, RDMA_CM_EVENT_ADDR_RESOLVED);
+    if (ev) rdma_ack_cm_event(ev);
+    EXPECT_NE(id->verbs, nullptr);
+    EXPECT_NE(id->pd, nullptr);
+    EXPECT_EQ(id->port_num, 1);
+    EXPECT_EQ(rdma_resolve_route(id, 2000), 0);
+    ev = expect_event(ch_, RDMA_CM_EVENT_ROUTE_RESOLVED);
+    if (ev) rdma_ack_cm_event(ev);
+    EXPECT_EQ(id->route.num_paths, 1);
+    return id;
+  }
+
+  rdma_event_channel* ch_ = nullptr;
+};
+
+TEST_F(CmApi, RequestCarriesPrivateDataAndRejectSendsItBack) {
+  uint16_t port = 0;
+  rdma_cm_id* listener = listen_any(port);
+  ASSERT_GE(port, 32768);
+  rdma_cm_id* client = resolved(port);
+
+  rdma_conn_param param{};
+  param.private_data = "hello";
+  param.private_data_len = 6;
+  param.qp_num = 0x4242;  // no QP on the id: the application names one
+  param.responder_resources = 2;
+  param.initiator_depth = 3;
+  param.retry_count = 5;
+  param.rnr_retry_count = 6;
+  ASSERT_EQ(rdma_connect(client, &param), 0);
+
+  rdma_cm_event* req = expect_event(ch_, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(req, nullptr);
+  EXPECT_EQ(req->listen_id, listener);
+  EXPECT_NE(req->id, listener);
+  EXPECT_EQ(req->id->context, this);  // a new id inherits its listener's context
+  EXPECT_EQ(req->id->channel, ch_);
+  EXPECT_NE(req->id->verbs, nullptr);
+  EXPECT_EQ(req->param.conn.private_data_len, 56);
+  EXPECT_STREQ(static_cast<const char*>(req->param.conn.private_data), "hello");
+  EXPECT_EQ(req->param.conn.qp_num, 0x4242u);
+  EXPECT_EQ(req->param.conn.responder_resources, 3);  // the requester's initiator depth
+  EXPECT_EQ(req->param.conn.initiator_depth, 2);
+  EXPECT_EQ(req->param.conn.retry_count, 5);
+  EXPECT_EQ(req->param.conn.rnr_retry_count, 6);
+  EXPECT_EQ(rdma_get_dst_port(req->id), rdma_get_src_port(client));
+  rdma_cm_id* child = req->id;
+  rdma_ack_cm_event(req);
+
+  ASSERT_EQ(rdma_reject(child, "nope", 5), 0);
+  rdma_cm_event* rej = expect_event(ch_, RDMA_CM_EVENT_REJECTED);
+  ASSERT_NE(rej, nullptr);
+  EXPECT_EQ(rej->id, client);
+  EXPECT_EQ(rej->status, 28);  // IB_CM_REJ_CONSUMER_DEFINED
+  EXPECT_EQ(rej->param.conn.private_data_len, 148);
+  EXPECT_STREQ(static_cast<const char*>(rej->param.conn.private_data), "nope");
+  rdma_ack_cm_event(rej);
+
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+  EXPECT_EQ(rdma_destroy_id(client), 0);
+  EXPECT_EQ(rdma_destroy_id(listener), 0);
+}
+
+TEST_F(CmApi, ConnectAcceptEstablishDisconnectWithoutQps) {
+  uint16_t port = 0;
+  rdma_cm_id* listener = listen_any(port);
+  rdma_cm_id* client = resolved(port);
+  rdma_conn_param param{};
+  param.qp_num = 0x77;
+  ASSERT_EQ(rdma_connect(client, &param), 0);
+  rdma_cm_event* req = expect_event(ch_, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(req, nullptr);
+  rdma_cm_id* child = req->id;
+  rdma_ack_cm_event(req);
+
+  EXPECT_EQ(rdma_accept(child, nullptr), -1);  // RC without a QP needs conn_param
+  EXPECT_EQ(errno, EINVAL);
+  rdma_conn_param acc{};
+  acc.qp_num = 0x88;
+  acc.private_data = "welcome";
+  acc.private_data_len = 8;
+  ASSERT_EQ(rdma_accept(child, &acc), 0);
+
+  rdma_cm_event* resp = expect_event(ch_, RDMA_CM_EVENT_CONNECT_RESPONSE);
+  ASSERT_NE(resp, nullptr);
+  EXPECT_EQ(resp->id, client);
+  EXPECT_EQ(resp->param.conn.private_data_len, 196);
+  EXPECT_STREQ(static_cast<const char*>(resp->param.conn.private_data), "welcome");
+  EXPECT_EQ(resp->param.conn.qp_num, 0x88u);
+  rdma_ack_cm_event(resp);
+
+  // The QP was created by hand: rdma_init_qp_attr gives its RTR values.
+  ibv_qp_attr attr{};
+  int mask = 0;
+  attr.qp_state = IBV_QPS_RTR;
+  ASSERT_EQ(rdma_init_qp_attr(client, &attr, &mask), 0);
+  EXPECT_EQ(attr.dest_qp_num, 0x88u);
+  EXPECT_TRUE(mask & IBV_QP_DEST_QPN);
+  ASSERT_EQ(rdma_establish(client), 0);
+  rdma_cm_event* est = expect_event(ch_, RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(est, nullptr);
+  EXPECT_EQ(est->id, child);
+  rdma_ack_cm_event(est);
+
+  ASSERT_EQ(rdma_disconnect(client), 0);
+  int disconnected = 0, timewait = 0;
+  for (int i = 0; i < 4; ++i) {
+    rdma_cm_event* ev = wait_event(ch_, 3000);
+    ASSERT_NE(ev, nullptr) << "after " << disconnected << " DISCONNECTED, " << timewait << " TIMEWAIT_EXIT";
+    if (ev->event == RDMA_CM_EVENT_DISCONNECTED) ++disconnected;
+    if (ev->event == RDMA_CM_EVENT_TIMEWAIT_EXIT) ++timewait;
+    EXPECT_TRUE(ev->id == client || ev->id == child);
+    rdma_ack_cm_event(ev);
+  }
+  EXPECT_EQ(disconnected, 2);
+  EXPECT_EQ(timewait, 2);
+  EXPECT_EQ(rdma_disconnect(child), 0);  // after the peer's DREQ: nothing more to do
+
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+  EXPECT_EQ(rdma_destroy_id(client), 0);
+  EXPECT_EQ(rdma_destroy_id(listener), 0);
+}
+
+TEST_F(CmApi, ConnectingToNobodyIsRejectedWithInvalidServiceId) {
+  uint16_t port = 0;
+  rdma_cm_id* listener = listen_any(port);
+  ASSERT_EQ(rdma_destroy_id(listener), 0);  // the port is free again
+  rdma_cm_id* client = resolved(port);
+  rdma_conn_param param{};
+  param.qp_num = 1;
+  ASSERT_EQ(rdma_connect(client, &param), 0);
+  rdma_cm_event* rej = expect_event(ch_, RDMA_CM_EVENT_REJECTED);
+  ASSERT_NE(rej, nullptr);
+  EXPECT_EQ(rej->status, 8);  // IB_CM_REJ_INVALID_SERVICE_ID, as rping prints it
+  rdma_ack_cm_event(rej);
+  EXPECT_EQ(rdma_connect(client, &param), -1);  // a rejected id does not connect again
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(client), 0);
+}
+
+TEST_F(CmApi, SynchronousIdsReturnAfterTheirEvent) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_NE(id->channel, nullptr);
+  sockaddr_in dst = loopback(1);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, sa(dst), 2000), 0);
+  ASSERT_NE(id->event, nullptr);
+  EXPECT_EQ(id->event->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+  ASSERT_EQ(rdma_resolve_route(id, 2000), 0);
+  EXPECT_EQ(id->event->event, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  ibv_qp_init_attr attr{};
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  attr.qp_type = IBV_QPT_RC;
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &attr), 0);  // default PD, CQs and channels made for us
+  ASSERT_NE(id->qp, nullptr);
+  EXPECT_NE(id->send_cq, nullptr);
+  EXPECT_NE(id->recv_cq_channel, nullptr);
+  EXPECT_EQ(id->qp->state, IBV_QPS_INIT);
+  EXPECT_EQ(rdma_connect(id, nullptr), -1);  // nobody listens on port 1
+  EXPECT_EQ(errno, ECONNREFUSED);
+  rdma_destroy_qp(id);
+  EXPECT_EQ(id->qp, nullptr);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+TEST_F(CmApi, NonblockingChannelAndPollableFd) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  const int flags = fcntl(ch_->fd, F_GETFL);
+  ASSERT_EQ(fcntl(ch_->fd, F_SETFL, flags | O_NONBLOCK), 0);
+  rdma_cm_event* ev = nullptr;
+  EXPECT_EQ(rdma_get_cm_event(ch_, &ev), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  pollfd p{ch_->fd, POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  sockaddr_in dst = loopback(1);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, sa(dst), 2000), 0);
+  EXPECT_EQ(poll(&p, 1, 1000), 1);
+  ASSERT_EQ(rdma_get_cm_event(ch_, &ev), 0);
+  EXPECT_EQ(ev->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(poll(&p, 1, 0), 0);  // drained
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  fcntl(ch_->fd, F_SETFL, flags);
+}
+
+TEST_F(CmApi, AddressErrors) {
+  uint16_t port = 0;
+  rdma_cm_id* listener = listen_any(port);
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in same = loopback(port);
+  EXPECT_EQ(rdma_bind_addr(id, sa(same)), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+  sockaddr_in foreign = loopback(0);
+  inet_pton(AF_INET, "192.0.2.123", &foreign.sin_addr);  // TEST-NET-1: not ours
+  EXPECT_EQ(rdma_bind_addr(id, sa(foreign)), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
+  EXPECT_EQ(rdma_bind_addr(id, nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_resolve_route(id, 100), -1);  // no address yet
+  EXPECT_EQ(errno, EINVAL);
+
+  // Another host: ADDR_ERROR (or no route at all: ENETUNREACH at once).
+  sockaddr_in far = loopback(7174);
+  inet_pton(AF_INET, "198.51.100.7", &far.sin_addr);
+  if (rdma_resolve_addr(id, nullptr, sa(far), 200) == 0) {
+    rdma_cm_event* ev = expect_event(ch_, RDMA_CM_EVENT_ADDR_ERROR);
+    if (ev) {
+      EXPECT_LT(ev->status, 0);
+      rdma_ack_cm_event(ev);
+    }
+  } else {
+    EXPECT_EQ(errno, ENETUNREACH);
+  }
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+
+  rdma_cm_id* client = resolved(port);
+  char big[57] = {};
+  rdma_conn_param param{};
+  param.qp_num = 1;
+  param.private_data = big;
+  param.private_data_len = sizeof big;  // one more than a REQ carries after the IP header
+  EXPECT_EQ(rdma_connect(client, &param), -1);
+  EXPECT_EQ(errno, EINVAL);
+  param.responder_resources = 200;  // more than the device has
+  param.private_data_len = 0;
+  EXPECT_EQ(rdma_connect(client, &param), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(client), 0);
+  EXPECT_EQ(rdma_destroy_id(listener), 0);
+}
+
+TEST_F(CmApi, DestroyWithEventsOutstanding) {
+  // An undelivered event is dropped with its id.
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in dst = loopback(1);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, sa(dst), 2000), 0);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  pollfd p{ch_->fd, POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 100), 0);
+
+  // A listener destroyed with a request not yet handed out rejects it.
+  uint16_t port = 0;
+  rdma_cm_id* listener = listen_any(port);
+  rdma_cm_id* client = resolved(port);
+  rdma_conn_param param{};
+  param.qp_num = 1;
+  ASSERT_EQ(rdma_connect(client, &param), 0);
+  for (int i = 0; i < 100 && poll(&p, 1, 10) == 0; ++i) {
+  }
+  EXPECT_EQ(rdma_destroy_id(listener), 0);  // the CONNECT_REQUEST goes with it
+  rdma_cm_event* rej = expect_event(ch_, RDMA_CM_EVENT_REJECTED);
+  ASSERT_NE(rej, nullptr);
+  EXPECT_EQ(rej->id, client);
+  EXPECT_EQ(rej->status, 28);
+  rdma_ack_cm_event(rej);
+  EXPECT_EQ(rdma_destroy_id(client), 0);
+}
+
+TEST(CmAddrinfo, PassiveWildcardAndNumericHosts) {
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* res = nullptr;
+  ASSERT_EQ(rdma_getaddrinfo(nullptr, "7471", &hints, &res), 0);
+  ASSERT_NE(res->ai_src_addr, nullptr);
+  EXPECT_EQ(res->ai_flags & RAI_PASSIVE, RAI_PASSIVE);
+  EXPECT_EQ(res->ai_port_space, RDMA_PS_TCP);
+  EXPECT_EQ(res->ai_qp_type, IBV_QPT_RC);
+  const auto* sin = reinterpret_cast<const sockaddr_in*>(res->ai_src_addr);
+  EXPECT_EQ(sin->sin_addr.s_addr, htonl(INADDR_ANY));
+  EXPECT_EQ(ntohs(sin->sin_port), 7471);
+  rdma_freeaddrinfo(res);
+
+  rdma_addrinfo h2{};
+  h2.ai_flags = RAI_NUMERICHOST;
+  h2.ai_port_space = RDMA_PS_UDP;
+  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", "7174", &h2, &res), 0);
+  ASSERT_NE(res->ai_dst_addr, nullptr);
+  EXPECT_EQ(res->ai_qp_type, IBV_QPT_UD);
+  EXPECT_EQ(res->ai_port_space, RDMA_PS_UDP);
+  rdma_freeaddrinfo(res);
+  EXPECT_NE(rdma_getaddrinfo("not a host name", "7174", &h2, &res), 0);
+}
+
+TEST(CmDevices, OneDevice) {
+  int n = 0;
+  ibv_context** list = rdma_get_devices(&n);
+  ASSERT_NE(list, nullptr);
+  EXPECT_EQ(n, 1);
+  EXPECT_NE(list[0], nullptr);
+  EXPECT_EQ(list[1], nullptr);
+  EXPECT_STREQ(ibv_get_device_name(list[0]->device), "softhca0");
+  rdma_free_devices(list);
+}
+
+// ---- a peer process that dies ------------------------------------------------
+
+struct Peer {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+
+  bool start(const char* mode, uint16_t port) {
+    int fds[2];
+    if (pipe(fds) != 0) return false;
+    pid = fork();
+    if (pid == 0) {
+      dup2(fds[1], 1);
+      close(fds[0]);
+      close(fds[1]);
+      const std::string p = std::to_string(port);
+      execl(SOFTHCA_CM_PEER, SOFTHCA_CM_PEER, mode, p.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(fds[1]);
+    out = fdopen(fds[0], "r");
+    return pid > 0 && out != nullptr;
+  }
+  // The next line the peer prints (within 10 s).
+  std::string line() {
+    pollfd p{fileno(out), POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1) return "(timeout)";
+    char buf[128] = {};
+    if (fgets(buf, sizeof buf, out) == nullptr) return "(eof)";
+    return std::string(buf);
+  }
+  void kill9() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+  ~Peer() {
+    kill9();
+    if (out != nullptr) fclose(out);
+  }
+};
+
+uint16_t test_port(int offset) { return static_cast<uint16_t>(20000 + (getpid() * 4 + offset) % 10000); }
+
+TEST_F(CmApi, PeerKilledWhileConnectedMeansDisconnected) {
+  const uint16_t port = test_port(0);
+  Peer peer;
+  ASSERT_TRUE(peer.start("accept", port));
+  ASSERT_EQ(peer.line(), "READY\n");
+  rdma_cm_id* client = resolved(port);
+  rdma_conn_param param{};
+  param.qp_num = 0x99;
+  ASSERT_EQ(rdma_connect(client, &param), 0);
+  rdma_cm_event* resp = expect_event(ch_, RDMA_CM_EVENT_CONNECT_RESPONSE);
+  ASSERT_NE(resp, nullptr);
+  EXPECT_STREQ(static_cast<const char*>(resp->param.conn.private_data), "peer");
+  rdma_ack_cm_event(resp);
+  ASSERT_EQ(rdma_establish(client), 0);
+  ASSERT_EQ(peer.line(), "ESTABLISHED\n");
+
+  peer.kill9();
+  rdma_cm_event* ev = expect_event(ch_, RDMA_CM_EVENT_DISCONNECTED);
+  if (ev) rdma_ack_cm_event(ev);
+  EXPECT_EQ(rdma_destroy_id(client), 0);
+
+  // The dead peer's listening port is reclaimed, not leaked.
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in sin = loopback(port);
+  EXPECT_EQ(rdma_bind_addr(id, sa(sin)), 0);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+TEST_F(CmApi, PeerKilledDuringHandshakeMeansRejected) {
+  const uint16_t port = test_port(1);
+  Peer peer;
+  ASSERT_TRUE(peer.start("hold", port));
+  ASSERT_EQ(peer.line(), "READY\n");
+  rdma_cm_id* client = resolved(port);
+  rdma_conn_param param{};
+  param.qp_num = 0x99;
+  ASSERT_EQ(rdma_connect(client, &param), 0);
+  ASSERT_EQ(peer.line(), "REQUEST\n");
+  peer.kill9();
+  rdma_cm_event* ev = expect_event(ch_, RDMA_CM_EVENT_REJECTED);
+  if (ev) {
+    EXPECT_EQ(ev->status, 28);
+    rdma_ack_cm_event(ev);
+  }
+  EXPECT_EQ(rdma_destroy_id(client), 0);
+}
+
+}  // namespace

@@ -1,0 +1,350 @@
+// Two processes: a forked child opens its own context (after the fork), the
+// two exchange QPN, rkey and address over pipes, then RDMA_WRITE, RDMA_READ and
+// SEND go both ways with byte checks. And a child SIGKILLed while connected:
+// the parent's next operation ends in IBV_WC_RETRY_EXC_ERR, never a hang.
+//
+// The child never uses gtest: it reports through its exit status (0 = good,
+// otherwise the number of the step that failed) and through the pipes.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "loopback.hpp"
+
+namespace loopback {
+namespace {
+
+struct Endpoint {
+  uint32_t qpn;
+  uint32_t rkey;
+  uint64_t addr;
+};
+
+constexpr Millis kChildDeadline{15000};
+
+bool write_all(int fd, const void* data, size_t size) {
+  const auto* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* data, size_t size, Millis timeout) {
+  auto* p = static_cast<char*>(data);
+  while (size > 0) {
+    if (!fd_readable(fd, timeout)) return false;
+    const ssize_t n = ::read(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// A child process with a pipe each way; killed and reaped at the end if still there.
+class Child {
+ public:
+  template <typename Fn>
+  explicit Child(Fn&& body) {
+    int to_child[2], to_parent[2];
+    if (::pipe(to_child) != 0 || ::pipe(to_parent) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(to_child[1]);
+      ::close(to_parent[0]);
+      const int code = body(to_child[0], to_parent[1]);
+      ::_exit(code);
+    }
+    ::close(to_child[0]);
+    ::close(to_parent[1]);
+    rfd = to_parent[0];
+    wfd = to_child[1];
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      int status;
+      ::waitpid(pid_, &status, 0);
+    }
+    if (rfd >= 0) ::close(rfd);
+    if (wfd >= 0) ::close(wfd);
+  }
+  bool ok() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  // The child's exit code, waiting at most `timeout`; -1 if it did not exit normally in time.
+  int wait_exit(Millis timeout) {
+    const auto until = Clock::now() + timeout;
+    for (;;) {
+      int status = 0;
+      const pid_t got = ::waitpid(pid_, &status, WNOHANG);
+      if (got == pid_) {
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      if (got < 0 || Clock::now() > until) return -1;
+      ::poll(nullptr, 0, 1);
+    }
+  }
+  void kill_now() {
+    ::kill(pid_, SIGKILL);
+    int status;
+    ::waitpid(pid_, &status, 0);
+    reaped_ = true;
+  }
+
+  int rfd = -1;
+  int wfd = -1;
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+// Buffer layout of the data test.
+constexpr size_t kWriteLen = 65536;      // parent writes into the child's [0, 64K)
+constexpr size_t kReadOff = 65536;       // parent reads the child's [64K, 128K)
+constexpr size_t kReadLen = 65536;
+constexpr size_t kSendOff = 131072;      // the child's receive buffer
+constexpr size_t kSendLen = 65539;
+constexpr size_t kBackOff = 262144;      // the child writes into the parent's [256K, 288K)
+constexpr size_t kBackLen = 32768;
+constexpr size_t kBufLen = 327680;
+
+// The child side of the data exchange.
+int data_child(int rfd, int wfd) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  if (!cq) return 11;
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  if (!qp) return 12;
+  Buffer buf(dev.pd, kBufLen);
+  if (!buf.mr()) return 13;
+  fill_pattern(buf.span(kReadOff, kReadLen), 2);
+  if (qp_to_init(qp, cfg) != 0) return 15;  // receives may be posted from INIT on
+  ibv_sge rsge = buf.sge(kSendOff, kSendLen + 100);
+  if (post_recv(qp, 1, &rsge, 1) != 0) return 14;
+  const Endpoint mine{qp->qp_num, buf.rkey(), buf.addr()};
+  Endpoint peer{};
+  if (!write_all(wfd, &mine, sizeof mine) || !read_all(rfd, &peer, sizeof peer, kChildDeadline)) return 16;
+  if (qp_to_rtr(qp, peer.qpn, dev.gid, cfg) != 0 || qp_to_rts(qp, cfg) != 0) return 17;
+  if (!write_all(wfd, "R", 1)) return 18;
+
+  // The parent's WRITE, READ and SEND; the SEND comes last, so when its
+  // receive completes the WRITE is in place.
+  ibv_wc wc{};
+  if (!poll_one(cq, &wc, kChildDeadline)) return 20;
+  if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV || wc.byte_len != kSendLen || wc.src_qp != peer.qpn)
+    return 21;
+  std::vector<uint8_t> expect(kWriteLen);
+  fill_pattern(expect, 1);
+  uint32_t verdict = 0;
+  if (first_mismatch(buf.span(0, kWriteLen), expect) != -1) verdict |= 1;
+  expect.resize(kSendLen);
+  fill_pattern(expect, 3);
+  if (first_mismatch(buf.span(kSendOff, kSendLen), expect) != -1) verdict |= 2;
+  std::vector<uint8_t> read_region(kReadLen);
+  fill_pattern(read_region, 2);
+  if (first_mismatch(buf.span(kReadOff, kReadLen), read_region) != -1) verdict |= 4;  // READ must not change it
+
+  // Back the other way: a WRITE into the parent, then SEND_WITH_IMM carrying the verdict.
+  fill_pattern(buf.span(0, kBackLen), 4);
+  ibv_sge sge = buf.sge(0, kBackLen);
+  ibv_send_wr write = make_wr(2, IBV_WR_RDMA_WRITE, &sge, 1);
+  write.wr.rdma.remote_addr = peer.addr + kBackOff;
+  write.wr.rdma.rkey = peer.rkey;
+  ibv_send_wr send = make_wr(3, IBV_WR_SEND_WITH_IMM, nullptr, 0);
+  send.imm_data = htonl(verdict);
+  write.next = &send;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(qp, &write, &bad) != 0) return 30;
+  auto wcs = poll_n(cq, 2, kChildDeadline);
+  if (wcs.size() != 2 || wcs[0].status != IBV_WC_SUCCESS || wcs[1].status != IBV_WC_SUCCESS) return 31;
+
+  char quit = 0;
+  if (!read_all(rfd, &quit, 1, kChildDeadline) || quit != 'Q') return 40;
+  if (ibv_destroy_qp(qp) != 0 || ibv_destroy_cq(cq) != 0) return 41;
+  return 0;
+}
+
+TEST(TwoProcesses, WriteReadSendBothWays) {
+  Child child(data_child);
+  ASSERT_TRUE(child.ok());
+  Device dev;  // opened after the fork: the child has its own
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_NE(qp, nullptr);
+  {
+    Buffer buf(dev.pd, kBufLen);
+    ASSERT_NE(buf.mr(), nullptr);
+    ASSERT_EQ(qp_to_init(qp, cfg), 0);
+    ASSERT_EQ(post_recv(qp, 9, nullptr, 0), 0);  // for the child's SEND_WITH_IMM
+    const Endpoint mine{qp->qp_num, buf.rkey(), buf.addr()};
+    Endpoint peer{};
+    ASSERT_TRUE(write_all(child.wfd, &mine, sizeof mine));
+    ASSERT_TRUE(read_all(child.rfd, &peer, sizeof peer, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+    ASSERT_EQ(qp_to_rtr(qp, peer.qpn, dev.gid, cfg), 0);
+    ASSERT_EQ(qp_to_rts(qp, cfg), 0);
+    char ready = 0;
+    ASSERT_TRUE(read_all(child.rfd, &ready, 1, kDeadline));
+    ASSERT_EQ(ready, 'R');
+
+    // WRITE into the child.
+    fill_pattern(buf.span(0, kWriteLen), 1);
+    ibv_sge wsge = buf.sge(0, kWriteLen);
+    ibv_send_wr wr = make_wr(1, IBV_WR_RDMA_WRITE, &wsge, 1);
+    wr.wr.rdma.remote_addr = peer.addr;
+    wr.wr.rdma.rkey = peer.rkey;
+    ASSERT_EQ(post_send(qp, wr), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_one(cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    // READ from the child, scattered over two SGEs.
+    ibv_sge rsges[2] = {buf.sge(kReadOff, 1000), buf.sge(kReadOff + 1000, kReadLen - 1000)};
+    wr = make_wr(2, IBV_WR_RDMA_READ, rsges, 2);
+    wr.wr.rdma.remote_addr = peer.addr + kReadOff;
+    wr.wr.rdma.rkey = peer.rkey;
+    ASSERT_EQ(post_send(qp, wr), 0);
+    ASSERT_TRUE(poll_one(cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
+    EXPECT_EQ(wc.byte_len, kReadLen);
+    std::vector<uint8_t> expect(kReadLen);
+    fill_pattern(expect, 2);
+    EXPECT_EQ(first_mismatch(buf.span(kReadOff, kReadLen), expect), -1);
+    // SEND to the child.
+    fill_pattern(buf.span(kSendOff, kSendLen), 3);
+    ibv_sge ssge = buf.sge(kSendOff, kSendLen);
+    wr = make_wr(3, IBV_WR_SEND, &ssge, 1);
+    ASSERT_EQ(post_send(qp, wr), 0);
+    ASSERT_TRUE(poll_one(cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+
+    // The child's WRITE and its verdict.
+    ASSERT_TRUE(poll_one(cq, &wc, kChildDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.wr_id, 9u);
+    EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+    EXPECT_EQ(wc.src_qp, peer.qpn);
+    ASSERT_NE(wc.wc_flags & IBV_WC_WITH_IMM, 0u);
+    EXPECT_EQ(ntohl(wc.imm_data), 0u) << "child saw wrong bytes (1: WRITE, 2: SEND, 4: READ source)";
+    expect.resize(kBackLen);
+    fill_pattern(expect, 4);
+    EXPECT_EQ(first_mismatch(buf.span(kBackOff, kBackLen), expect), -1);
+    ASSERT_TRUE(write_all(child.wfd, "Q", 1));
+    EXPECT_EQ(child.wait_exit(kChildDeadline), 0);
+  }
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// ---------------------------------------------------------------------------
+// A peer that dies while connected.
+
+struct KillParam {
+  int child_receives;  // receive WQEs the child leaves posted
+  ibv_wr_opcode opcode;
+  const char* name;
+};
+
+int victim_child(int rfd, int wfd, int receives) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ibv_qp* qp = cq ? create_qp(dev.pd, cq, cq, cfg) : nullptr;
+  if (!qp) return 11;
+  Buffer buf(dev.pd, 4096);
+  ibv_sge sge = buf.sge(0, 4096);
+  if (qp_to_init(qp, cfg) != 0) return 13;
+  for (int i = 0; i < receives; ++i)
+    if (post_recv(qp, i, &sge, 1) != 0) return 12;
+  const Endpoint mine{qp->qp_num, buf.rkey(), buf.addr()};
+  Endpoint peer{};
+  if (!write_all(wfd, &mine, sizeof mine) || !read_all(rfd, &peer, sizeof peer, kChildDeadline)) return 14;
+  if (qp_to_rtr(qp, peer.qpn, dev.gid, cfg) != 0 || qp_to_rts(qp, cfg) != 0) return 15;
+  if (!write_all(wfd, "R", 1)) return 16;
+  // Wait to be killed (bounded, in case the parent is gone).
+  char c;
+  read_all(rfd, &c, 1, Millis{30000});
+  return 50;
+}
+
+class PeerKilled : public ::testing::TestWithParam<KillParam> {};
+
+TEST_P(PeerKilled, NextOperationIsRetryExceeded) {
+  const KillParam param = GetParam();
+  Child child([&](int rfd, int wfd) { return victim_child(rfd, wfd, param.child_receives); });
+  ASSERT_TRUE(child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.timeout = 8;  // 1 ms
+  cfg.retry_cnt = 2;
+  cfg.rnr_retry = 7;  // RNR forever: only a missing responder can end it
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_NE(qp, nullptr);
+  {
+    Buffer buf(dev.pd, 4096);
+    ASSERT_EQ(qp_to_init(qp, cfg), 0);
+    const Endpoint mine{qp->qp_num, buf.rkey(), buf.addr()};
+    Endpoint peer{};
+    ASSERT_TRUE(write_all(child.wfd, &mine, sizeof mine));
+    ASSERT_TRUE(read_all(child.rfd, &peer, sizeof peer, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+    ASSERT_EQ(qp_to_rtr(qp, peer.qpn, dev.gid, cfg), 0);
+    ASSERT_EQ(qp_to_rts(qp, cfg), 0);
+    char ready = 0;
+    ASSERT_TRUE(read_all(child.rfd, &ready, 1, kDeadline));
+
+    ibv_sge sge = buf.sge(0, 64);
+    auto make = [&](uint64_t wr_id) {
+      ibv_send_wr wr = make_wr(wr_id, param.opcode, &sge, 1);
+      wr.wr.rdma.remote_addr = peer.addr;
+      wr.wr.rdma.rkey = peer.rkey;
+      return wr;
+    };
+    ibv_wc wc{};
+    // While the child lives, an operation goes through.
+    if (param.opcode != IBV_WR_SEND || param.child_receives > 1) {
+      ibv_send_wr wr = make(1);
+      ASSERT_EQ(post_send(qp, wr), 0);
+      ASSERT_TRUE(poll_one(cq, &wc));
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    }
+    child.kill_now();
+
+    ibv_send_wr wr = make(2);
+    const auto start = Clock::now();
+    ASSERT_EQ(post_send(qp, wr), 0);
+    ASSERT_TRUE(poll_one(cq, &wc)) << "the operation to a dead peer never completed";
+    EXPECT_LT(Clock::now() - start, Millis{3000});
+    EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << wc_str(wc);
+    EXPECT_EQ(wc.wr_id, 2u);
+    EXPECT_EQ(qp_state(qp), IBV_QPS_ERR);
+  }
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PeerKilled,
+                         ::testing::Values(KillParam{4, IBV_WR_SEND, "SendReceivesPosted"},
+                                           KillParam{0, IBV_WR_SEND, "SendNoReceive"},
+                                           KillParam{0, IBV_WR_RDMA_WRITE, "Write"},
+                                           KillParam{0, IBV_WR_RDMA_READ, "Read"}),
+                         [](const ::testing::TestParamInfo<KillParam>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace loopback
