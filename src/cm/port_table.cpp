@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,27 +21,10 @@ namespace {
 constexpr uint64_t kMagic = 0x736f6674636d7031ULL;  // "softcmp1"
 constexpr uint32_t kVersion = 1;
 
-class FileLock {
- public:
-  FileLock(int fd, int op) : fd_(fd) { while (::flock(fd_, op) != 0 && errno == EINTR) {} }
-  ~FileLock() { ::flock(fd_, LOCK_UN); }
-
- private:
-  int fd_;
-};
-
 void init_layout(PortTableLayout* layout) {
-  pthread_mutexattr_t attr;
-  pthread_mutexattr_init(&attr);
-  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  pthread_mutex_init(&layout->mutex, &attr);
-  pthread_mutexattr_destroy(&attr);
+  host::init_robust_mutex(&layout->mutex);
   std::random_device rd;
   layout->port_cursor = rd() % (kEphemeralLast - kEphemeralFirst + 1);
-  layout->version = kVersion;
-  layout->layout_size = sizeof(PortTableLayout);
-  std::atomic_ref<uint64_t>(layout->magic).store(kMagic, std::memory_order_release);
 }
 
 BindKey key_of(const BindingRecord& r) {
@@ -95,68 +76,21 @@ Result<PortTable*> PortTable::open() {
 }
 
 Result<PortTable*> PortTable::open_named(const std::string& path, bool unlink_on_close) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) {
-    SOFTHCA_ERROR("cannot open the cm port table %s: %s", path.c_str(), std::strerror(errno));
-    return fail(static_cast<std::errc>(errno));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_uid != ::getuid()) {
-    SOFTHCA_ERROR("cm port table %s is not owned by this user", path.c_str());
-    ::close(fd);
-    return fail(std::errc::permission_denied);
-  }
-  const size_t size = sizeof(PortTableLayout);
-  void* mem = nullptr;
-  {
-    FileLock guard(fd, LOCK_EX);
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      return fail(static_cast<std::errc>(errno));
-    }
-    const bool fresh = st.st_size == 0;
-    if (fresh && ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-      ::close(fd);
-      return fail(static_cast<std::errc>(errno));
-    }
-    if (!fresh && static_cast<size_t>(st.st_size) != size) {
-      SOFTHCA_ERROR("cm port table %s has an unexpected size (another softhca version?); remove it", path.c_str());
-      ::close(fd);
-      return fail(std::errc::invalid_argument);
-    }
-    mem = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (mem == MAP_FAILED) {
-      ::close(fd);
-      return fail(static_cast<std::errc>(errno));
-    }
-    auto* layout = static_cast<PortTableLayout*>(mem);
-    if (fresh) {
-      init_layout(layout);
-    } else if (std::atomic_ref<uint64_t>(layout->magic).load(std::memory_order_acquire) != kMagic ||
-               layout->version != kVersion || layout->layout_size != size) {
-      SOFTHCA_ERROR("cm port table %s has another layout; remove it", path.c_str());
-      ::munmap(mem, size);
-      ::close(fd);
-      return fail(std::errc::invalid_argument);
-    }
-  }
-  ::close(fd);
-  return new PortTable(static_cast<PortTableLayout*>(mem), path, unlink_on_close);
+  auto mem = host::map_shared_file(path, sizeof(PortTableLayout), kMagic, kVersion, "cm port table",
+                                   [](void* fresh) { init_layout(static_cast<PortTableLayout*>(fresh)); });
+  if (!mem) return fail(mem.error());
+  return new PortTable(static_cast<PortTableLayout*>(*mem), path, unlink_on_close);
 }
 
 PortTable::~PortTable() {
-  ::munmap(layout_, sizeof(PortTableLayout));
+  host::unmap_shared_file(layout_, sizeof(PortTableLayout));
   if (unlink_on_close_) ::unlink(path_.c_str());
 }
 
 void PortTable::lock() {
-  int rc = pthread_mutex_lock(&layout_->mutex);
-  if (rc == EOWNERDEAD) {
-    // Every critical section leaves records consistent at each store (a
-    // record's owner field is written last), so the table is usable as is.
-    SOFTHCA_WARN("a process died holding the cm port table lock; recovering");
-    pthread_mutex_consistent(&layout_->mutex);
-  }
+  // A holder that died left records consistent at each store (a record's
+  // owner field is written last), so the table is usable as is.
+  host::lock_robust_mutex(&layout_->mutex, "cm port table");
 }
 
 void PortTable::unlock() { pthread_mutex_unlock(&layout_->mutex); }

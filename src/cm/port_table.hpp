@@ -24,6 +24,7 @@
 
 #include "cm/wire.hpp"
 #include "common/result.hpp"
+#include "host/shared_file.hpp"
 
 namespace softhca::cm {
 
@@ -75,9 +76,7 @@ struct ProcRecord {
 };
 
 struct PortTableLayout {
-  uint64_t magic;
-  uint32_t version;
-  uint32_t layout_size;
+  host::SharedFileHeader header;
   pthread_mutex_t mutex;
   uint32_t port_cursor;
   uint32_t reserved;

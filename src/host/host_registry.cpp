@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,32 +18,12 @@ namespace {
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
 constexpr uint32_t kVersion = 1;
 
-std::errc errc_from_errno(int err) { return static_cast<std::errc>(err); }
-
-// Holds flock() on the registry file while the first opener initialises it.
-class FileLock {
- public:
-  FileLock(int fd, int op) : fd_(fd) { while (::flock(fd_, op) != 0 && errno == EINTR) {} }
-  ~FileLock() { ::flock(fd_, LOCK_UN); }
-
- private:
-  int fd_;
-};
-
 void init_layout(RegistryLayout* layout) {
-  pthread_mutexattr_t attr;
-  pthread_mutexattr_init(&attr);
-  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  pthread_mutex_init(&layout->mutex, &attr);
-  pthread_mutexattr_destroy(&attr);
+  init_robust_mutex(&layout->mutex);
   layout->next_pd_id.store(1);
   std::random_device rd;
   layout->key_salt = rd();
   layout->qp_cursor = rd() % kMaxQpSlots;
-  layout->version = kVersion;
-  layout->layout_size = sizeof(RegistryLayout);
-  std::atomic_ref<uint64_t>(layout->magic).store(kMagic, std::memory_order_release);
 }
 
 }  // namespace
@@ -80,69 +58,21 @@ Result<HostRegistry*> HostRegistry::open() {
 }
 
 Result<HostRegistry*> HostRegistry::open_named(const std::string& path, bool unlink_on_close) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) {
-    SOFTHCA_ERROR("cannot open host registry %s: %s", path.c_str(), std::strerror(errno));
-    return fail(errc_from_errno(errno));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_uid != ::getuid()) {
-    SOFTHCA_ERROR("host registry %s is not owned by this user", path.c_str());
-    ::close(fd);
-    return fail(std::errc::permission_denied);
-  }
-  const size_t size = sizeof(RegistryLayout);
-  void* mem = nullptr;
-  {
-    FileLock guard(fd, LOCK_EX);
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      return fail(errc_from_errno(errno));
-    }
-    const bool fresh = st.st_size == 0;
-    if (fresh && ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-      ::close(fd);
-      return fail(errc_from_errno(errno));
-    }
-    if (!fresh && static_cast<size_t>(st.st_size) != size) {
-      SOFTHCA_ERROR("host registry %s has an unexpected size (another softhca version?); remove it", path.c_str());
-      ::close(fd);
-      return fail(std::errc::invalid_argument);
-    }
-    mem = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (mem == MAP_FAILED) {
-      ::close(fd);
-      return fail(errc_from_errno(errno));
-    }
-    auto* layout = static_cast<RegistryLayout*>(mem);
-    if (fresh) {
-      init_layout(layout);
-    } else if (std::atomic_ref<uint64_t>(layout->magic).load(std::memory_order_acquire) != kMagic ||
-               layout->version != kVersion || layout->layout_size != size) {
-      SOFTHCA_ERROR("host registry %s has another layout; remove it", path.c_str());
-      ::munmap(mem, size);
-      ::close(fd);
-      return fail(std::errc::invalid_argument);
-    }
-  }
-  ::close(fd);
-  return new HostRegistry(static_cast<RegistryLayout*>(mem), path, unlink_on_close);
+  auto mem = map_shared_file(path, sizeof(RegistryLayout), kMagic, kVersion, "host registry",
+                             [](void* fresh) { init_layout(static_cast<RegistryLayout*>(fresh)); });
+  if (!mem) return fail(mem.error());
+  return new HostRegistry(static_cast<RegistryLayout*>(*mem), path, unlink_on_close);
 }
 
 HostRegistry::~HostRegistry() {
-  ::munmap(layout_, sizeof(RegistryLayout));
+  unmap_shared_file(layout_, sizeof(RegistryLayout));
   if (unlink_on_close_) ::unlink(path_.c_str());
 }
 
 void HostRegistry::lock() {
-  int rc = pthread_mutex_lock(&layout_->mutex);
-  if (rc == EOWNERDEAD) {
-    // The previous holder died inside a critical section. Every critical
-    // section leaves slots consistent at each store (the validating field is
-    // written last), so the state is usable as it is.
-    SOFTHCA_WARN("a process died holding the host registry lock; recovering");
-    pthread_mutex_consistent(&layout_->mutex);
-  }
+  // A holder that died left every slot consistent (the validating field is
+  // written last), so the state is usable as it is.
+  lock_robust_mutex(&layout_->mutex, "host registry");
 }
 
 void HostRegistry::unlock() { pthread_mutex_unlock(&layout_->mutex); }

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/result.hpp"
+#include "host/shared_file.hpp"
 
 namespace softhca::host {
 
@@ -60,9 +61,7 @@ struct alignas(64) AtomicStripe {
 };
 
 struct RegistryLayout {
-  uint64_t magic;
-  uint32_t version;
-  uint32_t layout_size;
+  SharedFileHeader header;
   pthread_mutex_t mutex;  // robust, process-shared
   std::atomic<uint32_t> next_pd_id;
   uint32_t qp_cursor;     // next slot to try: QPNs rotate so a stale peer rarely meets a new QP
