@@ -64,6 +64,9 @@ Options:
   --server CMD, --client CMD   the pair
   --run CMD              single-program mode
   --run-for SECS         single mode: the program must still run after SECS
+  --server-persists      pair mode, for servers that never exit (cmtime): once
+                         the client has passed, the server must still be running;
+                         the harness then stops it, and that counts as success
   --expect RE            regex that must match every program's output
   --expect-server RE, --expect-client RE   regex for one side only
   --reject RE            regex that must not match any output
@@ -91,12 +94,14 @@ expect_all=() expect_server=() expect_client=() reject=()
 # logged with SOFTHCA_LOG=info once the listener is registered — instead of
 # once TCP --port listens. Parsed here, before the main option loop.
 ready_regex=""
+server_persists=0
 _args=()
 while (($#)); do
   case $1 in
     --ready-regex) (($# >= 2)) || { echo "$me: --ready-regex needs a value" >&2; exit 2; }
                    ready_regex=$2; shift 2 ;;
     --ready-regex=*) ready_regex=${1#*=}; shift ;;
+    --server-persists) server_persists=1; shift ;;
     *) _args+=("$1"); shift ;;
   esac
 done
@@ -428,8 +433,21 @@ else
       if [[ $rc_client != 0 ]]; then
         poll "$grace" not alive "${pids[server]}"
         kill_role server
+        finish server
+      elif ((server_persists)); then
+        # A server that serves forever must still be there; stopping it is ours.
+        if alive "${pids[server]}"; then
+          kill_role server
+          finish server expected
+          rc_server=0
+        else
+          finish server
+          fail "server exited ($(describe_rc "$rc_server")) although --server-persists"
+          rc_server=0  # reported above
+        fi
+      else
+        finish server
       fi
-      finish server
     elif alive "${pids[server]}"; then
       fail "server is not listening on port $port after ${ready_timeout}s"
       kill_role server
