@@ -482,6 +482,12 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
             }
           }
           break;
+        case RDMA_CM_EVENT_MULTICAST_JOIN:
+          if (!process_join(h, eh->event, ev.out.mgid, ev.out.mc_context)) {
+            eh->event.event = RDMA_CM_EVENT_MULTICAST_ERROR;
+            eh->event.status = -errno;
+          }
+          break;
         case RDMA_CM_EVENT_REJECTED:
           if (h->connect_error) {
             rdma_ack_cm_event(&eh->event);

@@ -28,6 +28,15 @@ struct ChannelHandle {
   std::shared_ptr<cm::Channel> impl;
 };
 
+// One rdma_join_multicast of an id (librdmacm's struct cma_multicast).
+struct McJoin {
+  sockaddr_storage addr{};  // as the application gave it, to find it again at leave
+  cm::Gid mgid{};
+  void* context = nullptr;
+  bool send_only = false;   // RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: the QP is not attached
+  bool attached = false;    // the QP was attached when its MULTICAST_JOIN was handed out
+};
+
 struct IdHandle {
   rdma_cm_id id;
   cm::CmId* impl = nullptr;
@@ -40,6 +49,7 @@ struct IdHandle {
   bool connect_error = false;
   ibv_ece local_ece{};
   ibv_ece remote_ece{};
+  std::vector<McJoin> multicast;
 };
 
 struct EventHandle {
@@ -94,6 +104,9 @@ int modify_qp_err(rdma_cm_id* id);
 void destroy_cqs(rdma_cm_id* id);
 // The RTU after CONNECT_RESPONSE (rdma_establish, or with a QP inside rdma_get_cm_event).
 int process_conn_resp(IdHandle* h);
+// MULTICAST_JOIN as librdmacm hands it out: param.ud for the group, and the
+// id's QP attached to it (multicast.cpp). False if the attach failed (errno set).
+bool process_join(IdHandle* h, rdma_cm_event& event, const cm::Gid& mgid, void* context);
 // A synchronous id waits for the event its call started; 0 for other ids.
 int complete(IdHandle* h);
 

@@ -103,8 +103,8 @@ void fill_device_attr(ibv_device_attr& d) {
   d.max_raw_ipv6_qp = 0;
   d.max_raw_ethy_qp = 0;
   d.max_mcast_grp = limits::kMaxMcastGrp;
-  d.max_mcast_qp_attach = 0;
-  d.max_total_mcast_qp_attach = 0;
+  d.max_mcast_qp_attach = limits::kMaxMcastQpAttach;
+  d.max_total_mcast_qp_attach = limits::kMaxTotalMcastQpAttach;
   d.max_ah = limits::kMaxAh;
   d.max_fmr = 0;
   d.max_map_per_fmr = 0;

@@ -16,7 +16,7 @@ using namespace softhca::abi;
 
 namespace {
 
-ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast = false) {
   engine::ProtectionDomain* impl_pd = to_pd(pd);
   if (impl_pd == nullptr || attr == nullptr) {
     errno = EINVAL;
@@ -33,6 +33,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   init.max_recv_sge = attr->cap.max_recv_sge;
   init.max_inline_data = attr->cap.max_inline_data;
   init.sq_sig_all = attr->sq_sig_all != 0;
+  init.block_self_multicast = block_self_multicast;
   auto qp = engine::QueuePair::create(*impl_pd, init);
   if (!qp) {
     errno = to_errno(qp.error());
@@ -84,13 +85,14 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
       errno = EINVAL;
       return nullptr;
     }
-    // The new post-send API (SEND_OPS_FLAGS) and create_flags 0 are offered;
-    // XRC, RSS, TSO, ... are not.
+    // The new post-send API (SEND_OPS_FLAGS) and, as create_flags, only
+    // BLOCK_SELF_MCAST_LB on UD QPs (mckey -l) are offered; XRC, RSS, TSO, ... are not.
     constexpr uint32_t kSupported =
         IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     const bool send_ops = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
-    if ((attr->comp_mask & ~kSupported) != 0 ||
-        ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) != 0 && attr->create_flags != 0) ||
+    const uint32_t create_flags = (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? attr->create_flags : 0;
+    const uint32_t allowed_flags = attr->qp_type == IBV_QPT_UD ? IBV_QP_CREATE_BLOCK_SELF_MCAST_LB : 0;
+    if ((attr->comp_mask & ~kSupported) != 0 || (create_flags & ~allowed_flags) != 0 ||
         (send_ops && check_send_ops_flags(attr->qp_type, attr->send_ops_flags) != 0)) {
       errno = EOPNOTSUPP;
       return nullptr;
@@ -107,7 +109,7 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     legacy.cap = attr->cap;
     legacy.qp_type = attr->qp_type;
     legacy.sq_sig_all = attr->sq_sig_all;
-    ibv_qp* qp = create_qp(attr->pd, &legacy);
+    ibv_qp* qp = create_qp(attr->pd, &legacy, (create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) != 0);
     if (qp == nullptr) return nullptr;
     attr->cap = legacy.cap;
     if (send_ops) {

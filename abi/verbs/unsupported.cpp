@@ -52,10 +52,6 @@ struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd* /*pd*/, uint64_t /*offset*/, siz
 int ibv_query_ece(struct ibv_qp* /*qp*/, struct ibv_ece* /*ece*/) { return fail_int(); }
 int ibv_set_ece(struct ibv_qp* /*qp*/, struct ibv_ece* /*ece*/) { return fail_int(); }
 
-// --- UD multicast: not implemented yet.
-int ibv_attach_mcast(struct ibv_qp* /*qp*/, const union ibv_gid* /*gid*/, uint16_t /*lid*/) { return fail_int(); }
-int ibv_detach_mcast(struct ibv_qp* /*qp*/, const union ibv_gid* /*gid*/, uint16_t /*lid*/) { return fail_int(); }
-
 // --- RoCE L2 resolution: rdma-core looks up the neighbour (MAC, VLAN) of a
 // destination GID over netlink for kernel providers that build Ethernet
 // headers themselves. softhca builds no Ethernet frames, so there is nothing to

@@ -90,6 +90,8 @@ struct EventOut {
   int status = 0;
   ConnParam param;       // for UD ids: param.qp_num is the remote QPN
   uint32_t qkey = 0;     // UD: the remote Q_Key (struct rdma_ud_param)
+  Gid mgid{};                     // MULTICAST_JOIN: the group
+  void* mc_context = nullptr;     // MULTICAST_JOIN: the context the join was given
   uint8_t private_data_len = 0;
   std::array<uint8_t, kMaxEventPrivateData> private_data{};
 };

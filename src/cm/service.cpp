@@ -72,6 +72,30 @@ bool kernel_has_route(const IpAddress& dst) {
   return rc == 0 || (err != ENETUNREACH && err != EHOSTUNREACH);
 }
 
+// The source address the kernel would pick for `dst` (a UDP connect, nothing sent).
+std::optional<IpAddress> kernel_source_for(const IpAddress& dst) {
+  sockaddr_storage ss;
+  IpAddress d = dst;
+  d.port = 9;
+  socklen_t len = to_sockaddr(d, ss);
+  int fd = ::socket(dst.family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::nullopt;
+  std::optional<IpAddress> out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0) {
+    sockaddr_storage local;
+    socklen_t llen = sizeof local;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0)
+      if (auto ip = from_sockaddr(reinterpret_cast<sockaddr*>(&local), llen)) out = *ip;
+  }
+  ::close(fd);
+  return out;
+}
+
+// An IP multicast group (224.0.0.0/4, ff00::/8), which rdma_resolve_addr accepts as a destination.
+bool is_multicast(const IpAddress& ip) {
+  return ip.family == AF_INET ? (ip.addr[12] & 0xF0) == 0xE0 : ip.addr[0] == 0xff;
+}
+
 }  // namespace
 
 void service_atfork_child() {
@@ -383,6 +407,7 @@ Result<void> Service::resolve_addr(CmId* id, const std::optional<IpAddress>& src
   }
   const auto& dev = engine::device_info();
   if (src && !src->wildcard() && !local_gid_index(*src, dev)) return fail(std::errc::address_not_available);
+  if (is_multicast(dst)) return resolve_multicast_locked(id, src, dst);
   const auto dst_idx = local_gid_index(dst, dev);
   if (!dst_idx) {
     if (!kernel_has_route(dst)) return fail(std::errc::network_unreachable);
@@ -423,12 +448,65 @@ Result<void> Service::resolve_addr(CmId* id, const std::optional<IpAddress>& src
   return {};
 }
 
+Result<void> Service::resolve_multicast_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst) {
+  // A group is resolved to the local address the datagrams leave from: the
+  // given or bound source, else the one the kernel's route picks (mckey
+  // without -b), which must be one of ours; as in the kernel, no route at all
+  // is ENETUNREACH. The group itself is the destination GID.
+  const auto& dev = engine::device_info();
+  IpAddress s;
+  if (src && !src->wildcard()) {
+    s = *src;
+  } else if (id->bound_ && !id->src_.wildcard()) {
+    s = id->src_;
+  } else {
+    auto picked = kernel_source_for(dst);
+    if (!picked) return fail(std::errc::network_unreachable);
+    s = *picked;
+    s.port = id->bound_ ? id->src_.port : (src ? src->port : 0);
+  }
+  const auto sidx = local_gid_index(s, dev);
+  if (!sidx) return fail(std::errc::address_not_available);
+  if (!id->bound_) {
+    if (auto r = bind_locked(id, s); !r) return r;
+  } else if (id->src_.wildcard()) {
+    const uint16_t port = id->src_.port;
+    id->src_ = s;
+    id->src_.port = port;
+  }
+  id->dst_ = dst;
+  id->has_device_ = true;
+  id->sgid_index_ = static_cast<uint8_t>(*sidx);
+  id->sgid_ = gid_at(*sidx);
+  id->dgid_ = dst.addr;
+  id->addr_resolved_ = true;
+  EventOut ev;
+  ev.type = CmEventType::kAddrResolved;
+  push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+  return {};
+}
+
 Result<void> Service::resolve_route(CmId* id, int /*timeout_ms*/) {
   std::lock_guard g(mu_);
   if (!id->addr_resolved_ || id->route_resolved_ || id->conn_.has_cm()) return fail(std::errc::invalid_argument);
   id->route_resolved_ = true;
   EventOut ev;
   ev.type = CmEventType::kRouteResolved;
+  push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+  return {};
+}
+
+Result<void> Service::join_multicast(CmId* id, const Gid& mgid, void* context) {
+  std::lock_guard g(mu_);
+  // The kernel's rdma_join_multicast wants an id bound to a device (a local
+  // address bound, or an address resolved); softhca joins nothing on the
+  // network, so the event comes at once.
+  if (id->qp_type_ != IBV_QPT_UD || !id->has_device_) return fail(std::errc::invalid_argument);
+  EventOut ev;
+  ev.type = CmEventType::kMulticastJoin;
+  ev.qkey = kUdpQkey;
+  ev.mgid = mgid;
+  ev.mc_context = context;
   push_event_locked(id->channel_, Event{id, nullptr, id, ev});
   return {};
 }

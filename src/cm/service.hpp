@@ -196,6 +196,12 @@ class Service {
   // synchronous id should wait for). Errors: invalid_argument (never connected).
   Result<bool> disconnect(CmId* id);
 
+  // Queues MULTICAST_JOIN for group `mgid` (an IPv4-mapped or IPv6 multicast
+  // address, the kernel's RoCE MGID). Membership itself is the QP's
+  // ibv_attach_mcast, which the ABI layer does as librdmacm does. Errors:
+  // invalid_argument (not a UD id, or not bound to the device).
+  Result<void> join_multicast(CmId* id, const Gid& mgid, void* context);
+
   // Errors: resource_unavailable_try_again (nonblocking and empty).
   Result<Event> get_event(Channel* channel, bool nonblocking);
   void ack_event(CmId* counted);
@@ -244,6 +250,8 @@ class Service {
   int next_timeout_ms();
   void fire_timers();
   Result<void> bind_locked(CmId* id, const IpAddress& addr);
+  // resolve_addr to an IP multicast group.
+  Result<void> resolve_multicast_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst);
 
   std::mutex mu_;
   std::condition_variable acked_cv_;

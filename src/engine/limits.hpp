@@ -32,7 +32,10 @@ inline constexpr uint16_t kMaxPkeys = 1;
 inline constexpr uint16_t kDefaultPkey = 0xFFFF;
 inline constexpr int kNumCompVectors = 1;
 inline constexpr int kGidTableLen = 32;
-inline constexpr int kMaxMcastGrp = 0;  // multicast comes with librdmacm
+// Multicast groups live in the host registry's fixed table (host_registry.hpp).
+inline constexpr int kMaxMcastGrp = 256;
+inline constexpr int kMaxMcastQpAttach = 32;
+inline constexpr int kMaxTotalMcastQpAttach = kMaxMcastGrp * kMaxMcastQpAttach;
 inline constexpr int kPhysPortCnt = 1;
 inline constexpr int kMtu = 5;           // IBV_MTU_4096
 inline constexpr uint32_t kMtuBytes = 4096;

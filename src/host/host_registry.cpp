@@ -16,7 +16,7 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the multicast group table
 
 void init_layout(RegistryLayout* layout) {
   init_robust_mutex(&layout->mutex);
@@ -88,6 +88,7 @@ bool HostRegistry::process_alive(uint32_t index) const {
 void HostRegistry::release_process_objects_locked(uint32_t proc) {
   for (auto& qp : layout_->qps)
     if (qp.qpn.load(std::memory_order_relaxed) != 0 && qp.proc == proc) qp.qpn.store(0, std::memory_order_release);
+  remove_mcast_members_locked(0, proc);
   for (auto& mr : layout_->mrs)
     if (mr.key.load(std::memory_order_relaxed) != 0 && mr.proc.load(std::memory_order_relaxed) == proc) {
       mr.seq.fetch_add(1, std::memory_order_acq_rel);
@@ -149,7 +150,11 @@ Result<uint32_t> HostRegistry::allocate_qpn(uint32_t proc, uint64_t shm_offset) 
 void HostRegistry::release_qpn(uint32_t qpn) {
   lock();
   QpSlot& slot = layout_->qps[qp_index(qpn)];
-  if (slot.qpn.load(std::memory_order_relaxed) == qpn) slot.qpn.store(0, std::memory_order_release);
+  if (slot.qpn.load(std::memory_order_relaxed) == qpn) {
+    slot.qpn.store(0, std::memory_order_release);
+    // A destroyed QP leaves its groups, as uverbs detaches on destroy.
+    remove_mcast_members_locked(qpn, kMaxProcs);
+  }
   unlock();
 }
 
@@ -235,6 +240,118 @@ bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
     out.host_addr = slot.host_addr.load(std::memory_order_acquire);
     if (slot.seq.load(std::memory_order_acquire) == before) return key != 0 && out.key == key;
   }
+}
+
+namespace {
+
+void load_mgid(const McastGroup& group, uint32_t* words) {
+  for (int i = 0; i < 4; ++i) words[i] = group.mgid[i].load(std::memory_order_acquire);
+}
+
+bool same_mgid(const McastGroup& group, const uint8_t* mgid) {
+  uint32_t words[4];
+  load_mgid(group, words);
+  return std::memcmp(words, mgid, 16) == 0;
+}
+
+}  // namespace
+
+void HostRegistry::remove_mcast_members_locked(uint32_t qpn, uint32_t proc) {
+  for (auto& group : layout_->mcast) {
+    if (group.count.load(std::memory_order_relaxed) == 0) continue;
+    for (auto& m : group.members) {
+      const uint32_t q = m.qpn.load(std::memory_order_relaxed);
+      if (q == 0 || (q != qpn && m.proc.load(std::memory_order_relaxed) != proc)) continue;
+      group.seq.fetch_add(1, std::memory_order_acq_rel);
+      m.qpn.store(0, std::memory_order_release);
+      group.count.fetch_sub(1, std::memory_order_release);
+      group.seq.fetch_add(1, std::memory_order_release);
+    }
+  }
+}
+
+Result<void> HostRegistry::attach_mcast(const uint8_t* mgid, uint32_t qpn, uint32_t proc) {
+  lock();
+  McastGroup* found = nullptr;
+  McastGroup* free_group = nullptr;
+  for (auto& group : layout_->mcast) {
+    if (group.count.load(std::memory_order_relaxed) == 0) {
+      if (free_group == nullptr) free_group = &group;
+    } else if (same_mgid(group, mgid)) {
+      found = &group;
+      break;
+    }
+  }
+  McastGroup* group = found ? found : free_group;
+  if (group == nullptr) {
+    unlock();
+    return fail(std::errc::not_enough_memory);
+  }
+  McastMember* slot = nullptr;
+  for (auto& m : group->members) {
+    const uint32_t q = m.qpn.load(std::memory_order_relaxed);
+    if (q == qpn && found != nullptr) {
+      unlock();
+      return {};
+    }
+    if (q == 0 && slot == nullptr) slot = &m;
+  }
+  if (slot == nullptr) {
+    unlock();
+    return fail(std::errc::not_enough_memory);
+  }
+  group->seq.fetch_add(1, std::memory_order_acq_rel);
+  if (found == nullptr) {
+    uint32_t words[4];
+    std::memcpy(words, mgid, 16);
+    for (int i = 0; i < 4; ++i) group->mgid[i].store(words[i], std::memory_order_relaxed);
+  }
+  slot->proc.store(proc, std::memory_order_relaxed);
+  slot->qpn.store(qpn, std::memory_order_release);
+  group->count.fetch_add(1, std::memory_order_release);
+  group->seq.fetch_add(1, std::memory_order_release);
+  unlock();
+  return {};
+}
+
+Result<void> HostRegistry::detach_mcast(const uint8_t* mgid, uint32_t qpn) {
+  lock();
+  for (auto& group : layout_->mcast) {
+    if (group.count.load(std::memory_order_relaxed) == 0 || !same_mgid(group, mgid)) continue;
+    for (auto& m : group.members) {
+      if (m.qpn.load(std::memory_order_relaxed) != qpn) continue;
+      group.seq.fetch_add(1, std::memory_order_acq_rel);
+      m.qpn.store(0, std::memory_order_release);
+      group.count.fetch_sub(1, std::memory_order_release);
+      group.seq.fetch_add(1, std::memory_order_release);
+      unlock();
+      return {};
+    }
+    break;
+  }
+  unlock();
+  return fail(std::errc::invalid_argument);
+}
+
+uint32_t HostRegistry::mcast_members(const uint8_t* mgid, uint32_t* out) const {
+  for (const auto& group : layout_->mcast) {
+    for (;;) {
+      const uint32_t before = group.seq.load(std::memory_order_acquire);
+      if (before & 1) {
+        __builtin_ia32_pause();
+        continue;
+      }
+      uint32_t n = 0;
+      const bool match = group.count.load(std::memory_order_acquire) != 0 && same_mgid(group, mgid);
+      if (match)
+        for (const auto& m : group.members)
+          if (const uint32_t q = m.qpn.load(std::memory_order_acquire); q != 0) out[n++] = q;
+      if (group.seq.load(std::memory_order_acquire) != before) continue;
+      if (match) return n;
+      break;
+    }
+  }
+  return 0;
 }
 
 uint32_t HostRegistry::allocate_pd_id() { return layout_->next_pd_id.fetch_add(1, std::memory_order_relaxed); }

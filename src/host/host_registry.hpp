@@ -24,6 +24,8 @@ inline constexpr uint32_t kMaxQpSlots = 1 << 16;
 inline constexpr uint32_t kMaxMrSlots = 1 << 16;
 inline constexpr uint32_t kAtomicStripes = 1024;
 inline constexpr uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special; start above them like hardware
+inline constexpr uint32_t kMaxMcastGroups = 256;   // multicast groups with at least one member, host-wide
+inline constexpr uint32_t kMaxMcastMembers = 32;   // UD QPs attached to one group
 
 struct ProcSlot {
   std::atomic<uint32_t> pid;   // 0 = free
@@ -56,6 +58,20 @@ struct MrRecord {
   uint64_t iova, length, host_addr;
 };
 
+// A multicast group: its MGID and the UD QPs attached to it. Changed under the
+// registry mutex as a seqlock (seq odd while changing); a sender snapshots the
+// member list lock-free. A group with no members is free.
+struct McastMember {
+  std::atomic<uint32_t> qpn;   // 0 = empty
+  std::atomic<uint32_t> proc;  // owner ProcSlot index, so a dead process's members are reclaimed
+};
+struct McastGroup {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> count;       // members in use; 0 = free group
+  std::atomic<uint32_t> mgid[4];     // the 16 GID bytes, as four words
+  McastMember members[kMaxMcastMembers];
+};
+
 struct alignas(64) AtomicStripe {
   std::atomic<uint32_t> locked;
 };
@@ -71,6 +87,7 @@ struct RegistryLayout {
   ProcSlot procs[kMaxProcs];
   QpSlot qps[kMaxQpSlots];
   MrSlot mrs[kMaxMrSlots];
+  McastGroup mcast[kMaxMcastGroups];
 };
 
 class HostRegistry {
@@ -99,6 +116,15 @@ class HostRegistry {
 
   uint32_t allocate_pd_id();
 
+  // Attaches QP `qpn` (owned by `proc`) to the group `mgid`; attaching twice
+  // succeeds and changes nothing, as the kernel's uverbs does. ENOMEM when the
+  // group table or the group is full.
+  Result<void> attach_mcast(const uint8_t* mgid, uint32_t qpn, uint32_t proc);
+  // EINVAL if the QP is not attached to the group (uverbs' answer).
+  Result<void> detach_mcast(const uint8_t* mgid, uint32_t qpn);
+  // A consistent copy of the QPNs attached to `mgid` (at most kMaxMcastMembers); returns their number.
+  uint32_t mcast_members(const uint8_t* mgid, uint32_t* out) const;
+
   const ProcSlot& proc(uint32_t index) const { return layout_->procs[index]; }
   bool process_alive(uint32_t index) const;
 
@@ -113,6 +139,8 @@ class HostRegistry {
   void unlock();
   void reclaim_dead_locked();
   void release_process_objects_locked(uint32_t proc);
+  // Removes every member matching `qpn` (if non-zero) or owned by `proc`.
+  void remove_mcast_members_locked(uint32_t qpn, uint32_t proc);
 
   RegistryLayout* layout_;
   std::string path_;

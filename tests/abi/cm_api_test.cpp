@@ -1,7 +1,8 @@
 // librdmacm's API on softhca, as an application sees it (the public header
 // and our librdmacm.so.1): events and their values, private data in REQ, REP
 // and REJ, connecting to nobody, nonblocking channels, bind errors,
-// destroying ids with events outstanding, and peers that are killed in the
+// destroying ids with events outstanding, multicast joins on UDP ids, and
+// peers that are killed in the
 // middle of a handshake or while connected (cm_peer, a separate process).
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -235,6 +236,98 @@ TEST_F(CmApi, SynchronousIdsReturnAfterTheirEvent) {
   rdma_destroy_qp(id);
   EXPECT_EQ(id->qp, nullptr);
   EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+// Two UDP ids bound to 127.0.0.1 join 239.1.1.7: MULTICAST_JOIN carries the
+// group as librdmacm reports it over RoCE (MGID ::ffff:239.1.1.7, QPN 0xFFFFFF,
+// RDMA_UDP_QKEY, the join's context), each id's QP is attached, a send to the
+// group reaches the other id's QP, and leaving detaches.
+TEST_F(CmApi, MulticastJoinSendLeave) {
+  sockaddr_in group{};
+  group.sin_family = AF_INET;
+  group.sin_addr.s_addr = htonl(0xEF010107);  // 239.1.1.7
+  rdma_cm_id* ids[2] = {};
+  int contexts[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(rdma_create_id(ch_, &ids[i], nullptr, RDMA_PS_UDP), 0);
+    EXPECT_EQ(rdma_join_multicast(ids[i], sa(group), &contexts[i]), -1) << "not bound to the device yet";
+    EXPECT_EQ(errno, EINVAL);
+    sockaddr_in local = loopback(0);
+    ASSERT_EQ(rdma_bind_addr(ids[i], sa(local)), 0);
+    ibv_qp_init_attr attr{};
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    attr.cap.max_inline_data = 16;
+    attr.qp_type = IBV_QPT_UD;
+    ASSERT_EQ(rdma_create_qp(ids[i], nullptr, &attr), 0);
+    sockaddr_in unicast = loopback(0);
+    EXPECT_EQ(rdma_join_multicast(ids[i], sa(unicast), nullptr), -1) << "127.0.0.1 is no group";
+    EXPECT_EQ(errno, EINVAL);
+    ASSERT_EQ(rdma_join_multicast(ids[i], sa(group), &contexts[i]), 0);
+  }
+  rdma_ud_param joined{};
+  for (int i = 0; i < 2; ++i) {
+    rdma_cm_event* ev = expect_event(ch_, RDMA_CM_EVENT_MULTICAST_JOIN);
+    ASSERT_NE(ev, nullptr);
+    EXPECT_EQ(ev->status, 0);
+    EXPECT_EQ(ev->id, ids[i]);
+    EXPECT_EQ(ev->param.ud.private_data, &contexts[i]);
+    EXPECT_EQ(ev->param.ud.qp_num, 0xFFFFFFu);
+    EXPECT_EQ(ev->param.ud.qkey, uint32_t{RDMA_UDP_QKEY});
+    EXPECT_EQ(ev->param.ud.ah_attr.is_global, 1);
+    const uint8_t mgid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 1, 7};
+    EXPECT_EQ(std::memcmp(ev->param.ud.ah_attr.grh.dgid.raw, mgid, 16), 0);
+    if (i == 0) joined = ev->param.ud;
+    rdma_ack_cm_event(ev);
+  }
+
+  // ids[1] receives what ids[0] sends to the group (ids[0] posts no receive).
+  char buf[40 + 16] = {};
+  ibv_mr* mr = ibv_reg_mr(ids[1]->pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  ibv_sge rsge{reinterpret_cast<uint64_t>(buf), sizeof buf, mr->lkey};
+  ibv_recv_wr rwr{};
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+  ibv_recv_wr* bad_recv = nullptr;
+  ASSERT_EQ(ibv_post_recv(ids[1]->qp, &rwr, &bad_recv), 0);
+  ibv_ah* ah = ibv_create_ah(ids[0]->pd, &joined.ah_attr);
+  ASSERT_NE(ah, nullptr);
+  char msg[16] = "to the group";
+  ibv_sge ssge{reinterpret_cast<uint64_t>(msg), sizeof msg, 0};
+  ibv_send_wr swr{};
+  swr.sg_list = &ssge;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  swr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  swr.wr.ud.ah = ah;
+  swr.wr.ud.remote_qpn = joined.qp_num;
+  swr.wr.ud.remote_qkey = joined.qkey;
+  ibv_send_wr* bad_send = nullptr;
+  ASSERT_EQ(ibv_post_send(ids[0]->qp, &swr, &bad_send), 0);
+  ibv_wc wc{};
+  int got = 0;
+  for (int spin = 0; spin < 5000 && got == 0; ++spin) {
+    got = ibv_poll_cq(ids[1]->recv_cq, 1, &wc);
+    if (got == 0) usleep(1000);
+  }
+  ASSERT_EQ(got, 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.src_qp, ids[0]->qp->qp_num);
+  EXPECT_EQ(std::memcmp(buf + 40, msg, sizeof msg), 0);
+  ibv_destroy_ah(ah);
+  ibv_dereg_mr(mr);
+
+  for (rdma_cm_id* id : ids) {
+    EXPECT_EQ(rdma_leave_multicast(id, sa(group)), 0);
+    EXPECT_EQ(rdma_leave_multicast(id, sa(group)), -1) << "left already";
+    EXPECT_EQ(errno, EADDRNOTAVAIL);
+    ibv_gid mgid;
+    std::memcpy(mgid.raw, joined.ah_attr.grh.dgid.raw, 16);
+    EXPECT_EQ(ibv_detach_mcast(id->qp, &mgid, 0), EINVAL) << "the leave detached the QP";
+    rdma_destroy_qp(id);
+    EXPECT_EQ(rdma_destroy_id(id), 0);
+  }
 }
 
 TEST_F(CmApi, NonblockingChannelAndPollableFd) {

@@ -1,5 +1,5 @@
 // The host registry with a private file: QPN and MR-key allocation, lookup,
-// key validation, rereg, and reclaiming what a dead process held.
+// key validation, rereg, multicast groups, and reclaiming what a dead process held.
 #include "host/host_registry.hpp"
 
 #include <gtest/gtest.h>
@@ -100,6 +100,58 @@ TEST_F(HostRegistryTest, DeadProcessResourcesAreReclaimed) {
   EXPECT_EQ(registry_->find_qp(*qpn), nullptr);
   MrRecord mr;
   EXPECT_FALSE(registry_->lookup_mr(*key, mr));
+}
+
+constexpr uint8_t kGroupA[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 1, 1};
+constexpr uint8_t kGroupB[16] = {0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x42};
+
+TEST_F(HostRegistryTest, McastGroupsListTheirMembers) {
+  uint32_t members[kMaxMcastMembers];
+  EXPECT_EQ(registry_->mcast_members(kGroupA, members), 0u);
+  ASSERT_TRUE(registry_->attach_mcast(kGroupA, 0x20, proc_).has_value());
+  ASSERT_TRUE(registry_->attach_mcast(kGroupA, 0x21, proc_).has_value());
+  ASSERT_TRUE(registry_->attach_mcast(kGroupA, 0x21, proc_).has_value());  // twice: no-op
+  ASSERT_TRUE(registry_->attach_mcast(kGroupB, 0x21, proc_).has_value());
+  ASSERT_EQ(registry_->mcast_members(kGroupA, members), 2u);
+  EXPECT_EQ(std::set<uint32_t>(members, members + 2), (std::set<uint32_t>{0x20, 0x21}));
+  ASSERT_EQ(registry_->mcast_members(kGroupB, members), 1u);
+  EXPECT_EQ(members[0], 0x21u);
+  ASSERT_TRUE(registry_->detach_mcast(kGroupA, 0x20).has_value());
+  EXPECT_EQ(registry_->detach_mcast(kGroupA, 0x20).error(), std::errc::invalid_argument);
+  EXPECT_EQ(registry_->detach_mcast(kGroupB, 0x20).error(), std::errc::invalid_argument);
+  ASSERT_EQ(registry_->mcast_members(kGroupA, members), 1u);
+  EXPECT_EQ(members[0], 0x21u);
+}
+
+TEST_F(HostRegistryTest, McastGroupFillsUp) {
+  for (uint32_t i = 0; i < kMaxMcastMembers; ++i)
+    ASSERT_TRUE(registry_->attach_mcast(kGroupA, 0x100 + i, proc_).has_value());
+  EXPECT_EQ(registry_->attach_mcast(kGroupA, 0x1000, proc_).error(), std::errc::not_enough_memory);
+  uint32_t members[kMaxMcastMembers];
+  EXPECT_EQ(registry_->mcast_members(kGroupA, members), kMaxMcastMembers);
+}
+
+TEST_F(HostRegistryTest, ReleasedQpsAndDeadProcessesLeaveTheirGroups) {
+  auto qpn = registry_->allocate_qpn(proc_, 0);
+  ASSERT_TRUE(qpn.has_value());
+  ASSERT_TRUE(registry_->attach_mcast(kGroupA, *qpn, proc_).has_value());
+  registry_->release_qpn(*qpn);
+  uint32_t members[kMaxMcastMembers];
+  EXPECT_EQ(registry_->mcast_members(kGroupA, members), 0u);
+
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  auto dead = registry_->register_process(static_cast<uint32_t>(child), 3);
+  ASSERT_TRUE(dead.has_value());
+  ASSERT_TRUE(registry_->attach_mcast(kGroupB, 0x30, *dead).has_value());
+  ASSERT_TRUE(registry_->attach_mcast(kGroupB, 0x31, proc_).has_value());
+  auto next = registry_->register_process(static_cast<uint32_t>(::getpid()), 4);
+  ASSERT_TRUE(next.has_value());
+  ASSERT_EQ(registry_->mcast_members(kGroupB, members), 1u);
+  EXPECT_EQ(members[0], 0x31u);
 }
 
 TEST(IbtaTimers, RnrTimerTableEndpoints) {

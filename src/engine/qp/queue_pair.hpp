@@ -37,6 +37,9 @@ struct QpInitAttr {
   uint32_t max_recv_sge;
   uint32_t max_inline_data;
   bool sq_sig_all;
+  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (UD): the QP's own multicast sends do
+  // not come back to it even when it is attached to the group.
+  bool block_self_multicast = false;
 };
 
 // The target a WQE goes to, resolved from a QPN.

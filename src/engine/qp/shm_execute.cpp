@@ -22,6 +22,8 @@ using Kind = ExecOutcome::Kind;
 ExecOutcome done(ibv_wc_status status) { return {Kind::kDone, status, 0}; }
 ExecOutcome no_response() { return {Kind::kNoResponse, IBV_WC_SUCCESS, 0}; }
 
+constexpr uint32_t kMulticastQpn = 0xFFFFFF;  // IBA: the destination QP of every multicast packet
+
 constexpr uint32_t kReceivableStates = (1u << IBV_QPS_RTR) | (1u << IBV_QPS_RTS) | (1u << IBV_QPS_SQD) | (1u << IBV_QPS_SQE);
 
 // Holds a target QP against destruction while an initiator works on it.
@@ -238,23 +240,27 @@ void build_grh(unsigned char* grh, const uint8_t* sgid, const uint8_t* dgid, uin
   }
 }
 
-ExecOutcome execute_ud(QueuePair& qp, SendWqe& wqe, const iovec* src, int nsrc, uint64_t length) {
+// A multicast GID: ff00::/8, or the IPv4-mapped form of 224.0.0.0/4 that
+// RoCE uses for IPv4 groups (the kernel's rdma_is_multicast_addr).
+bool is_multicast_gid(const uint8_t* gid) {
+  static constexpr uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (gid[0] == 0xff) return true;
+  return std::memcmp(gid, kMappedPrefix, 12) == 0 && (gid[12] & 0xF0) == 0xE0;
+}
+
+// Delivers one UD message to QP `qpn` on this host, or drops it silently as UD allows.
+void deliver_ud(QueuePair& qp, const SendWqe& wqe, const iovec* src, int nsrc, uint64_t length, uint32_t qpn) {
   Node& node = qp.node();
-  if (length > limits::kMtuBytes) return done(IBV_WC_LOC_LEN_ERR);
   const AddressVector& av = wqe.ah->av();
-  // Without a GRH, or to a GID that is not on this host, the message leaves
-  // for a network softhca does not reach yet: it is lost, as UD allows.
-  if (!av.is_global || !is_local_gid(std::span<const uint8_t, 16>(av.dgid, 16))) return done(IBV_WC_SUCCESS);
   TargetQp target;
-  if (!resolve(node, wqe.remote_qpn, target)) return done(IBV_WC_SUCCESS);
+  if (!resolve(node, qpn, target)) return;
   TargetUse use(target.qp);
   const uint32_t state = target.qp->state.load(std::memory_order_acquire);
-  if (target.qp->qp_type != IBV_QPT_UD || state >= 32 || !((1u << state) & kReceivableStates))
-    return done(IBV_WC_SUCCESS);
+  if (target.qp->qp_type != IBV_QPT_UD || state >= 32 || !((1u << state) & kReceivableStates)) return;
   const uint32_t qkey = (wqe.remote_qkey & 0x80000000u) ? qp.attrs().qkey : wqe.remote_qkey;
-  if (qkey != target.qp->qkey.load(std::memory_order_acquire)) return done(IBV_WC_SUCCESS);
+  if (qkey != target.qp->qkey.load(std::memory_order_acquire)) return;
   RecvClaim claim;
-  if (!take_recv(node, target, claim)) return done(IBV_WC_SUCCESS);
+  if (!take_recv(node, target, claim)) return;
   const shm::RecvWqe& rwqe = *claim.wqe();
   const uint64_t needed = limits::kUdGrhBytes + length;
   iovec dst[limits::kMaxSge];
@@ -278,6 +284,27 @@ ExecOutcome execute_ud(QueuePair& qp, SendWqe& wqe, const iovec* src, int nsrc, 
   cqe.sl = av.sl;
   cqe.solicited = (wqe.send_flags & IBV_SEND_SOLICITED) ? 1 : 0;
   push_target_cqe(node, target, cqe);
+}
+
+ExecOutcome execute_ud(QueuePair& qp, SendWqe& wqe, const iovec* src, int nsrc, uint64_t length) {
+  if (length > limits::kMtuBytes) return done(IBV_WC_LOC_LEN_ERR);
+  const AddressVector& av = wqe.ah->av();
+  if (av.is_global && wqe.remote_qpn == kMulticastQpn && is_multicast_gid(av.dgid)) {
+    // Multicast: a copy to every QP attached to the group on this host, the
+    // sender's own QP included when it is attached (multicast loopback, as
+    // rxe and mlx5 do and mckey expects) unless it was created with
+    // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB. Nothing leaves the host.
+    uint32_t members[host::kMaxMcastMembers];
+    const uint32_t n = qp.node().registry().mcast_members(av.dgid, members);
+    const bool skip_self = qp.init_attr().block_self_multicast;
+    for (uint32_t i = 0; i < n; ++i)
+      if (!skip_self || members[i] != qp.qpn()) deliver_ud(qp, wqe, src, nsrc, length, members[i]);
+    return done(IBV_WC_SUCCESS);
+  }
+  // Without a GRH, or to a GID that is not on this host, the message leaves
+  // for a network softhca does not reach yet: it is lost, as UD allows.
+  if (!av.is_global || !is_local_gid(std::span<const uint8_t, 16>(av.dgid, 16))) return done(IBV_WC_SUCCESS);
+  deliver_ud(qp, wqe, src, nsrc, length, wqe.remote_qpn);
   return done(IBV_WC_SUCCESS);
 }
 
