@@ -605,22 +605,26 @@ Result<void> Service::connect_locked(CmId* id, const ConnectRequest& req, std::v
   a.path.sgid_index = id->sgid_index_;
   fill_request_private_data(a.private_data, id->src_, id->dst_, req.private_data);
 
-  const auto listener = table_->find_listener(bind_key(id->ps_, id->dst_));
   auto step = id->conn_.connect(a);
   if (!step) return fail(step.error());
-  if (!listener) {
-    // Nobody listens there: answer as the target's CM would, with a REJ
-    // "invalid service ID".
-    RejMsg rej;
-    rej.remote_comm_id = id->comm_id_;
-    rej.reason = static_cast<uint16_t>(RejReason::kInvalidServiceId);
-    apply_step_locked(id, id->conn_.on_message(CmMessage(rej)), out);
-  } else {
-    id->peer_pid_ = listener->pid;
-    id->peer_path_ = listener->socket_path;
-    apply_step_locked(id, std::move(*step), out);
-  }
+  // Nobody listening answers as the target's CM would: REJ "invalid service ID".
+  RejMsg rej;
+  rej.remote_comm_id = id->comm_id_;
+  rej.reason = static_cast<uint16_t>(RejReason::kInvalidServiceId);
+  send_request_locked(id, std::move(*step), CmMessage(rej), out);
   return {};
+}
+
+void Service::send_request_locked(CmId* id, Step&& request, const CmMessage& if_nobody_listens,
+                                  std::vector<Outgoing>& out) {
+  const auto listener = table_->find_listener(bind_key(id->ps_, id->dst_));
+  if (!listener) {
+    apply_step_locked(id, id->conn_.on_message(if_nobody_listens), out);
+    return;
+  }
+  id->peer_pid_ = listener->pid;
+  id->peer_path_ = listener->socket_path;
+  apply_step_locked(id, std::move(request), out);
 }
 
 Result<void> Service::sidr_connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out) {
@@ -633,20 +637,13 @@ Result<void> Service::sidr_connect_locked(CmId* id, const ConnectRequest& req, s
   a.path.sgid_index = id->sgid_index_;
   fill_request_private_data(a.private_data, id->src_, id->dst_, req.private_data);
 
-  const auto listener = table_->find_listener(bind_key(id->ps_, id->dst_));
   auto step = id->conn_.sidr_request(a);
   if (!step) return fail(step.error());
-  if (!listener) {
-    // Nobody listens: the target's CM answers "unsupported service".
-    SidrRepMsg rep;
-    rep.request_id = id->comm_id_;
-    rep.status = static_cast<uint8_t>(SidrStatus::kUnsupported);
-    apply_step_locked(id, id->conn_.on_message(CmMessage(rep)), out);
-  } else {
-    id->peer_pid_ = listener->pid;
-    id->peer_path_ = listener->socket_path;
-    apply_step_locked(id, std::move(*step), out);
-  }
+  // Nobody listening: the target's CM answers "unsupported service".
+  SidrRepMsg rep;
+  rep.request_id = id->comm_id_;
+  rep.status = static_cast<uint8_t>(SidrStatus::kUnsupported);
+  send_request_locked(id, std::move(*step), CmMessage(rep), out);
   return {};
 }
 

@@ -247,6 +247,10 @@ class Service {
   CmId* find_listener_locked(const BindKey& dst);
   Result<void> connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
   Result<void> sidr_connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
+  // Sends a REQ/SIDR_REQ step to the listener of the id's destination, or, if
+  // nobody listens there, feeds the id the answer the target's CM would give.
+  void send_request_locked(CmId* id, Step&& request, const CmMessage& if_nobody_listens,
+                           std::vector<Outgoing>& out);
   int next_timeout_ms();
   void fire_timers();
   Result<void> bind_locked(CmId* id, const IpAddress& addr);
