@@ -194,7 +194,12 @@ rdma_event_channel* rdma_create_event_channel(void) {
 }
 
 void rdma_destroy_event_channel(rdma_event_channel* channel) {
-  if (channel != nullptr) free_channel(to_handle(channel));
+  if (channel == nullptr) return;
+  // Ids still on the channel go down with it, as the kernel destroys the ids
+  // of a closed rdma_cm file: their peers are told and their ports freed.
+  ChannelHandle* h = to_handle(channel);
+  if (cm::Service* svc = service()) svc->close_channel(h->impl.get());
+  free_channel(h);
 }
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
@@ -210,12 +215,13 @@ int rdma_destroy_id(rdma_cm_id* id) {
       rdma_ack_cm_event(h->id.event);
       h->id.event = nullptr;
     }
-    service()->destroy_id(h->impl);
+    auto destroyed = service()->destroy_id(h->impl);
     if (h->device_ref) device_pd_release();
     std::free(h->id.route.path_rec);
     if (h->sync_channel != nullptr) free_channel(h->sync_channel);
     delete h;
-    return 0;
+    // EBADF: its channel was destroyed first (the id went down with it).
+    return destroyed ? 0 : set_errno(destroyed.error());
   });
 }
 
@@ -465,7 +471,8 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
           if (listener != nullptr && listener->sync_channel != nullptr && h->sync_channel == nullptr) {
             // A synchronous listener's requests become synchronous ids.
             if (ChannelHandle* own = new_channel(svc)) {
-              svc->migrate_id(h->impl, own->impl.get());
+              // Cannot fail: the id's channel is the one being read.
+              (void)svc->migrate_id(h->impl, own->impl.get());
               h->sync_channel = own;
               h->id.channel = &own->channel;
             }
@@ -534,7 +541,10 @@ int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
       rdma_ack_cm_event(h->id.event);
       h->id.event = nullptr;
     }
-    svc->migrate_id(h->impl, to_handle(channel)->impl.get());
+    if (auto r = svc->migrate_id(h->impl, to_handle(channel)->impl.get()); !r) {
+      if (fresh != nullptr) free_channel(fresh);
+      return set_errno(r.error());
+    }
     if (h->sync_channel != nullptr) free_channel(h->sync_channel);
     h->sync_channel = fresh;
     h->id.channel = channel;

@@ -70,16 +70,16 @@ Result<Step> Connection::connect(const ConnectArgs& args) {
   req.local_qpn = neg_.local_qpn;
   req.responder_resources = args.responder_resources;
   req.initiator_depth = args.initiator_depth;
-  req.remote_cm_response_timeout = 20;  // the kernel's CMA_CM_RESPONSE_TIMEOUT
+  req.remote_cm_response_timeout = args.timeouts.response_timeout & 0x1F;
   req.transport = args.qp_type == IBV_QPT_UC ? TransportType::kUc : TransportType::kRc;
   req.end_to_end_flow_control = args.flow_control;
   req.starting_psn = neg_.local_psn;
-  req.local_cm_response_timeout = 20;
+  req.local_cm_response_timeout = args.timeouts.response_timeout & 0x1F;
   req.retry_count = neg_.retry_count;
   req.pkey = args.path.pkey;
   req.path_mtu = args.path.mtu;
   req.rnr_retry_count = neg_.rnr_retry_count;
-  req.max_cm_retries = 15;  // CMA_MAX_CM_RETRIES
+  req.max_cm_retries = args.timeouts.max_retries & 0xF;
   req.srq = args.srq;
   req.primary_local_gid = args.path.sgid;
   req.primary_remote_gid = args.path.dgid;
@@ -94,6 +94,10 @@ Result<Step> Connection::connect(const ConnectArgs& args) {
 
   state_ = ConnState::kReqSent;
   has_cm_ = true;
+  // ib_cm's active side: two packet lifetimes plus the peer's response time.
+  answer_ms_ = 2 * iba_time_ms(kPacketLifeTime) + iba_time_ms(req.remote_cm_response_timeout);
+  max_retries_ = req.max_cm_retries;
+  await_answer(CmMessage(req), answer_ms_, max_retries_);
   return Step{CmMessage(req), std::nullopt};
 }
 
@@ -119,6 +123,9 @@ Connection Connection::from_req(const ReqMsg& req, uint32_t local_comm_id, uint3
   c.neg_.remote_ca_guid = req.local_ca_guid;
   c.neg_.path = path;
   c.neg_.path.mtu = std::min<uint8_t>(req.path_mtu == 0 ? path.mtu : req.path_mtu, path.mtu);
+  // ib_cm's passive side waits as long as the REQ says its sender answers in.
+  c.answer_ms_ = iba_time_ms(req.local_cm_response_timeout);
+  c.max_retries_ = req.max_cm_retries;
 
   EventOut ev = event(CmEventType::kConnectRequest);
   ev.param.responder_resources = req.initiator_depth;
@@ -129,7 +136,7 @@ Connection Connection::from_req(const ReqMsg& req, uint32_t local_comm_id, uint3
   ev.param.srq = req.srq ? 1 : 0;
   ev.param.qp_num = req.local_qpn;
   set_event_private(ev, req.private_data, std::min(user_offset, kReqPrivateDataSize));
-  step = Step{std::nullopt, ev};
+  step = Step{CmMessage(c.make_mra()), ev};
   return c;
 }
 
@@ -159,6 +166,7 @@ Result<Step> Connection::accept(const AcceptArgs& args) {
   copy_private(rep.private_data, args.private_data);
 
   state_ = ConnState::kRepSent;
+  await_answer(CmMessage(rep), answer_ms_, max_retries_);
   return Step{CmMessage(rep), std::nullopt};
 }
 
@@ -176,6 +184,10 @@ Result<Step> Connection::sidr_request(const SidrArgs& args) {
   req.private_data = args.private_data;
   state_ = ConnState::kSidrReqSent;
   has_cm_ = true;
+  // rdma_cm's SIDR_REQ waits the response time alone.
+  answer_ms_ = iba_time_ms(args.timeouts.response_timeout & 0x1F);
+  max_retries_ = args.timeouts.max_retries & 0xF;
+  await_answer(CmMessage(req), answer_ms_, max_retries_);
   return Step{CmMessage(req), std::nullopt};
 }
 
@@ -286,10 +298,18 @@ Result<Step> Connection::disconnect() {
   dreq.remote_comm_id = remote_comm_id_;
   dreq.remote_qpn = neg_.remote_qpn;
   state_ = ConnState::kDreqSent;
+  await_answer(CmMessage(dreq), answer_ms_, max_retries_);
   return Step{CmMessage(dreq), std::nullopt};
 }
 
 Step Connection::on_rep(const RepMsg& rep) {
+  if (state_ == ConnState::kEstablished && rep.local_comm_id == remote_comm_id_) {
+    // The peer sent its REP again: our RTU is late or lost; repeat it.
+    RtuMsg rtu;
+    rtu.local_comm_id = local_comm_id_;
+    rtu.remote_comm_id = remote_comm_id_;
+    return Step{CmMessage(rtu), std::nullopt};
+  }
   if (state_ != ConnState::kReqSent) return Step{};  // a duplicate or a stale REP
   remote_comm_id_ = rep.local_comm_id;
   neg_.remote_qpn = rep.local_qpn;
@@ -355,12 +375,86 @@ Step Connection::on_message(const CmMessage& msg) {
   }
   if (const auto* dreq = std::get_if<DreqMsg>(&msg)) return on_dreq(*dreq);
   if (const auto* sidr = std::get_if<SidrRepMsg>(&msg)) return on_sidr_rep(*sidr);
+  if (const auto* mra = std::get_if<MraMsg>(&msg)) {
+    // The peer got our message and will answer within its service timeout:
+    // wait that long (plus a packet lifetime) before asking again.
+    const bool ours = (state_ == ConnState::kReqSent && mra->message_mraed == MraedMessage::kReq) ||
+                      (state_ == ConnState::kRepSent && mra->message_mraed == MraedMessage::kRep);
+    if (ours && awaited_) {
+      wait_ms_ = iba_time_ms(mra->service_timeout & 0x1F) + iba_time_ms(kPacketLifeTime);
+      ++generation_;
+    }
+    return Step{};
+  }
   if (std::holds_alternative<DrepMsg>(msg)) {
     if (state_ != ConnState::kDreqSent) return Step{};
     state_ = ConnState::kTimewait;
     return Step{std::nullopt, event(CmEventType::kDisconnected)};
   }
   return Step{};  // a REQ never reaches an existing connection
+}
+
+Step Connection::on_duplicate_req() const {
+  if (state_ != ConnState::kReqRcvd) return Step{};
+  return Step{CmMessage(make_mra()), std::nullopt};
+}
+
+MraMsg Connection::make_mra() const {
+  MraMsg mra;
+  mra.local_comm_id = local_comm_id_;
+  mra.remote_comm_id = remote_comm_id_;
+  mra.message_mraed = MraedMessage::kReq;
+  mra.service_timeout = kMraServiceTimeout;
+  return mra;
+}
+
+void Connection::await_answer(const CmMessage& msg, uint32_t timeout_ms, uint8_t retries) {
+  awaited_ = msg;
+  wait_ms_ = timeout_ms;
+  retries_left_ = retries;
+  ++generation_;
+}
+
+bool Connection::awaiting_state() const {
+  switch (state_) {
+    case ConnState::kReqSent:
+    case ConnState::kRepSent:
+    case ConnState::kDreqSent:
+    case ConnState::kSidrReqSent:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::optional<Retransmit> Connection::retransmit() const {
+  if (!awaited_ || !awaiting_state()) return std::nullopt;
+  return Retransmit{generation_, wait_ms_};
+}
+
+Step Connection::on_timeout(uint32_t generation) {
+  if (generation != generation_ || !retransmit()) return Step{};
+  if (retries_left_ > 0) {
+    --retries_left_;
+    ++generation_;
+    return Step{*awaited_, std::nullopt};
+  }
+  // Out of retries: what ib_cm reports, and rdma_cm turns into these events.
+  awaited_.reset();
+  switch (state_) {
+    case ConnState::kReqSent:
+    case ConnState::kSidrReqSent:
+      state_ = ConnState::kIdle;
+      return Step{std::nullopt, event(CmEventType::kUnreachable, -ETIMEDOUT)};
+    case ConnState::kRepSent:
+      state_ = ConnState::kTimewait;
+      return Step{std::nullopt, event(CmEventType::kUnreachable, -ETIMEDOUT)};
+    case ConnState::kDreqSent:
+      state_ = ConnState::kTimewait;
+      return Step{std::nullopt, event(CmEventType::kDisconnected, -ETIMEDOUT)};
+    default:
+      return Step{};
+  }
 }
 
 Step Connection::on_peer_lost() {

@@ -1,14 +1,14 @@
 // The connection side of one rdma_cm id: the IB CM state machine (IBTA vol. 1,
-// 12.9) as the Linux kernel's ib_cm runs it under rdma_cm, reduced to what a
-// reliable, in-order local transport needs (no MRA, no retransmission yet).
+// 12.9) as the Linux kernel's ib_cm runs it under rdma_cm.
 //
-// Pure: each call takes the current state and an input (a user request or a
-// received message) and returns a Step — at most one message to send to the
-// peer and at most one event to report — plus the new state. No I/O, no clock,
-// no locks; cm/service.cpp owns the ids and moves the bytes.
+// Pure: each call takes the current state and an input (a user request, a
+// received message, or a timer that expired) and returns a Step — at most one
+// message to send to the peer and at most one event to report — plus the new
+// state. No I/O, no clock, no locks; cm/service.cpp owns the ids, the timers
+// and moves the bytes.
 //
 //   active                         passive
-//   kIdle --connect--> kReqSent    (REQ) --> kReqRcvd         CONNECT_REQUEST
+//   kIdle --connect--> kReqSent    (REQ) --> kReqRcvd         CONNECT_REQUEST, MRA back
 //   kReqSent <--REP--              kReqRcvd --accept--> kRepSent
 //   kReqSent --REP--> kRepRcvd     CONNECT_RESPONSE (librdmacm turns it into
 //                                  ESTABLISHED after moving the QP to RTS)
@@ -16,6 +16,17 @@
 //   kEstablished --disconnect--> kDreqSent (DREQ) --> peer: DREP, DISCONNECTED
 //   kDreqSent --DREP--> kTimewait  DISCONNECTED
 //   REJ in kReqSent/kRepRcvd/kRepSent/kReqRcvd --> kIdle  REJECTED(reason)
+//
+// Messages that want an answer (REQ, REP, DREQ, SIDR_REQ) are sent again when
+// the answer does not come in time, and after the last retry the connection
+// gives up as ib_cm does: UNREACHABLE(-ETIMEDOUT) for a REQ, REP or SIDR_REQ,
+// DISCONNECTED(-ETIMEDOUT) and timewait for a DREQ. retransmit() says what to
+// wait for; the service arms a timer and calls on_timeout. The timeouts are the
+// kernel's: the active side waits 2 packet lifetimes plus the remote CM
+// response time of its REQ, the passive side the REQ's local CM response
+// time, both up to the REQ's max CM retries; an MRA stretches the wait to its
+// service timeout. The passive side sends an MRA for every REQ it reports (as
+// rdma_cm does before the application accepts) and again for a duplicate REQ.
 //
 // Values follow the kernel: REJECTED's status is the REJ reason (8 when nobody
 // listens, 28 for rdma_reject), the event private data lengths are the full
@@ -101,6 +112,30 @@ struct Step {
   std::optional<EventOut> event;
 };
 
+// IBTA time values (4.096 us * 2^n) in milliseconds, rounded as the kernel's
+// ib_cm does (2^(n-8), at least 1).
+constexpr uint32_t iba_time_ms(uint8_t exponent) { return 1U << (exponent > 8 ? exponent - 8 : 0); }
+
+// rdma_cm's settings (CMA_CM_RESPONSE_TIMEOUT, CMA_MAX_CM_RETRIES,
+// CMA_IBOE_PACKET_LIFETIME, CMA_CM_MRA_SETTING).
+inline constexpr uint8_t kDefaultCmResponseTimeout = 20;  // ~4.3 s
+inline constexpr uint8_t kDefaultMaxCmRetries = 15;
+inline constexpr uint8_t kPacketLifeTime = 16;           // ~268 ms
+inline constexpr uint8_t kMraServiceTimeout = 24;        // ~69 s
+
+// How long one side waits for its peer's CM, and how often it asks again.
+struct CmTimeouts {
+  uint8_t response_timeout = kDefaultCmResponseTimeout;  // 5 bits, IBTA exponent
+  uint8_t max_retries = kDefaultMaxCmRetries;            // 4 bits
+};
+
+// An answer being waited for: the timer to arm. `generation` names this wait;
+// a timer of an older generation is stale.
+struct Retransmit {
+  uint32_t generation = 0;
+  uint32_t timeout_ms = 0;
+};
+
 // The primary path of a connection, from the local side's point of view.
 struct PathInfo {
   Gid sgid{};
@@ -147,6 +182,7 @@ struct ConnectArgs {
   bool flow_control = false;
   ibv_qp_type qp_type = IBV_QPT_RC;
   PathInfo path;
+  CmTimeouts timeouts;
   // The REQ's whole private data: rdma_cm's IP header, then the user's bytes.
   std::array<uint8_t, kReqPrivateDataSize> private_data{};
 };
@@ -157,6 +193,7 @@ struct SidrArgs {
   uint64_t service_id = 0;
   uint16_t pkey = 0xFFFF;
   PathInfo path;
+  CmTimeouts timeouts;
   std::array<uint8_t, kSidrReqPrivateDataSize> private_data{};  // IP header + user bytes
 };
 
@@ -188,7 +225,8 @@ class Connection {
   // Active side. Errors: invalid_argument (not kIdle).
   Result<Step> connect(const ConnectArgs& args);
   // Passive side: a new connection from a REQ; reports CONNECT_REQUEST with
-  // the user's part of the private data (after `user_offset` header bytes).
+  // the user's part of the private data (after `user_offset` header bytes)
+  // and sends an MRA (rdma_cm's "the application will answer").
   static Connection from_req(const ReqMsg& req, uint32_t local_comm_id, uint32_t local_psn, const PathInfo& path,
                              std::size_t user_offset, Step& step);
   // Errors: invalid_argument (not kReqRcvd, private data too long).
@@ -218,6 +256,15 @@ class Connection {
   Result<Step> disconnect();
   // A message from the peer of this connection.
   Step on_message(const CmMessage& msg);
+  // The peer sent its REQ again (it has not heard from us): the MRA again
+  // while the application has not answered; nothing otherwise.
+  Step on_duplicate_req() const;
+
+  // The answer this connection waits for, if any.
+  std::optional<Retransmit> retransmit() const;
+  // The timer of wait `generation` expired: the message again, or giving up.
+  // A stale generation does nothing.
+  Step on_timeout(uint32_t generation);
   // The peer process is gone: what its CM would have sent while destroying
   // its end (REJ in the handshake, DREQ/DREP when connected).
   Step on_peer_lost();
@@ -235,6 +282,11 @@ class Connection {
   Step on_sidr_rep(const SidrRepMsg& rep);
   SidrRepMsg make_sidr_rep(SidrStatus status, std::span<const uint8_t> private_data) const;
   RejMsg make_rej(uint16_t reason, RejectedMessage which, std::span<const uint8_t> private_data) const;
+  MraMsg make_mra() const;
+  // Waits for the answer to `msg` (just sent) for `timeout_ms`, `retries` times more.
+  void await_answer(const CmMessage& msg, uint32_t timeout_ms, uint8_t retries);
+  // The states in which an answer is awaited.
+  bool awaiting_state() const;
 
   ConnState state_ = ConnState::kIdle;
   bool has_cm_ = false;
@@ -242,6 +294,15 @@ class Connection {
   uint32_t remote_comm_id_ = 0;
   uint64_t service_id_ = 0;  // SIDR: echoed in the SIDR_REP
   Negotiated neg_;
+
+  // Retransmission: what to send again, how long each wait lasts, how many
+  // more tries, and the current wait's generation.
+  uint32_t answer_ms_ = 0;    // one wait for an answer (before any MRA)
+  uint8_t max_retries_ = 0;
+  std::optional<CmMessage> awaited_;
+  uint32_t wait_ms_ = 0;
+  uint8_t retries_left_ = 0;
+  uint32_t generation_ = 0;
 };
 
 // ---- QP attributes (rdma_init_qp_attr) -------------------------------------

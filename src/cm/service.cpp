@@ -91,6 +91,29 @@ std::optional<IpAddress> kernel_source_for(const IpAddress& dst) {
   return out;
 }
 
+// The CM timeouts this process's requests carry: rdma_cm's, unless
+// SOFTHCA_CM_RESPONSE_TIMEOUT (an IBTA exponent, 0-31: 4.096 us * 2^n) or
+// SOFTHCA_CM_MAX_RETRIES (0-15) say otherwise. Read at each request, so a
+// test or a user with a slow peer can change them without restarting.
+CmTimeouts request_timeouts() {
+  CmTimeouts t;
+  auto read = [](const char* name, unsigned long max, uint8_t& out) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return;
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long n = std::strtoul(v, &end, 10);
+    if (errno != 0 || *end != '\0' || n > max) {
+      SOFTHCA_WARN("cm: ignoring %s=%s (want 0..%lu)", name, v, max);
+      return;
+    }
+    out = static_cast<uint8_t>(n);
+  };
+  read("SOFTHCA_CM_RESPONSE_TIMEOUT", 31, t.response_timeout);
+  read("SOFTHCA_CM_MAX_RETRIES", 15, t.max_retries);
+  return t;
+}
+
 // An IP multicast group (224.0.0.0/4, ff00::/8), which rdma_resolve_addr accepts as a destination.
 bool is_multicast(const IpAddress& ip) {
   return ip.family == AF_INET ? (ip.addr[12] & 0xF0) == 0xE0 : ip.addr[0] == 0xff;
@@ -178,24 +201,66 @@ void Service::run() {
 
 int Service::next_timeout_ms() {
   std::lock_guard g(mu_);
-  if (timewait_.empty()) return -1;
-  const auto left = timewait_.begin()->first - std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> next;
+  if (!timewait_.empty()) next = timewait_.begin()->first;
+  if (!retransmit_.empty() && (!next || retransmit_.begin()->first < *next)) next = retransmit_.begin()->first;
+  if (!next) return -1;
+  const auto left = *next - std::chrono::steady_clock::now();
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
   return ms <= 0 ? 0 : static_cast<int>(std::min<long long>(ms, 60'000));
 }
 
 void Service::fire_timers() {
-  std::lock_guard g(mu_);
-  const auto now = std::chrono::steady_clock::now();
-  while (!timewait_.empty() && timewait_.begin()->first <= now) {
-    const uint32_t comm = timewait_.begin()->second;
-    timewait_.erase(timewait_.begin());
-    auto it = ids_.find(comm);
-    if (it == ids_.end() || it->second->destroying_ || it->second->conn_.state() != ConnState::kTimewait) continue;
-    EventOut ev;
-    ev.type = CmEventType::kTimewaitExit;
-    push_event_locked(it->second->channel_, Event{it->second, nullptr, it->second, ev});
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard g(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    while (!timewait_.empty() && timewait_.begin()->first <= now) {
+      const uint32_t comm = timewait_.begin()->second;
+      timewait_.erase(timewait_.begin());
+      auto it = ids_.find(comm);
+      if (it == ids_.end() || it->second->destroying_ || it->second->conn_.state() != ConnState::kTimewait) continue;
+      EventOut ev;
+      ev.type = CmEventType::kTimewaitExit;
+      push_event_locked(it->second->channel_, Event{it->second, nullptr, it->second, ev});
+    }
+    while (!retransmit_.empty() && retransmit_.begin()->first <= now) {
+      const uint32_t comm = retransmit_.begin()->second;
+      retransmit_.erase(retransmit_.begin());
+      auto it = ids_.find(comm);
+      if (it == ids_.end()) continue;
+      CmId* id = it->second;
+      id->rt_timer_.reset();
+      if (id->destroying_) continue;
+      Step step = id->conn_.on_timeout(id->rt_generation_);
+      if (step.send)
+        SOFTHCA_DEBUG("cm: id %u: no answer to %s in time, sending it again", comm, message_name(*step.send));
+      apply_step_locked(id, std::move(step), out);
+    }
   }
+  send_all(std::move(out));
+}
+
+void Service::cancel_retransmit_timer_locked(CmId* id) {
+  if (!id->rt_timer_) return;
+  retransmit_.erase(*id->rt_timer_);
+  id->rt_timer_.reset();
+}
+
+void Service::sync_retransmit_timer_locked(CmId* id) {
+  const auto wait = id->conn_.retransmit();
+  if (!wait) {
+    cancel_retransmit_timer_locked(id);
+    return;
+  }
+  if (id->rt_timer_ && id->rt_generation_ == wait->generation) return;
+  cancel_retransmit_timer_locked(id);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait->timeout_ms);
+  // The CM thread sleeps until the earliest deadline; it must hear of an earlier one.
+  const bool earliest = retransmit_.empty() || deadline < retransmit_.begin()->first;
+  id->rt_timer_ = retransmit_.emplace(deadline, id->comm_id_);
+  id->rt_generation_ = wait->generation;
+  if (earliest) transport_->wake();
 }
 
 uint8_t Service::max_responder_resources() { return static_cast<uint8_t>(limits::kMaxQpRdAtom); }
@@ -252,11 +317,16 @@ Result<Event> Service::get_event(Channel* ch, bool nonblocking) {
 void Service::ack_event(CmId* counted) {
   std::lock_guard g(mu_);
   counted->acked_++;
+  if (counted->free_when_acked_ && counted->acked_ >= counted->delivered_) {
+    delete counted;
+    return;
+  }
   acked_cv_.notify_all();
 }
 
 bool Service::has_queued_event(CmId* id) {
   std::lock_guard g(mu_);
+  if (id->orphaned_) return false;
   return std::any_of(id->channel_->queue_.begin(), id->channel_->queue_.end(),
                      [id](const Event& e) { return e.id == id || e.counted == id; });
 }
@@ -274,10 +344,11 @@ void Service::drop_events_locked(CmId* id, std::vector<CmId*>& orphans) {
   reset_if_empty(ch->fd_, ch->signaled_, ch->queue_.empty());
 }
 
-void Service::migrate_id(CmId* id, Channel* to) {
+Result<void> Service::migrate_id(CmId* id, Channel* to) {
   std::unique_lock lk(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   Channel* from = id->channel_;
-  if (from == to) return;
+  if (from == to) return {};
   std::deque<Event> moved;
   std::erase_if(from->queue_, [&](const Event& e) {
     if (e.id != id && e.counted != id) return false;
@@ -291,6 +362,7 @@ void Service::migrate_id(CmId* id, Channel* to) {
   }
   acked_cv_.wait(lk, [id] { return id->acked_ >= id->delivered_; });
   id->channel_ = to;
+  return {};
 }
 
 // ---- ids ----------------------------------------------------------------------
@@ -322,31 +394,78 @@ void* Service::ensure_user(CmId* id, const std::function<void*()>& make) {
   return id->user_;
 }
 
-void Service::destroy_id(CmId* id) {
+Result<void> Service::destroy_id(CmId* id) {
   std::vector<Outgoing> out;
   {
     std::unique_lock lk(mu_);
+    if (id->orphaned_) {
+      // Torn down with its channel already. librdmacm would fail here too
+      // (its write to the closed channel fd); the memory is freed all the
+      // same, at once or when the last event handed out is acknowledged.
+      if (id->acked_ >= id->delivered_) {
+        delete id;
+      } else {
+        id->free_when_acked_ = true;
+      }
+      return fail(std::errc::bad_file_descriptor);
+    }
     destroy_locked(id, lk, out);
   }
   send_all(std::move(out));
+  return {};
 }
 
-void Service::destroy_locked(CmId* id, std::unique_lock<std::mutex>& lk, std::vector<Outgoing>& out) {
+void Service::tear_down_locked(CmId* id, std::vector<Outgoing>& out) {
   id->destroying_ = true;
   Step step = id->conn_.on_destroy();
   if (step.send && id->peer_pid_ != 0)
     out.push_back({id->peer_pid_, id->peer_path_, 0, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
-  std::vector<CmId*> orphans;
-  drop_events_locked(id, orphans);
+  cancel_retransmit_timer_locked(id);
   if (id->listening_) std::erase(listeners_, id);
   if (id->binding_ != 0) {
     table_->unbind(id->binding_);
     id->binding_ = 0;
   }
+}
+
+void Service::destroy_locked(CmId* id, std::unique_lock<std::mutex>& lk, std::vector<Outgoing>& out) {
+  tear_down_locked(id, out);
+  std::vector<CmId*> orphans;
+  drop_events_locked(id, orphans);
   acked_cv_.wait(lk, [id] { return id->acked_ >= id->delivered_; });
   ids_.erase(id->comm_id_);
   for (CmId* orphan : orphans) destroy_locked(orphan, lk, out);
   delete id;
+}
+
+void Service::close_channel(Channel* ch) {
+  std::vector<Outgoing> out;
+  {
+    std::unique_lock lk(mu_);
+    std::vector<CmId*> on_channel;
+    for (auto& [comm, id] : ids_)
+      if (id->channel_ == ch && !id->destroying_) on_channel.push_back(id);
+    // Requests not handed out yet have no application handle: free them.
+    std::vector<CmId*> undelivered;
+    for (const Event& e : ch->queue_)
+      if (e.out.type == CmEventType::kConnectRequest && e.id != e.counted) undelivered.push_back(e.id);
+    for (CmId* id : on_channel) {
+      if (std::find(undelivered.begin(), undelivered.end(), id) != undelivered.end()) continue;
+      tear_down_locked(id, out);
+      ids_.erase(id->comm_id_);
+      id->channel_ = nullptr;
+      id->orphaned_ = true;
+      id->pending_requests_ = 0;
+    }
+    ch->queue_.clear();
+    reset_if_empty(ch->fd_, ch->signaled_, true);
+    for (CmId* child : undelivered) {
+      tear_down_locked(child, out);
+      ids_.erase(child->comm_id_);
+      delete child;
+    }
+  }
+  send_all(std::move(out));
 }
 
 IdInfo Service::info(CmId* id) {
@@ -390,6 +509,7 @@ Result<void> Service::bind_locked(CmId* id, const IpAddress& addr) {
 
 Result<void> Service::bind(CmId* id, const IpAddress& addr) {
   std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   if (id->bound_ || id->addr_resolved_ || id->listening_ || id->conn_.has_cm()) return fail(std::errc::invalid_argument);
   return bind_locked(id, addr);
 }
@@ -397,6 +517,7 @@ Result<void> Service::bind(CmId* id, const IpAddress& addr) {
 Result<void> Service::resolve_addr(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst_in,
                                    int /*timeout_ms*/) {
   std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   if (id->listening_ || id->conn_.has_cm() || id->route_resolved_) return fail(std::errc::invalid_argument);
   if (dst_in.family != AF_INET && dst_in.family != AF_INET6) return fail(std::errc::address_family_not_supported);
   IpAddress dst = dst_in;
@@ -488,6 +609,7 @@ Result<void> Service::resolve_multicast_locked(CmId* id, const std::optional<IpA
 
 Result<void> Service::resolve_route(CmId* id, int /*timeout_ms*/) {
   std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   if (!id->addr_resolved_ || id->route_resolved_ || id->conn_.has_cm()) return fail(std::errc::invalid_argument);
   id->route_resolved_ = true;
   EventOut ev;
@@ -498,6 +620,7 @@ Result<void> Service::resolve_route(CmId* id, int /*timeout_ms*/) {
 
 Result<void> Service::join_multicast(CmId* id, const Gid& mgid, void* context) {
   std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   // The kernel's rdma_join_multicast wants an id bound to a device (a local
   // address bound, or an address resolved); softhca joins nothing on the
   // network, so the event comes at once.
@@ -513,6 +636,7 @@ Result<void> Service::join_multicast(CmId* id, const Gid& mgid, void* context) {
 
 Result<void> Service::listen(CmId* id, int backlog) {
   std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   const int effective = backlog > 0 ? std::min(backlog, kMaxBacklog) : kMaxBacklog;
   if (id->listening_) {
     id->backlog_ = effective;
@@ -556,12 +680,14 @@ void Service::apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& ou
       transport_->wake();  // the CM thread's poll picks up the new deadline
     }
   }
+  if (!id->destroying_) sync_retransmit_timer_locked(id);
 }
 
 Result<void> Service::connect(CmId* id, const ConnectRequest& req) {
   std::vector<Outgoing> out;
   {
     std::lock_guard g(mu_);
+    if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
     if (!id->route_resolved_ || id->conn_.has_cm()) return fail(std::errc::invalid_argument);
     auto r = id->qp_type_ == IBV_QPT_UD ? sidr_connect_locked(id, req, out) : connect_locked(id, req, out);
     if (!r) return r;
@@ -603,6 +729,7 @@ Result<void> Service::connect_locked(CmId* id, const ConnectRequest& req, std::v
   a.path.sgid = id->sgid_;
   a.path.dgid = id->dgid_;
   a.path.sgid_index = id->sgid_index_;
+  a.timeouts = request_timeouts();
   fill_request_private_data(a.private_data, id->src_, id->dst_, req.private_data);
 
   auto step = id->conn_.connect(a);
@@ -635,6 +762,7 @@ Result<void> Service::sidr_connect_locked(CmId* id, const ConnectRequest& req, s
   a.path.sgid = id->sgid_;
   a.path.dgid = id->dgid_;
   a.path.sgid_index = id->sgid_index_;
+  a.timeouts = request_timeouts();
   fill_request_private_data(a.private_data, id->src_, id->dst_, req.private_data);
 
   auto step = id->conn_.sidr_request(a);
@@ -651,6 +779,7 @@ Result<void> Service::accept(CmId* id, const AcceptRequest& req) {
   std::vector<Outgoing> out;
   {
     std::lock_guard g(mu_);
+    if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
     AcceptArgs a;
     a.qpn = req.qpn;
     a.srq = req.srq;
@@ -674,6 +803,7 @@ Result<void> Service::reject(CmId* id, std::span<const uint8_t> private_data, ui
   std::vector<Outgoing> out;
   {
     std::lock_guard g(mu_);
+    if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
     auto step = id->conn_.reject(private_data, reason);
     if (!step) return fail(step.error());
     apply_step_locked(id, std::move(*step), out);
@@ -686,6 +816,7 @@ Result<void> Service::establish(CmId* id) {
   std::vector<Outgoing> out;
   {
     std::lock_guard g(mu_);
+    if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
     auto step = id->conn_.establish();
     if (!step) return fail(step.error());
     apply_step_locked(id, std::move(*step), out);
@@ -696,6 +827,7 @@ Result<void> Service::establish(CmId* id) {
 
 Result<void> Service::notify_established(CmId* id) {
   std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   auto step = id->conn_.notify_established();
   if (!step) return fail(step.error());
   std::vector<Outgoing> out;
@@ -708,6 +840,7 @@ Result<bool> Service::disconnect(CmId* id) {
   bool expect = false;
   {
     std::lock_guard g(mu_);
+    if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
     auto step = id->conn_.disconnect();
     if (!step) return fail(step.error());
     apply_step_locked(id, std::move(*step), out);
@@ -721,6 +854,7 @@ Result<bool> Service::disconnect(CmId* id) {
 
 Result<QpAttrPlan> Service::init_qp_attr(CmId* id, ibv_qp_state target) {
   std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   return cm::init_qp_attr(id->conn_, id->qp_type_, 1, 0, kUdpQkey, target);
 }
 
@@ -877,8 +1011,13 @@ void Service::on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& o
 
 void Service::on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
   const ReqMsg& req = std::get<ReqMsg>(mad.msg);
-  for (auto& [comm, id] : ids_)
-    if (id->peer_pid_ == pid && id->conn_.remote_comm_id() == req.local_comm_id) return;  // a duplicate
+  for (auto& [comm, id] : ids_) {
+    if (id->peer_pid_ == pid && id->conn_.remote_comm_id() == req.local_comm_id) {
+      // A duplicate: the sender has not heard from us in time.
+      if (!id->destroying_) apply_step_locked(id, id->conn_.on_duplicate_req(), out);
+      return;
+    }
+  }
 
   auto reject = [&](RejReason reason) {
     RejMsg rej;
@@ -916,6 +1055,8 @@ void Service::on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
   ids_[child->comm_id_] = child;
   listener->pending_requests_++;
   push_event_locked(listener->channel_, Event{child, listener, listener, *step.event});
+  // The MRA: the application answers in its own time, not in the REQ's.
+  if (step.send) out.push_back({pid, std::string(), child->comm_id_, encode(Mad{next_tid_locked(child->comm_id_), *step.send})});
 }
 
 }  // namespace softhca::cm

@@ -125,9 +125,18 @@ class CmId {
   std::string peer_path_;
   CmId* listener_ = nullptr;  // for ids created by a CONNECT_REQUEST
 
+  // The retransmission timer armed for the connection's current wait.
+  std::optional<std::multimap<std::chrono::steady_clock::time_point, uint32_t>::iterator> rt_timer_;
+  uint32_t rt_generation_ = 0;
+
   uint64_t delivered_ = 0;
   uint64_t acked_ = 0;
   bool destroying_ = false;
+  // Its event channel was destroyed under it (channel_ is null): torn down
+  // as the kernel tears down the ids of a closed rdma_cm file; every call
+  // but destroy fails with EBADF.
+  bool orphaned_ = false;
+  bool free_when_acked_ = false;  // destroyed while events were still out
 };
 
 // rdma_connect's parameters after librdmacm's defaulting.
@@ -160,12 +169,17 @@ class Service {
   static Result<Service*> instance();
 
   Result<std::shared_ptr<Channel>> create_channel();
+  // rdma_destroy_event_channel: every id still on the channel is torn down
+  // as if destroyed (its peer told, its port released) but stays allocated
+  // for the application's handle; the channel's queued events are dropped.
+  void close_channel(Channel* channel);
 
   Result<CmId*> create_id(Channel* channel, uint16_t ps, ibv_qp_type qp_type, void* user);
   // Drops the id's undelivered events, tells its peer (REJ/DREQ as the kernel
   // does), releases its port, waits for its handed-out events to be
-  // acknowledged, and frees it.
-  void destroy_id(CmId* id);
+  // acknowledged, and frees it. Errors: bad_file_descriptor when its channel
+  // had been destroyed (it is freed all the same).
+  Result<void> destroy_id(CmId* id);
   // Sets the ABI handle of an id created by a CONNECT_REQUEST, unless set;
   // `make` runs under the service lock. Returns the handle.
   void* ensure_user(CmId* id, const std::function<void*()>& make);
@@ -206,7 +220,8 @@ class Service {
   Result<Event> get_event(Channel* channel, bool nonblocking);
   void ack_event(CmId* counted);
   // Moves the id (and its undelivered events) to another channel.
-  void migrate_id(CmId* id, Channel* to);
+  // Errors: bad_file_descriptor (its channel was destroyed).
+  Result<void> migrate_id(CmId* id, Channel* to);
   // Whether an event for the id waits in its channel.
   bool has_queued_event(CmId* id);
 
@@ -233,6 +248,12 @@ class Service {
   void push_event_locked(Channel* ch, Event ev);
   void apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& out);
   void destroy_locked(CmId* id, std::unique_lock<std::mutex>& lk, std::vector<Outgoing>& out);
+  // What destroying an id does on the wire and in the tables: the peer's
+  // message, the port, the listener entry, the timer.
+  void tear_down_locked(CmId* id, std::vector<Outgoing>& out);
+  // Arms, moves or cancels the id's retransmission timer to match its connection.
+  void sync_retransmit_timer_locked(CmId* id);
+  void cancel_retransmit_timer_locked(CmId* id);
   void drop_events_locked(CmId* id, std::vector<CmId*>& orphans);
   uint32_t next_comm_id_locked();
   uint64_t next_tid_locked(uint32_t comm_id);
@@ -262,6 +283,8 @@ class Service {
   std::unordered_map<uint32_t, CmId*> ids_;  // by local comm ID
   // TIMEWAIT_EXIT deadlines (comm IDs of connections in timewait).
   std::multimap<std::chrono::steady_clock::time_point, uint32_t> timewait_;
+  // Retransmission deadlines (comm IDs of connections waiting for an answer).
+  std::multimap<std::chrono::steady_clock::time_point, uint32_t> retransmit_;
   std::vector<CmId*> listeners_;
   uint32_t comm_id_seed_ = 0;
   uint64_t tid_counter_ = 0;

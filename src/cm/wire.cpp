@@ -242,6 +242,22 @@ void decode_payload(const Reader& r, DrepMsg& m) {
   r.bytes(8, m.private_data);
 }
 
+void encode_payload(Writer& w, const MraMsg& m) {
+  w.u32(0, m.local_comm_id);
+  w.u32(4, m.remote_comm_id);
+  w.bits(8, 0, 2, static_cast<unsigned>(m.message_mraed));
+  w.bits(9, 0, 5, m.service_timeout);
+  w.bytes(10, m.private_data);
+}
+
+void decode_payload(const Reader& r, MraMsg& m) {
+  m.local_comm_id = r.u32(0);
+  m.remote_comm_id = r.u32(4);
+  m.message_mraed = static_cast<MraedMessage>(r.bits(8, 0, 2));
+  m.service_timeout = static_cast<uint8_t>(r.bits(9, 0, 5));
+  r.bytes(10, m.private_data);
+}
+
 void encode_payload(Writer& w, const SidrReqMsg& m) {
   w.u32(0, m.request_id);
   w.u16(4, m.pkey);
@@ -299,13 +315,13 @@ uint64_t load64(const uint8_t* p) {
 
 AttrId attr_id_of(const CmMessage& msg) {
   static constexpr AttrId kIds[] = {AttrId::kReq,  AttrId::kRep,  AttrId::kRej,     AttrId::kRtu,
-                                    AttrId::kDreq, AttrId::kDrep, AttrId::kSidrReq, AttrId::kSidrRep};
+                                    AttrId::kDreq, AttrId::kDrep, AttrId::kSidrReq, AttrId::kSidrRep, AttrId::kMra};
   static_assert(std::variant_size_v<CmMessage> == std::size(kIds));
   return kIds[msg.index()];
 }
 
 const char* message_name(const CmMessage& msg) {
-  static constexpr const char* kNames[] = {"REQ", "REP", "REJ", "RTU", "DREQ", "DREP", "SIDR_REQ", "SIDR_REP"};
+  static constexpr const char* kNames[] = {"REQ", "REP", "REJ", "RTU", "DREQ", "DREP", "SIDR_REQ", "SIDR_REP", "MRA"};
   static_assert(std::variant_size_v<CmMessage> == std::size(kNames));
   return kNames[msg.index()];
 }
@@ -342,7 +358,9 @@ Result<Mad> decode(std::span<const uint8_t> bytes) {
     case AttrId::kDrep: return decode_as<DrepMsg>(b, tid);
     case AttrId::kSidrReq: return decode_as<SidrReqMsg>(b, tid);
     case AttrId::kSidrRep: return decode_as<SidrRepMsg>(b, tid);
-    case AttrId::kMra: return fail(std::errc::not_supported);
+    case AttrId::kMra: return decode_as<MraMsg>(b, tid);
+    case AttrId::kLap:
+    case AttrId::kApr: return fail(std::errc::not_supported);
   }
   return fail(std::errc::invalid_argument);
 }

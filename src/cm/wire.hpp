@@ -44,6 +44,8 @@ enum class AttrId : uint16_t {
   kDrep = 0x0016,
   kSidrReq = 0x0017,
   kSidrRep = 0x0018,
+  kLap = 0x0019,  // alternate paths: not implemented
+  kApr = 0x001A,
 };
 
 // Private data capacity of each message.
@@ -53,6 +55,7 @@ inline constexpr std::size_t kRejPrivateDataSize = 148;
 inline constexpr std::size_t kRtuPrivateDataSize = 224;
 inline constexpr std::size_t kDreqPrivateDataSize = 220;
 inline constexpr std::size_t kDrepPrivateDataSize = 224;
+inline constexpr std::size_t kMraPrivateDataSize = 222;
 inline constexpr std::size_t kRejAriSize = 72;
 
 // REJ reasons used here (IBTA table 109; the kernel's enum ib_cm_rej_reason).
@@ -171,6 +174,21 @@ struct DrepMsg {
   bool operator==(const DrepMsg&) const = default;
 };
 
+// MRA "message MRAed" field (2 bits).
+enum class MraedMessage : uint8_t { kReq = 0, kRep = 1, kLap = 2 };
+
+// Message receipt acknowledgement (table 107): "your message arrived, the
+// answer will take up to 4.096 us * 2^service_timeout".
+struct MraMsg {
+  uint32_t local_comm_id = 0;
+  uint32_t remote_comm_id = 0;
+  MraedMessage message_mraed = MraedMessage::kReq;
+  uint8_t service_timeout = 0;     // 5 bits
+  std::array<uint8_t, kMraPrivateDataSize> private_data{};
+
+  bool operator==(const MraMsg&) const = default;
+};
+
 // Service ID resolution (UD): table 119 and 120.
 inline constexpr std::size_t kSidrReqPrivateDataSize = 216;
 inline constexpr std::size_t kSidrRepPrivateDataSize = 136;
@@ -209,7 +227,7 @@ struct SidrRepMsg {
   bool operator==(const SidrRepMsg&) const = default;
 };
 
-using CmMessage = std::variant<ReqMsg, RepMsg, RejMsg, RtuMsg, DreqMsg, DrepMsg, SidrReqMsg, SidrRepMsg>;
+using CmMessage = std::variant<ReqMsg, RepMsg, RejMsg, RtuMsg, DreqMsg, DrepMsg, SidrReqMsg, SidrRepMsg, MraMsg>;
 
 // One MAD: the transaction ID of the common header plus the CM payload.
 struct Mad {
@@ -224,7 +242,7 @@ const char* message_name(const CmMessage& msg);
 
 MadBytes encode(const Mad& mad);
 // Errors: invalid_argument (not 256 bytes, not a CM MAD we understand),
-// not_supported (a CM attribute we do not implement: MRA, LAP, APR).
+// not_supported (a CM attribute we do not implement: LAP, APR).
 Result<Mad> decode(std::span<const uint8_t> bytes);
 
 // ---- rdma_cm's IP addressing header (struct cma_hdr in the kernel) ---------

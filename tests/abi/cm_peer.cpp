@@ -1,7 +1,9 @@
 // A passive rdma_cm peer for cm_api_test, run as a separate process so that
 // the test can kill it: listens on 127.0.0.1:PORT, prints READY, and then
-//   accept PORT  accepts the first request (no QP), prints ESTABLISHED, waits
-//   hold PORT    prints REQUEST on the first request and never answers
+//   accept PORT       accepts the first request (no QP), prints ESTABLISHED, waits
+//   hold PORT         prints REQUEST on the first request and never answers
+//   late PORT MS      like accept, but prints REQUEST and waits MS milliseconds
+//                     before accepting (longer than the requester's REQ timeout)
 // Waiting ends only by a signal. Exit status 2 on any setup failure.
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
@@ -25,11 +27,12 @@ rdma_cm_event* next_event(rdma_event_channel* ch) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s accept|hold PORT\n", argv[0]);
+  const bool late = argc == 4 && std::strcmp(argv[1], "late") == 0;
+  if (argc != 3 && !late) {
+    std::fprintf(stderr, "usage: %s accept|hold PORT | late PORT MS\n", argv[0]);
     return 2;
   }
-  const bool accept = std::strcmp(argv[1], "accept") == 0;
+  const bool accept = late || std::strcmp(argv[1], "accept") == 0;
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* listener = nullptr;
   if (ch == nullptr || rdma_create_id(ch, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
@@ -49,6 +52,11 @@ int main(int argc, char** argv) {
     std::printf("REQUEST\n");
     std::fflush(stdout);
     for (;;) pause();
+  }
+  if (late) {
+    std::printf("REQUEST\n");
+    std::fflush(stdout);
+    usleep(static_cast<useconds_t>(std::atoi(argv[3])) * 1000);
   }
   rdma_conn_param param{};
   param.qp_num = 0x123;

@@ -185,6 +185,27 @@ TEST(CmWire, RtuDreqDrepGoldenBytes) {
   }
 }
 
+TEST(CmWire, MraGoldenBytes) {
+  // Table 107: comm IDs, then "message MRAed" in the top 2 bits of byte 8 and
+  // the service timeout in the top 5 bits of byte 9; private data from 10.
+  MraMsg mra;
+  mra.local_comm_id = 0x01020304;
+  mra.remote_comm_id = 0x05060708;
+  mra.message_mraed = MraedMessage::kRep;
+  mra.service_timeout = 24;  // rdma_cm's setting
+  mra.private_data[0] = 0x5A;
+  mra.private_data[221] = 0xA5;
+  MadBytes want = mad_header(6, 0x0011);
+  put(want, 0, {1, 2, 3, 4, 5, 6, 7, 8, 0x40, 0xC0, 0x5A});
+  want[P(10 + 221)] = 0xA5;
+  EXPECT_EQ(encode(Mad{6, CmMessage(mra)}), want);
+  auto back = decode(want);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->tid, 6U);
+  EXPECT_EQ(std::get<MraMsg>(back->msg), mra);
+  EXPECT_STREQ(message_name(back->msg), "MRA");
+}
+
 TEST(CmWire, SidrGoldenBytes) {
   SidrReqMsg req;
   req.request_id = 0x0A0B0C0D;
@@ -232,9 +253,9 @@ TEST(CmWire, DecodeRejectsWhatIsNotACmMad) {
     bad[byte] ^= 0x40;
     EXPECT_EQ(decode(bad).error(), std::errc::invalid_argument) << "header byte " << byte;
   }
-  MadBytes mra = ok;
-  mra[17] = 0x11;  // MRA: understood as CM, not implemented
-  EXPECT_EQ(decode(mra).error(), std::errc::not_supported);
+  MadBytes lap = ok;
+  lap[17] = 0x19;  // LAP: understood as CM, not implemented
+  EXPECT_EQ(decode(lap).error(), std::errc::not_supported);
   MadBytes unknown = ok;
   unknown[17] = 0x7F;
   EXPECT_EQ(decode(unknown).error(), std::errc::invalid_argument);
