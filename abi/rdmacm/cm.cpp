@@ -30,6 +30,7 @@ void fill_path_record(const cm::IdInfo& info, ibv_sa_path_rec& rec) {
   std::memcpy(rec.dgid.raw, info.dgid.data(), 16);
   std::memcpy(rec.sgid.raw, info.sgid.data(), 16);
   rec.hop_limit = 64;
+  rec.traffic_class = info.traffic_class;
   rec.reversible = 1;
   rec.numb_path = 1;
   rec.pkey = htobe16(info.pkey);
@@ -38,7 +39,7 @@ void fill_path_record(const cm::IdInfo& info, ibv_sa_path_rec& rec) {
   rec.rate_selector = 2;
   rec.rate = IBV_RATE_100_GBPS;
   rec.packet_life_time_selector = 2;
-  rec.packet_life_time = 13;
+  rec.packet_life_time = cm::kPacketLifeTime;  // what the CM's timeouts assume
 }
 
 ChannelHandle* new_channel(cm::Service* svc) {
@@ -557,8 +558,16 @@ int rdma_set_option(rdma_cm_id* id, int level, int optname, void* optval, size_t
   if (level == RDMA_OPTION_ID) {
     switch (optname) {
       case RDMA_OPTION_ID_TOS:
-      case RDMA_OPTION_ID_ACK_TIMEOUT:
-        return optlen == sizeof(uint8_t) && optval != nullptr ? 0 : set_errno(EINVAL);
+      case RDMA_OPTION_ID_ACK_TIMEOUT: {
+        if (optlen != sizeof(uint8_t) || optval == nullptr) return set_errno(EINVAL);
+        const uint8_t value = *static_cast<const uint8_t*>(optval);
+        return cm_call([&] {
+          IdHandle* h = to_handle(id);
+          auto r = optname == RDMA_OPTION_ID_TOS ? service()->set_tos(h->impl, value)
+                                                 : service()->set_ack_timeout(h->impl, value);
+          return r ? 0 : set_errno(r.error());
+        });
+      }
       case RDMA_OPTION_ID_REUSEADDR:
       case RDMA_OPTION_ID_AFONLY:
         return optlen == sizeof(int) && optval != nullptr ? 0 : set_errno(EINVAL);

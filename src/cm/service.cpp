@@ -477,6 +477,7 @@ IdInfo Service::info(CmId* id) {
   i.sgid_index = id->sgid_index_;
   i.sgid = id->sgid_;
   i.dgid = id->dgid_;
+  i.traffic_class = id->traffic_class_;
   i.conn_state = id->conn_.state();
   i.negotiated = id->conn_.negotiated();
   i.listening = id->listening_;
@@ -612,6 +613,7 @@ Result<void> Service::resolve_route(CmId* id, int /*timeout_ms*/) {
   if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   if (!id->addr_resolved_ || id->route_resolved_ || id->conn_.has_cm()) return fail(std::errc::invalid_argument);
   id->route_resolved_ = true;
+  id->traffic_class_ = id->tos_;
   EventOut ev;
   ev.type = CmEventType::kRouteResolved;
   push_event_locked(id->channel_, Event{id, nullptr, id, ev});
@@ -729,6 +731,7 @@ Result<void> Service::connect_locked(CmId* id, const ConnectRequest& req, std::v
   a.path.sgid = id->sgid_;
   a.path.dgid = id->dgid_;
   a.path.sgid_index = id->sgid_index_;
+  a.path.traffic_class = id->traffic_class_;
   a.timeouts = request_timeouts();
   fill_request_private_data(a.private_data, id->src_, id->dst_, req.private_data);
 
@@ -852,10 +855,27 @@ Result<bool> Service::disconnect(CmId* id) {
   return expect;
 }
 
+Result<void> Service::set_ack_timeout(CmId* id, uint8_t timeout) {
+  std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
+  if (id->qp_type_ != IBV_QPT_RC) return fail(std::errc::invalid_argument);
+  id->ack_timeout_ = timeout;
+  return {};
+}
+
+Result<void> Service::set_tos(CmId* id, uint8_t tos) {
+  std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
+  id->tos_ = tos;
+  return {};
+}
+
 Result<QpAttrPlan> Service::init_qp_attr(CmId* id, ibv_qp_state target) {
   std::lock_guard g(mu_);
   if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
-  return cm::init_qp_attr(id->conn_, id->qp_type_, 1, 0, kUdpQkey, target);
+  auto plan = cm::init_qp_attr(id->conn_, id->qp_type_, 1, 0, kUdpQkey, target);
+  if (plan && id->ack_timeout_ && (plan->mask & IBV_QP_TIMEOUT) != 0) plan->attr.timeout = *id->ack_timeout_;
+  return plan;
 }
 
 // ---- the CM thread's side -------------------------------------------------------

@@ -84,6 +84,7 @@ struct IdInfo {
   Gid sgid{};
   Gid dgid{};
   uint16_t pkey = 0xFFFF;
+  uint8_t traffic_class = 0;
   ConnState conn_state = ConnState::kIdle;
   Negotiated negotiated;
   bool listening = false;
@@ -118,6 +119,9 @@ class CmId {
   uint8_t sgid_index_ = 0;
   Gid sgid_{};
   Gid dgid_{};
+  std::optional<uint8_t> ack_timeout_;  // rdma_set_option's, for the RC QP at RTS
+  uint8_t tos_ = 0;                     // rdma_set_option's type of service
+  uint8_t traffic_class_ = 0;           // the route's: tos_ when the route was resolved
 
   // IB CM level
   Connection conn_;
@@ -225,6 +229,14 @@ class Service {
   // Whether an event for the id waits in its channel.
   bool has_queued_event(CmId* id);
 
+  // rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT): init_qp_attr gives the id's
+  // QP this local ACK timeout (an IBTA exponent) at RTS instead of the
+  // path's, as the kernel's rdma_set_ack_timeout does. Errors:
+  // invalid_argument (not an RC id), bad_file_descriptor (channel destroyed).
+  Result<void> set_ack_timeout(CmId* id, uint8_t timeout);
+  // rdma_set_option(RDMA_OPTION_ID_TOS): the traffic class of the route
+  // resolved after it. Errors: bad_file_descriptor (channel destroyed).
+  Result<void> set_tos(CmId* id, uint8_t tos);
   Result<QpAttrPlan> init_qp_attr(CmId* id, ibv_qp_state target);
   IdInfo info(CmId* id);
 

@@ -311,6 +311,75 @@ TEST_F(CmApi, NonblockingChannelAndPollableFd) {
   fcntl(ch_->fd, F_SETFL, flags);
 }
 
+TEST_F(CmApi, AckTimeoutAndTosOptionsReachTheQps) {
+  uint16_t port = 0;
+  rdma_cm_id* listener = listen_any(port);
+  rdma_cm_id* client = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &client, nullptr, RDMA_PS_TCP), 0);
+  uint8_t tos = 32;
+  ASSERT_EQ(rdma_set_option(client, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos), 0);
+  sockaddr_in dst = loopback(port);
+  ASSERT_EQ(rdma_resolve_addr(client, nullptr, sa(dst), 2000), 0);
+  rdma_cm_event* ev = expect_event(ch_, RDMA_CM_EVENT_ADDR_RESOLVED);
+  ASSERT_NE(ev, nullptr);
+  rdma_ack_cm_event(ev);
+  ASSERT_EQ(rdma_resolve_route(client, 2000), 0);
+  ev = expect_event(ch_, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  ASSERT_NE(ev, nullptr);
+  rdma_ack_cm_event(ev);
+  ASSERT_NE(client->route.path_rec, nullptr);
+  EXPECT_EQ(client->route.path_rec->traffic_class, 32);
+  uint8_t ack_timeout = 21;
+  ASSERT_EQ(rdma_set_option(client, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout, 1), 0);
+  EXPECT_EQ(rdma_set_option(client, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout, 4), -1);
+  EXPECT_EQ(errno, EINVAL);
+
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  ASSERT_EQ(rdma_create_qp(client, nullptr, &attr), 0);
+  rdma_conn_param param{};
+  param.responder_resources = param.initiator_depth = 1;
+  ASSERT_EQ(rdma_connect(client, &param), 0);
+  ev = expect_event(ch_, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(ev, nullptr);
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  ASSERT_EQ(rdma_create_qp(child, nullptr, &attr), 0);
+  ASSERT_EQ(rdma_accept(child, &param), 0);
+  for (int i = 0; i < 2; ++i) {
+    ev = expect_event(ch_, RDMA_CM_EVENT_ESTABLISHED);
+    ASSERT_NE(ev, nullptr);
+    rdma_ack_cm_event(ev);
+  }
+
+  // The option's timeout on the side that set it, the path's on the other;
+  // the type of service as the traffic class of both (the REQ carries it).
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(client->qp, &qa, IBV_QP_TIMEOUT | IBV_QP_AV, &qi), 0);
+  EXPECT_EQ(qa.timeout, 21);
+  EXPECT_EQ(qa.ah_attr.grh.traffic_class, 32);
+  ASSERT_EQ(ibv_query_qp(child->qp, &qa, IBV_QP_TIMEOUT | IBV_QP_AV, &qi), 0);
+  EXPECT_EQ(qa.timeout, 14);
+  EXPECT_EQ(qa.ah_attr.grh.traffic_class, 32);
+
+  // Only RC ids have an ACK timeout.
+  rdma_cm_id* ud = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &ud, nullptr, RDMA_PS_UDP), 0);
+  errno = 0;
+  EXPECT_EQ(rdma_set_option(ud, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout, 1), -1);
+  EXPECT_EQ(errno, EINVAL);
+
+  rdma_destroy_qp(client);
+  rdma_destroy_qp(child);
+  EXPECT_EQ(rdma_destroy_id(ud), 0);
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+  EXPECT_EQ(rdma_destroy_id(client), 0);
+  EXPECT_EQ(rdma_destroy_id(listener), 0);
+}
+
 TEST_F(CmApi, AddressErrors) {
   uint16_t port = 0;
   rdma_cm_id* listener = listen_any(port);
