@@ -8,6 +8,7 @@
 # contexts of one device, the one-process shm path and the extended verbs.
 set -euo pipefail
 libdir=${1:?usage: pyverbs.sh LIBDIR [tests...]}
+libdir=$(cd "$libdir" && pwd)  # the suite runs from a scratch directory
 shift
 src=/usr/share/doc/rdma-core/tests
 [[ -d $src ]] || { echo "pyverbs.sh: $src missing (apt-get install python3-pyverbs)"; exit 77; }
