@@ -114,7 +114,8 @@ char* Node::segment_base(uint32_t proc) {
   return peers_.map(pid, slot.segment_fd, slot.start_time);
 }
 
-void Node::notify(uint32_t proc, const shm::Event& event) {
+void Node::notify(uint32_t proc, uint32_t pid, const shm::Event& event) {
+  if (proc != proc_ && registry_->proc(proc).pid.load(std::memory_order_acquire) != pid) return;
   char* base = segment_base(proc);
   if (base == nullptr) return;
   auto* header = reinterpret_cast<shm::SegmentHeader*>(base);

@@ -79,7 +79,9 @@ class Node {
   uint32_t pid_of(uint32_t proc) const { return registry_->proc(proc).pid.load(std::memory_order_acquire); }
 
   // Queues an event for the owner of `proc` and rings its doorbell.
-  void notify(uint32_t proc, const shm::Event& event);
+  // Only while process `pid` still holds registry slot `proc`: a reclaimed
+  // slot may belong to a newcomer that knows nothing of the event's object.
+  void notify(uint32_t proc, uint32_t pid, const shm::Event& event);
 
   ObjectTable<CompletionQueue>& cqs() { return cqs_; }
   ObjectTable<QueuePair>& qps() { return qps_; }

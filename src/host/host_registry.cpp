@@ -85,6 +85,10 @@ bool HostRegistry::process_alive(uint32_t index) const {
   return process_start_time(pid) == slot.start_time;
 }
 
+bool HostRegistry::process_alive(uint32_t index, uint32_t pid) const {
+  return layout_->procs[index].pid.load(std::memory_order_acquire) == pid && process_alive(index);
+}
+
 void HostRegistry::release_process_objects_locked(uint32_t proc) {
   for (auto& qp : layout_->qps)
     if (qp.qpn.load(std::memory_order_relaxed) != 0 && qp.proc == proc) qp.qpn.store(0, std::memory_order_release);

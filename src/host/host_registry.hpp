@@ -127,6 +127,9 @@ class HostRegistry {
 
   const ProcSlot& proc(uint32_t index) const { return layout_->procs[index]; }
   bool process_alive(uint32_t index) const;
+  // Whether process `pid`, seen in slot `index` earlier, still runs. False
+  // once the slot was reclaimed, even if a new process has taken it since.
+  bool process_alive(uint32_t index, uint32_t pid) const;
 
   AtomicStripe& atomic_stripe(uint64_t pid, uint64_t addr);
 

@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <optional>
+
 #include "loopback.hpp"
 
 namespace loopback {
@@ -256,7 +258,20 @@ struct KillParam {
   int child_receives;  // receive WQEs the child leaves posted
   ibv_wr_opcode opcode;
   const char* name;
+  // Before the operation, a new process opens the device: the registry
+  // reclaims the dead peer's slot, and the newcomer may take it over.
+  bool newcomer = false;
 };
+
+// A process that opens the device, says so, and waits for the parent.
+int newcomer_child(int rfd, int wfd) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  if (!write_all(wfd, "R", 1)) return 16;
+  char c;
+  read_all(rfd, &c, 1, Millis{30000});
+  return 0;
+}
 
 int victim_child(int rfd, int wfd, int receives) {
   Device dev;
@@ -325,6 +340,12 @@ TEST_P(PeerKilled, NextOperationIsRetryExceeded) {
       ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
     }
     child.kill_now();
+    std::optional<Child> newcomer;
+    if (param.newcomer) {
+      newcomer.emplace(newcomer_child);
+      ASSERT_TRUE(newcomer->ok());
+      ASSERT_TRUE(read_all(newcomer->rfd, &ready, 1, kDeadline));
+    }
 
     ibv_send_wr wr = make(2);
     const auto start = Clock::now();
@@ -343,7 +364,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, PeerKilled,
                          ::testing::Values(KillParam{4, IBV_WR_SEND, "SendReceivesPosted"},
                                            KillParam{0, IBV_WR_SEND, "SendNoReceive"},
                                            KillParam{0, IBV_WR_RDMA_WRITE, "Write"},
-                                           KillParam{0, IBV_WR_RDMA_READ, "Read"}),
+                                           KillParam{0, IBV_WR_RDMA_READ, "Read"},
+                                           KillParam{0, IBV_WR_RDMA_WRITE, "WriteAfterANewProcessCame", true}),
                          [](const ::testing::TestParamInfo<KillParam>& info) { return info.param.name; });
 
 }  // namespace

@@ -97,6 +97,13 @@ TEST_F(HostRegistryTest, DeadProcessResourcesAreReclaimed) {
   // The next registration sweeps dead owners.
   auto next = registry_->register_process(static_cast<uint32_t>(::getpid()), 4);
   ASSERT_TRUE(next.has_value());
+  // A live process may now hold the dead one's slot: asked by pid, the dead
+  // one is still dead.
+  if (*next == *dead) {
+    EXPECT_TRUE(registry_->process_alive(*dead));
+  }
+  EXPECT_FALSE(registry_->process_alive(*dead, static_cast<uint32_t>(child)));
+  EXPECT_TRUE(registry_->process_alive(*next, static_cast<uint32_t>(::getpid())));
   EXPECT_EQ(registry_->find_qp(*qpn), nullptr);
   MrRecord mr;
   EXPECT_FALSE(registry_->lookup_mr(*key, mr));

@@ -95,7 +95,7 @@ bool remote_range(Node& node, const TargetQp& target, uint32_t rkey, uint64_t ad
 }
 
 void raise_on_target(Node& node, const TargetQp& target, uint32_t detail) {
-  node.notify(target.proc, shm::Event{static_cast<uint32_t>(shm::EventKind::kQpAsync), target.qp->owner_qp_id, detail, 0});
+  node.notify(target.proc, target.pid, shm::Event{static_cast<uint32_t>(shm::EventKind::kQpAsync), target.qp->owner_qp_id, detail, 0});
 }
 
 // The responder QP detected an error: it moves to ERROR; its owner flushes it
@@ -116,10 +116,10 @@ void push_target_cqe(Node& node, const TargetQp& target, const shm::Cqe& cqe) {
     case shm::SharedCq::Push::kOk:
       return;
     case shm::SharedCq::Push::kOkNotify:
-      node.notify(target.proc, shm::Event{static_cast<uint32_t>(shm::EventKind::kCqNotify), cq->owner_cq_id, 0, 0});
+      node.notify(target.proc, target.pid, shm::Event{static_cast<uint32_t>(shm::EventKind::kCqNotify), cq->owner_cq_id, 0, 0});
       return;
     case shm::SharedCq::Push::kOverrun:
-      node.notify(target.proc, shm::Event{static_cast<uint32_t>(shm::EventKind::kCqError), cq->owner_cq_id, 0, 0});
+      node.notify(target.proc, target.pid, shm::Event{static_cast<uint32_t>(shm::EventKind::kCqError), cq->owner_cq_id, 0, 0});
       return;
   }
 }
@@ -135,9 +135,10 @@ void mark_established(Node& node, const TargetQp& target) {
 // NAK. Its segment stays mapped here, but the host registry reclaims its MRs
 // whenever another process registers, so without this check a dead peer would
 // show up as RNR forever (rnr_retry 7) or as a spurious REM_ACCESS_ERR. Only
-// asked on those slow paths (it reads /proc).
+// asked on those slow paths (it reads /proc). By pid: once the dead peer's
+// registry slot is reclaimed, a new process may hold the same slot.
 bool target_gone(Node& node, const TargetQp& target) {
-  return target.proc != node.proc() && !node.registry().process_alive(target.proc);
+  return target.proc != node.proc() && !node.registry().process_alive(target.proc, target.pid);
 }
 
 // The responder had no receive WQE: an RNR NAK, if anyone is there to send it.
@@ -163,7 +164,7 @@ bool take_recv(Node& node, const TargetQp& target, RecvClaim& claim) {
   uint32_t limit = rq->limit.load(std::memory_order_relaxed);
   if (limit != 0 && remaining < limit && rq->owner_srq_id != 0 &&
       rq->limit.compare_exchange_strong(limit, 0, std::memory_order_acq_rel))
-    node.notify(target.proc, shm::Event{static_cast<uint32_t>(shm::EventKind::kSrqLimit), rq->owner_srq_id, 0, 0});
+    node.notify(target.proc, target.pid, shm::Event{static_cast<uint32_t>(shm::EventKind::kSrqLimit), rq->owner_srq_id, 0, 0});
   return true;
 }
 
