@@ -43,6 +43,7 @@ void fill_ops(ContextHandle& h) {
   ops.post_srq_recv = post_srq_recv_op;
   v.query_port = query_port_op;
   v.query_device_ex = query_device_ex_op;
+  v.query_rt_values = query_rt_values_op;
   v.create_cq_ex = create_cq_ex_op;
   v.create_qp_ex = create_qp_ex_op;
   v.ibv_create_flow = create_flow_unsupported;

@@ -11,8 +11,11 @@
 //               start_poll that returned ENOENT) does nothing.
 // The readers return fields of `current`. They answer for every field, also
 // ones the wc_flags did not ask for (rdma-core providers leave those NULL);
-// fields this device never produces (timestamps, cvlan, flow tag, tag
-// matching) read as 0 — their wc_flags are refused at creation.
+// fields this device never produces (wall-clock timestamps, cvlan, flow tag,
+// tag matching) read as 0 — their wc_flags are refused at creation. The
+// completion timestamp is the device's free-running clock (ns, see
+// ibv_query_device_ex's hca_core_clock), recorded only for CQs created with
+// IBV_WC_EX_WITH_COMPLETION_TIMESTAMP.
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -29,7 +32,8 @@ using namespace softhca::abi;
 namespace {
 
 // The work-completion fields the engine records for every completion.
-constexpr uint64_t kSupportedWcFlags = IBV_WC_STANDARD_FLAGS;
+constexpr uint64_t kSupportedWcFlags =
+    uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP};
 constexpr uint32_t kSupportedCreateFlags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
 constexpr uint32_t kSupportedCompMask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
 
@@ -90,8 +94,8 @@ unsigned int read_wc_flags(ibv_cq_ex* cq) { return handle_of(cq).current.wc_flag
 uint32_t read_slid(ibv_cq_ex* cq) { return handle_of(cq).current.slid; }
 uint8_t read_sl(ibv_cq_ex* cq) { return handle_of(cq).current.sl; }
 uint8_t read_dlid_path_bits(ibv_cq_ex* cq) { return handle_of(cq).current.dlid_path_bits; }
+uint64_t read_completion_ts(ibv_cq_ex* cq) { return handle_of(cq).current.timestamp; }
 // Not produced by this device (their wc_flags are refused): read as 0.
-uint64_t read_completion_ts(ibv_cq_ex*) { return 0; }
 uint16_t read_cvlan(ibv_cq_ex*) { return 0; }
 uint32_t read_flow_tag(ibv_cq_ex*) { return 0; }
 void read_tm_info(ibv_cq_ex*, ibv_wc_tm_info* tm_info) {

@@ -18,6 +18,7 @@
 #include "engine/device/device_info.hpp"
 #include "engine/limits.hpp"
 #include "handles.hpp"
+#include "link/shm/shared_queues.hpp"
 
 // The header turns ibv_query_port into the inline wrapper; we define the real one.
 #undef ibv_query_port
@@ -122,8 +123,10 @@ void fill_device_attr_ex(ibv_device_attr_ex& x) {
   // No ODP, TSO, RSS, WQs, packet pacing, raw packet, tag matching, CQ moderation,
   // device memory or PCI atomics: all zero.
   x.comp_mask = 0;
-  x.completion_timestamp_mask = 0;
-  x.hca_core_clock = 0;
+  // Completion timestamps count the host's monotonic clock in ns: a 1 GHz
+  // (1,000,000 kHz) clock that does not wrap in practice.
+  x.completion_timestamp_mask = UINT64_MAX;
+  x.hca_core_clock = 1'000'000;
   x.device_cap_flags_ex = kDeviceCapFlags;
   x.phys_port_cnt_ex = static_cast<uint32_t>(limits::kPhysPortCnt);
 }
@@ -189,6 +192,22 @@ int query_device_ex_op(ibv_context* context, const ibv_query_device_ex_input* in
     ibv_device_attr_ex full;
     fill_device_attr_ex(full);
     copy_out(attr, attr_size, &full, sizeof full);
+    return 0;
+  });
+}
+
+int query_rt_values_op(ibv_context* context, ibv_values_ex* values) {
+  return int_verb([&] {
+    if (context == nullptr || values == nullptr) return EINVAL;
+    if ((values->comp_mask & ~static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK)) != 0) return EINVAL;
+    const uint32_t asked = values->comp_mask;
+    values->comp_mask = 0;
+    if ((asked & IBV_VALUES_MASK_RAW_CLOCK) != 0) {
+      const uint64_t now = shm::completion_clock_ns();
+      values->raw_clock.tv_sec = static_cast<time_t>(now / 1'000'000'000ULL);
+      values->raw_clock.tv_nsec = static_cast<long>(now % 1'000'000'000ULL);
+      values->comp_mask |= IBV_VALUES_MASK_RAW_CLOCK;
+    }
     return 0;
   });
 }

@@ -30,5 +30,9 @@ int query_port_op(ibv_context* context, uint8_t port_num, ibv_port_attr* port_at
 // smaller than struct ibv_device_attr -> EINVAL; writes exactly attr_size bytes.
 int query_device_ex_op(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
                        size_t attr_size);
+// verbs_context.query_rt_values (ibv_query_rt_values_ex): the completion
+// clock now, as IBV_VALUES_MASK_RAW_CLOCK (seconds and nanoseconds of the
+// same ns count completion timestamps use). EINVAL for other mask bits.
+int query_rt_values_op(ibv_context* context, ibv_values_ex* values);
 
 }  // namespace softhca::abi

@@ -20,7 +20,8 @@ shm::CqRing* CompletionQueue::allocate_ring(uint32_t capacity, uint64_t& offset,
   return ring;
 }
 
-Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, CompletionChannel* channel) {
+Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, CompletionChannel* channel,
+                                                 bool timestamps) {
   if (cqe < 1 || cqe > limits::kMaxCqe) return fail(std::errc::invalid_argument);
   Node& node = context.node();
   auto* cq = new CompletionQueue(context, cqe, channel);
@@ -39,6 +40,7 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
   cq->ring_ = ring;
   cq->shared_ = node.segment().at<shm::SharedCq>(cq->shared_offset_);
   cq->shared_->owner_proc = node.proc();
+  cq->shared_->stamp_completions = timestamps ? 1 : 0;
   cq->id_ = node.cqs().add(cq);
   cq->shared_->owner_cq_id = cq->id_;
   cq->shared_->ring_offset.store(ring_offset, std::memory_order_release);

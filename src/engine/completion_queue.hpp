@@ -22,7 +22,10 @@ class QueuePair;
 
 class CompletionQueue {
  public:
-  static Result<CompletionQueue*> create(Context& context, int cqe, CompletionChannel* channel);
+  // timestamps: every completion records the completion clock
+  // (shm::completion_clock_ns) when it is written to the CQ.
+  static Result<CompletionQueue*> create(Context& context, int cqe, CompletionChannel* channel,
+                                         bool timestamps = false);
   ~CompletionQueue();
 
   // Fills up to `n` work completions; returns how many (ibv_poll_cq).

@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -267,8 +269,8 @@ TEST_F(CqEx, EachStandardWcFlagAndSingleThreaded) {
 }
 
 TEST_F(CqEx, UnsupportedFlagsAreEopnotsupp) {
-  for (uint64_t flag : {IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, IBV_WC_EX_WITH_CVLAN, IBV_WC_EX_WITH_FLOW_TAG,
-                        IBV_WC_EX_WITH_TM_INFO, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK}) {
+  for (uint64_t flag : {IBV_WC_EX_WITH_CVLAN, IBV_WC_EX_WITH_FLOW_TAG, IBV_WC_EX_WITH_TM_INFO,
+                        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK}) {
     errno = 0;
     EXPECT_EQ(create_cq_ex(dev.ctx, flag), nullptr) << "wc flag " << flag;
     EXPECT_EQ(errno, EOPNOTSUPP) << "wc flag " << flag;
@@ -419,10 +421,12 @@ class RcPair : public ::testing::Test {
  protected:
   static constexpr size_t kBuf = 4096;
 
+  virtual uint64_t wc_flags() const { return IBV_WC_STANDARD_FLAGS; }
+
   void SetUp() override {
     ASSERT_NE(dev.pd, nullptr);
-    cq_a = create_cq_ex(dev.ctx);
-    cq_b = create_cq_ex(dev.ctx);
+    cq_a = create_cq_ex(dev.ctx, wc_flags());
+    cq_b = create_cq_ex(dev.ctx, wc_flags());
     ASSERT_NE(cq_a, nullptr);
     ASSERT_NE(cq_b, nullptr);
     a = create_qp_ex(dev.pd, cq_a, IBV_QPT_RC, kAllSendOps);
@@ -843,6 +847,96 @@ TEST_F(RcPair, BuildErrorsComeBackFromComplete) {
 
 // ---------------------------------------------------------------------------
 // UD with wr_set_ud_addr
+
+// ---------------------------------------------------------------------------
+// Completion timestamps: the device's free-running clock, in ns of the host's
+// CLOCK_MONOTONIC (hca_core_clock 1 GHz, a 64-bit mask).
+
+uint64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The next completion's wr_id and timestamp.
+std::pair<uint64_t, uint64_t> poll_timestamp(ibv_cq_ex* cq) {
+  ibv_poll_cq_attr attr{};
+  const auto deadline = Clock::now() + kDeadline;
+  int rc;
+  while ((rc = ibv_start_poll(cq, &attr)) == ENOENT && Clock::now() < deadline) {
+  }
+  if (rc != 0) {
+    ADD_FAILURE() << "ibv_start_poll: " << rc;
+    return {0, 0};
+  }
+  EXPECT_EQ(cq->status, IBV_WC_SUCCESS);
+  const std::pair<uint64_t, uint64_t> got{cq->wr_id, ibv_wc_read_completion_ts(cq)};
+  ibv_end_poll(cq);
+  return got;
+}
+
+class RcPairTimestamped : public RcPair {
+ protected:
+  uint64_t wc_flags() const override {
+    return uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP};
+  }
+};
+
+TEST_F(RcPairTimestamped, CompletionsCarryTheDeviceClock) {
+  ibv_device_attr_ex attr{};
+  ASSERT_EQ(ibv_query_device_ex(dev.ctx, nullptr, &attr), 0);
+  EXPECT_EQ(attr.completion_timestamp_mask, UINT64_MAX);
+  EXPECT_EQ(attr.hca_core_clock, 1'000'000u);  // kHz
+
+  connect();
+  ASSERT_EQ(post_recv(b, 100, buf_b.data(), 64, mr_b->lkey), 0);
+  const uint64_t before = monotonic_ns();
+  ibv_wr_start(ax);
+  ax->wr_id = 1;
+  ax->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send(ax);
+  ibv_wr_set_sge(ax, mr_a->lkey, addr_a(0), 64);
+  ASSERT_EQ(ibv_wr_complete(ax), 0);
+  const auto [send_id, send_ts] = poll_timestamp(cq_a);
+  const auto [recv_id, recv_ts] = poll_timestamp(cq_b);
+  const uint64_t after = monotonic_ns();
+  EXPECT_EQ(send_id, 1u);
+  EXPECT_EQ(recv_id, 100u);
+  EXPECT_GE(send_ts, before);
+  EXPECT_LE(send_ts, after);
+  EXPECT_GE(recv_ts, before);
+  EXPECT_LE(recv_ts, after);
+  // The receive is written before the send completes.
+  EXPECT_LE(recv_ts, send_ts);
+
+  // The same clock, read directly.
+  ibv_values_ex values{};
+  values.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+  const uint64_t t0 = monotonic_ns();
+  ASSERT_EQ(ibv_query_rt_values_ex(dev.ctx, &values), 0);
+  const uint64_t t1 = monotonic_ns();
+  EXPECT_EQ(values.comp_mask, static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK));
+  const uint64_t raw = static_cast<uint64_t>(values.raw_clock.tv_sec) * 1'000'000'000ULL +
+                       static_cast<uint64_t>(values.raw_clock.tv_nsec);
+  EXPECT_GE(raw, t0);
+  EXPECT_LE(raw, t1);
+  EXPECT_LT(values.raw_clock.tv_nsec, 1'000'000'000L);
+  values.comp_mask = 1u << 5;  // not a value the device knows
+  EXPECT_EQ(ibv_query_rt_values_ex(dev.ctx, &values), EINVAL);
+}
+
+TEST_F(RcPair, CompletionsWithoutTheTimestampFlagCarryNone) {
+  connect();
+  ibv_wr_start(ax);
+  ax->wr_id = 5;
+  ax->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(ax, mr_b->rkey, addr_b(0));
+  ibv_wr_set_sge(ax, mr_a->lkey, addr_a(0), 16);
+  ASSERT_EQ(ibv_wr_complete(ax), 0);
+  const auto [id, ts] = poll_timestamp(cq_a);
+  EXPECT_EQ(id, 5u);
+  EXPECT_EQ(ts, 0u);
+}
 
 TEST(UdPair, SendAndSendImmWithUdAddr) {
   Device dev;

@@ -15,6 +15,8 @@
 //    after `tail` has passed it).
 #pragma once
 
+#include <time.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -38,12 +40,22 @@ struct Cqe {
   uint8_t dlid_path_bits;
   uint8_t solicited;
   uint8_t pad;
+  uint64_t timestamp;    // completion clock (ns), when the CQ asked for timestamps
 };
 
 struct alignas(64) CqSlot {
   std::atomic<uint64_t> seq;  // h + 1 once entry h is published
   Cqe cqe;
 };
+static_assert(sizeof(CqSlot) == 64, "a CQ slot is one cache line");
+
+// The device's free-running completion clock: CLOCK_MONOTONIC in ns, the same
+// in every process of the host (hca_core_clock 1 GHz, 64 bits wide).
+inline uint64_t completion_clock_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
 
 // The slots of a CQ. A CQ keeps one ring at a time; ibv_resize_cq replaces it
 // by closing the old one (bit 63 of `head`, so no producer can reserve there
@@ -81,6 +93,7 @@ struct SharedCq {
   uint32_t owner_cq_id;       // the owner's local id for notifications
   uint32_t owner_proc;        // registry proc slot of the owner
   std::atomic<uint64_t> ring_offset;           // the current CqRing in the owner's segment
+  uint32_t stamp_completions;                  // 1: producers write Cqe::timestamp
   alignas(64) std::atomic<uint32_t> armed;     // 0, kArmNext or kArmSolicited
   std::atomic<uint32_t> overrun;               // set once: the CQ is in error
 
@@ -118,6 +131,7 @@ struct SharedCq {
       }
       CqSlot& slot = ring->slot(h);
       slot.cqe = cqe;
+      if (stamp_completions != 0) slot.cqe.timestamp = completion_clock_ns();
       slot.seq.store(h + 1, std::memory_order_release);
       return notify_after(cqe);
     }
