@@ -263,8 +263,12 @@ struct KillParam {
   bool newcomer = false;
 };
 
-// A process that opens the device, says so, and waits for the parent.
+// A process that, told to, opens the device, says so, and waits for the
+// parent. Forked while the parent has no threads yet (TSan forbids thread
+// creation in a child forked from a threaded parent), so it waits for its cue.
 int newcomer_child(int rfd, int wfd) {
+  char go;
+  if (!read_all(rfd, &go, 1, Millis{30000})) return 17;
   Device dev;
   if (!dev.ok()) return 10;
   if (!write_all(wfd, "R", 1)) return 16;
@@ -302,6 +306,11 @@ TEST_P(PeerKilled, NextOperationIsRetryExceeded) {
   const KillParam param = GetParam();
   Child child([&](int rfd, int wfd) { return victim_child(rfd, wfd, param.child_receives); });
   ASSERT_TRUE(child.ok());
+  std::optional<Child> newcomer;
+  if (param.newcomer) {
+    newcomer.emplace(newcomer_child);
+    ASSERT_TRUE(newcomer->ok());
+  }
   Device dev;
   ASSERT_TRUE(dev.ok());
   QpConfig cfg;
@@ -340,11 +349,10 @@ TEST_P(PeerKilled, NextOperationIsRetryExceeded) {
       ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
     }
     child.kill_now();
-    std::optional<Child> newcomer;
-    if (param.newcomer) {
-      newcomer.emplace(newcomer_child);
-      ASSERT_TRUE(newcomer->ok());
-      ASSERT_TRUE(read_all(newcomer->rfd, &ready, 1, kDeadline));
+    if (newcomer) {
+      ASSERT_TRUE(write_all(newcomer->wfd, "G", 1));
+      ASSERT_TRUE(read_all(newcomer->rfd, &ready, 1, kDeadline)) << "newcomer exited with "
+                                                                  << newcomer->wait_exit(Millis{100});
     }
 
     ibv_send_wr wr = make(2);
