@@ -46,6 +46,9 @@ void fill_ops(ContextHandle& h) {
   v.query_rt_values = query_rt_values_op;
   v.create_cq_ex = create_cq_ex_op;
   v.create_qp_ex = create_qp_ex_op;
+  v.alloc_td = alloc_td_op;
+  v.dealloc_td = dealloc_td_op;
+  v.alloc_parent_domain = alloc_parent_domain_op;
   v.ibv_create_flow = create_flow_unsupported;
   v.ibv_destroy_flow = destroy_flow_unsupported;
   // Apps built against libibverbs 1.1.8 reach the flow verbs through these.

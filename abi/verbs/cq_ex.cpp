@@ -35,7 +35,7 @@ namespace {
 constexpr uint64_t kSupportedWcFlags =
     uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP};
 constexpr uint32_t kSupportedCreateFlags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
-constexpr uint32_t kSupportedCompMask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+constexpr uint32_t kSupportedCompMask = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
 
 CqHandle& handle_of(ibv_cq_ex* cq) { return *reinterpret_cast<CqHandle*>(cq); }
 
@@ -137,9 +137,14 @@ ibv_cq_ex* create_cq_ex_op(ibv_context* context, ibv_cq_init_attr_ex* attr) {
       errno = EINVAL;
       return nullptr;
     }
-    // Parent domains (IBV_CQ_INIT_ATTR_MASK_PD) and anything newer: not offered.
     if ((attr->comp_mask & ~kSupportedCompMask) != 0 || (attr->wc_flags & ~kSupportedWcFlags) != 0) {
       errno = EOPNOTSUPP;
+      return nullptr;
+    }
+    // A CQ may belong to a parent domain (of this context), not to a plain PD.
+    if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) != 0 &&
+        (!is_parent_domain(attr->parent_domain) || attr->parent_domain->context != context)) {
+      errno = EINVAL;
       return nullptr;
     }
     const uint32_t flags = (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) ? attr->flags : 0;

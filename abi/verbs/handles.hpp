@@ -7,6 +7,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -49,9 +50,21 @@ struct ContextHandle {
 };
 static_assert(offsetof(ContextHandle, vctx) == 0);
 
+// A thread domain (ibv_alloc_td): a hint for providers that keep per-thread
+// hardware resources. softhca has none; it counts the parent domains using it.
+struct TdHandle {
+  ibv_td td;
+  std::atomic<uint32_t> parent_domains{0};
+};
+
+// A protection domain, or a parent domain (ibv_alloc_parent_domain): then
+// `impl` is the protection domain it was made from, so every verb taking a
+// PD works on either, and `parent_domain` is set.
 struct PdHandle {
   ibv_pd pd;
   engine::ProtectionDomain* impl;
+  bool parent_domain = false;
+  TdHandle* td = nullptr;
 };
 struct MrHandle {
   ibv_mr mr;
@@ -110,6 +123,7 @@ inline engine::Context* to_context(ibv_context* ctx) {
   return h ? h->impl : nullptr;
 }
 inline engine::ProtectionDomain* to_pd(ibv_pd* pd) { return pd ? reinterpret_cast<PdHandle*>(pd)->impl : nullptr; }
+inline bool is_parent_domain(ibv_pd* pd) { return pd != nullptr && reinterpret_cast<PdHandle*>(pd)->parent_domain; }
 inline engine::MemoryRegion* to_mr(ibv_mr* mr) { return mr ? reinterpret_cast<MrHandle*>(mr)->impl : nullptr; }
 inline engine::CompletionQueue* to_cq(ibv_cq* cq) { return cq ? reinterpret_cast<CqHandle*>(cq)->impl : nullptr; }
 inline engine::CompletionQueue* to_cq(ibv_cq_ex* cq) { return cq ? reinterpret_cast<CqHandle*>(cq)->impl : nullptr; }

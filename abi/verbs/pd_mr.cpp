@@ -5,6 +5,7 @@
 #include "engine/memory_region.hpp"
 #include "engine/protection_domain.hpp"
 #include "handles.hpp"
+#include "verbs_ops.hpp"
 
 using namespace softhca;
 using namespace softhca::abi;
@@ -62,6 +63,7 @@ int ibv_dealloc_pd(ibv_pd* pd) {
   return int_verb([&] {
     engine::ProtectionDomain* impl = to_pd(pd);
     if (impl == nullptr) return EINVAL;
+    if (is_parent_domain(pd)) return dealloc_parent_domain(pd);
     if (impl->in_use()) return EBUSY;
     delete impl;
     delete reinterpret_cast<PdHandle*>(pd);

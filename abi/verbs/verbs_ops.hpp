@@ -15,6 +15,12 @@ int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 ibv_cq_ex* create_cq_ex_op(ibv_context* context, ibv_cq_init_attr_ex* attr);
 ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr);
+// Thread and parent domains (parent_domain.cpp). ibv_dealloc_pd hands a
+// parent domain to dealloc_parent_domain.
+ibv_td* alloc_td_op(ibv_context* context, ibv_td_init_attr* init_attr);
+int dealloc_td_op(ibv_td* td);
+ibv_pd* alloc_parent_domain_op(ibv_context* context, ibv_parent_domain_init_attr* attr);
+int dealloc_parent_domain(ibv_pd* pd);
 // Given to the engine context so UD work requests can name their ibv_ah.
 engine::AddressHandle* address_handle_of(ibv_ah* ah);
 

@@ -284,11 +284,11 @@ TEST_F(CqEx, UnsupportedFlagsAreEopnotsupp) {
   EXPECT_EQ(errno, EOPNOTSUPP);
   attr = {};
   attr.cqe = 10;
-  attr.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;  // parent domains are not offered
+  attr.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;  // a CQ belongs to parent domains only
   attr.parent_domain = dev.pd;
   errno = 0;
   EXPECT_EQ(ibv_create_cq_ex(dev.ctx, &attr), nullptr);
-  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(errno, EINVAL);
 }
 
 TEST_F(CqEx, BadCqeAndCompVectorAreEinval) {
@@ -847,6 +847,86 @@ TEST_F(RcPair, BuildErrorsComeBackFromComplete) {
 
 // ---------------------------------------------------------------------------
 // UD with wr_set_ud_addr
+
+// ---------------------------------------------------------------------------
+// Thread and parent domains: a parent domain stands for its PD everywhere.
+
+void* never_called_alloc(ibv_pd*, void*, size_t, size_t, uint64_t) { return IBV_ALLOCATOR_USE_DEFAULT; }
+void never_called_free(ibv_pd*, void*, void*, uint64_t) {}
+
+TEST(ParentDomain, CarriesTrafficAndPinsItsPdAndTd) {
+  Device dev;
+  ASSERT_NE(dev.pd, nullptr);
+  ibv_td_init_attr td_attr{};
+  td_attr.comp_mask = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_td(dev.ctx, &td_attr), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  td_attr.comp_mask = 0;
+  ibv_td* td = ibv_alloc_td(dev.ctx, &td_attr);
+  ASSERT_NE(td, nullptr) << std::strerror(errno);
+
+  ibv_parent_domain_init_attr pd_attr{};
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(dev.ctx, &pd_attr), nullptr);  // no PD
+  EXPECT_EQ(errno, EINVAL);
+  pd_attr.pd = dev.pd;
+  pd_attr.td = td;
+  pd_attr.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  pd_attr.alloc = never_called_alloc;
+  pd_attr.free = never_called_free;
+  pd_attr.pd_context = &pd_attr;
+  ibv_pd* parent = ibv_alloc_parent_domain(dev.ctx, &pd_attr);
+  ASSERT_NE(parent, nullptr) << std::strerror(errno);
+  EXPECT_EQ(parent->context, dev.ctx);
+  pd_attr.pd = parent;  // a parent of a parent
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(dev.ctx, &pd_attr), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_dealloc_pd(dev.pd), EBUSY);
+  EXPECT_EQ(ibv_dealloc_td(td), EBUSY);
+
+  // A CQ of the parent domain, MRs and QPs made through it, a SEND between them.
+  ibv_cq_init_attr_ex cq_attr{};
+  cq_attr.cqe = 16;
+  cq_attr.wc_flags = IBV_WC_STANDARD_FLAGS;
+  cq_attr.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  cq_attr.parent_domain = parent;
+  ibv_cq_ex* cq = ibv_create_cq_ex(dev.ctx, &cq_attr);
+  ASSERT_NE(cq, nullptr) << std::strerror(errno);
+  std::vector<uint8_t> buf(256, 0);
+  ibv_mr* mr = ibv_reg_mr(parent, buf.data(), buf.size(), kAllAccess);
+  ASSERT_NE(mr, nullptr) << std::strerror(errno);
+  EXPECT_EQ(mr->pd, parent);
+  ibv_qp* a = create_qp_ex(parent, cq, IBV_QPT_RC, kAllSendOps);
+  ibv_qp* b = create_qp_ex(parent, cq, IBV_QPT_RC, kAllSendOps);
+  ASSERT_NE(a, nullptr) << std::strerror(errno);
+  ASSERT_NE(b, nullptr) << std::strerror(errno);
+  EXPECT_EQ(a->pd, parent);
+  ASSERT_EQ(to_rts(a, b->qp_num, dev.gid), 0);
+  ASSERT_EQ(to_rts(b, a->qp_num, dev.gid), 0);
+  ASSERT_EQ(post_recv(b, 7, buf.data() + 128, 128, mr->lkey), 0);
+  std::memcpy(buf.data(), "parent domain", 14);
+  ibv_qp_ex* ax = ibv_qp_to_qp_ex(a);
+  ibv_wr_start(ax);
+  ax->wr_id = 8;
+  ax->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send(ax);
+  ibv_wr_set_sge(ax, mr->lkey, reinterpret_cast<uintptr_t>(buf.data()), 14);
+  ASSERT_EQ(ibv_wr_complete(ax), 0);
+  auto done = poll_ex(cq, 2);
+  ASSERT_EQ(done.size(), 2u);
+  for (const auto& c : done) EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  EXPECT_STREQ(reinterpret_cast<const char*>(buf.data() + 128), "parent domain");
+
+  EXPECT_EQ(ibv_destroy_qp(a), 0);
+  EXPECT_EQ(ibv_destroy_qp(b), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+  EXPECT_EQ(ibv_dealloc_pd(parent), 0);
+  EXPECT_EQ(ibv_dealloc_td(td), 0);
+  // The Device destructor deallocates the PD itself, now free.
+}
 
 // ---------------------------------------------------------------------------
 // Completion timestamps: the device's free-running clock, in ns of the host's
