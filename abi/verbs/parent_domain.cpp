@@ -7,7 +7,8 @@
 // application allocator could not provide (a provider decides which of its
 // buffers, if any, come from them). A PD cannot be deallocated while a parent
 // domain refers to it, nor a thread domain while a parent domain uses it
-// (EBUSY, as mlx5 answers).
+// (EBUSY, as mlx5 answers). Unlike mlx5, a parent domain is not pinned by
+// the objects made through it: they hold its protection domain, which stays.
 #include <cerrno>
 
 #include "engine/protection_domain.hpp"
