@@ -91,6 +91,8 @@ std::optional<IpAddress> kernel_source_for(const IpAddress& dst) {
   return out;
 }
 
+uint64_t peer_key(uint32_t pid, uint32_t remote_comm_id) { return (uint64_t{pid} << 32) | remote_comm_id; }
+
 // The CM timeouts this process's requests carry: rdma_cm's, unless
 // SOFTHCA_CM_RESPONSE_TIMEOUT (an IBTA exponent, 0-31: 4.096 us * 2^n) or
 // SOFTHCA_CM_MAX_RETRIES (0-15) say otherwise. Read at each request, so a
@@ -433,7 +435,7 @@ void Service::destroy_locked(CmId* id, std::unique_lock<std::mutex>& lk, std::ve
   std::vector<CmId*> orphans;
   drop_events_locked(id, orphans);
   acked_cv_.wait(lk, [id] { return id->acked_ >= id->delivered_; });
-  ids_.erase(id->comm_id_);
+  forget_locked(id);
   for (CmId* orphan : orphans) destroy_locked(orphan, lk, out);
   delete id;
 }
@@ -452,7 +454,7 @@ void Service::close_channel(Channel* ch) {
     for (CmId* id : on_channel) {
       if (std::find(undelivered.begin(), undelivered.end(), id) != undelivered.end()) continue;
       tear_down_locked(id, out);
-      ids_.erase(id->comm_id_);
+      forget_locked(id);
       id->channel_ = nullptr;
       id->orphaned_ = true;
       id->pending_requests_ = 0;
@@ -461,7 +463,7 @@ void Service::close_channel(Channel* ch) {
     reset_if_empty(ch->fd_, ch->signaled_, true);
     for (CmId* child : undelivered) {
       tear_down_locked(child, out);
-      ids_.erase(child->comm_id_);
+      forget_locked(child);
       delete child;
     }
   }
@@ -993,10 +995,22 @@ CmId* Service::new_passive_id_locked(CmId* listener, uint32_t pid, const IpHeade
   return child;
 }
 
+void Service::add_passive_locked(CmId* child) {
+  ids_[child->comm_id_] = child;
+  passive_by_peer_[peer_key(child->peer_pid_, child->conn_.remote_comm_id())] = child;
+}
+
+void Service::forget_locked(CmId* id) {
+  ids_.erase(id->comm_id_);
+  if (id->peer_pid_ != 0) {
+    auto it = passive_by_peer_.find(peer_key(id->peer_pid_, id->conn_.remote_comm_id()));
+    if (it != passive_by_peer_.end() && it->second == id) passive_by_peer_.erase(it);
+  }
+}
+
 void Service::on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
   const SidrReqMsg& req = std::get<SidrReqMsg>(mad.msg);
-  for (auto& [comm, id] : ids_)
-    if (id->peer_pid_ == pid && id->conn_.remote_comm_id() == req.request_id) return;  // a duplicate
+  if (passive_by_peer_.contains(peer_key(pid, req.request_id))) return;  // a duplicate
 
   auto reply = [&](SidrStatus status) {
     SidrRepMsg rep;
@@ -1024,19 +1038,17 @@ void Service::on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& o
   path.pkey = req.pkey;
   Step step;
   child->conn_ = Connection::from_sidr_req(req, child->comm_id_, path, kIpHeaderSize, step);
-  ids_[child->comm_id_] = child;
+  add_passive_locked(child);
   listener->pending_requests_++;
   push_event_locked(listener->channel_, Event{child, listener, listener, *step.event});
 }
 
 void Service::on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
   const ReqMsg& req = std::get<ReqMsg>(mad.msg);
-  for (auto& [comm, id] : ids_) {
-    if (id->peer_pid_ == pid && id->conn_.remote_comm_id() == req.local_comm_id) {
-      // A duplicate: the sender has not heard from us in time.
-      if (!id->destroying_) apply_step_locked(id, id->conn_.on_duplicate_req(), out);
-      return;
-    }
+  if (auto dup = passive_by_peer_.find(peer_key(pid, req.local_comm_id)); dup != passive_by_peer_.end()) {
+    // A duplicate: the sender has not heard from us in time.
+    if (!dup->second->destroying_) apply_step_locked(dup->second, dup->second->conn_.on_duplicate_req(), out);
+    return;
   }
 
   auto reject = [&](RejReason reason) {
@@ -1072,7 +1084,7 @@ void Service::on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
   if (req.primary_local_ack_timeout != 0) path.local_ack_timeout = req.primary_local_ack_timeout;
   Step step;
   child->conn_ = Connection::from_req(req, child->comm_id_, random_psn(), path, kIpHeaderSize, step);
-  ids_[child->comm_id_] = child;
+  add_passive_locked(child);
   listener->pending_requests_++;
   push_event_locked(listener->channel_, Event{child, listener, listener, *step.event});
   // The MRA: the application answers in its own time, not in the REQ's.

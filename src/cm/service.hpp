@@ -275,6 +275,10 @@ class Service {
   void on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out);
   // A new id for an incoming request (REQ or SIDR_REQ), from its IP header.
   CmId* new_passive_id_locked(CmId* listener, uint32_t pid, const IpHeader& hdr, uint16_t port);
+  // Registers a passive id (its connection set up) in ids_ and passive_by_peer_.
+  void add_passive_locked(CmId* child);
+  // Removes an id from ids_ (and passive_by_peer_).
+  void forget_locked(CmId* id);
   void on_peer_lost(uint32_t pid);
   void peer_unreachable(uint32_t comm_id, uint32_t pid);
   CmId* find_listener_locked(const BindKey& dst);
@@ -293,6 +297,9 @@ class Service {
   std::mutex mu_;
   std::condition_variable acked_cv_;
   std::unordered_map<uint32_t, CmId*> ids_;  // by local comm ID
+  // Passive ids by (peer pid, the peer's comm ID): a REQ or SIDR_REQ sent
+  // again finds its id without a scan of every id.
+  std::unordered_map<uint64_t, CmId*> passive_by_peer_;
   // TIMEWAIT_EXIT deadlines (comm IDs of connections in timewait).
   std::multimap<std::chrono::steady_clock::time_point, uint32_t> timewait_;
   // Retransmission deadlines (comm IDs of connections waiting for an answer).

@@ -1,7 +1,7 @@
 // A passive rdma_cm peer for cm_api_test, run as a separate process so that
 // the test can kill it: listens on 127.0.0.1:PORT, prints READY, and then
 //   accept PORT       accepts the first request (no QP), prints ESTABLISHED, waits
-//   hold PORT         prints REQUEST on the first request and never answers
+//   hold PORT         prints REQUEST for each request and never answers
 //   late PORT MS      like accept, but prints REQUEST and waits MS milliseconds
 //                     before accepting (longer than the requester's REQ timeout)
 // Waiting ends only by a signal. Exit status 2 on any setup failure.
@@ -49,9 +49,14 @@ int main(int argc, char** argv) {
   rdma_cm_id* child = ev->id;
   rdma_ack_cm_event(ev);
   if (!accept) {
-    std::printf("REQUEST\n");
-    std::fflush(stdout);
-    for (;;) pause();
+    // One line per connection request; none is ever answered.
+    for (;;) {
+      std::printf("REQUEST\n");
+      std::fflush(stdout);
+      ev = next_event(ch);
+      if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) return 2;
+      rdma_ack_cm_event(ev);
+    }
   }
   if (late) {
     std::printf("REQUEST\n");

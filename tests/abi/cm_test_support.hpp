@@ -84,10 +84,10 @@ struct Peer {
     out = fdopen(fds[0], "r");
     return pid > 0 && out != nullptr;
   }
-  // The next line the peer prints (within 10 s).
-  std::string line() {
+  // The next line the peer prints (within timeout_ms).
+  std::string line(int timeout_ms = 10000) {
     pollfd p{fileno(out), POLLIN, 0};
-    if (poll(&p, 1, 10000) != 1) return "(timeout)";
+    if (poll(&p, 1, timeout_ms) != 1) return "(timeout)";
     char buf[128] = {};
     if (fgets(buf, sizeof buf, out) == nullptr) return "(eof)";
     return std::string(buf);

@@ -74,6 +74,7 @@ TEST_F(CmTimeout, RequestToAStoppedPeerIsUnreachableAfterTheRetries) {
   // wait for it); its answer reaches an id that gave up and changes nothing.
   peer.resume();
   EXPECT_EQ(peer.line(), "REQUEST\n");
+  EXPECT_EQ(peer.line(300), "(timeout)") << "a retransmitted REQ made a second request";
   EXPECT_EQ(wait_event(ch_, 300), nullptr);
   EXPECT_EQ(rdma_destroy_id(client), 0);
 }
