@@ -68,7 +68,8 @@ namespace {
 
 constexpr uint64_t kRcSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
                                 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-                                IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                                IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+                                IBV_QP_EX_WITH_ATOMIC_WRITE;
 constexpr uint64_t kUcSendOps =
     IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
 constexpr uint64_t kUdSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
@@ -146,12 +147,21 @@ void wr_atomic_fetch_add(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, ui
   if (ibv_send_wr* wr = append(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD)) wr->wr.atomic = {remote_addr, add, 0, rkey};
 }
 
+// RDMA ATOMIC WRITE: the 8 bytes at atomic_wr are taken now, as a value.
+void wr_atomic_write(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, const void* atomic_wr) {
+  if (ibv_send_wr* wr = append(qpx, IBV_WR_ATOMIC_WRITE)) {
+    uint64_t value = 0;
+    if (atomic_wr != nullptr) std::memcpy(&value, atomic_wr, sizeof value);
+    wr->wr.atomic = {remote_addr, value, 0, rkey};
+    wr->send_flags |= engine::kSendFlagAtomicWriteValue;
+  }
+}
+
 // Not offered (refused at creation too): wr_complete returns EOPNOTSUPP.
 void wr_send_inv(ibv_qp_ex* qpx, uint32_t) { refuse(qpx); }
 void wr_bind_mw(ibv_qp_ex* qpx, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { refuse(qpx); }
 void wr_local_inv(ibv_qp_ex* qpx, uint32_t) { refuse(qpx); }
 void wr_send_tso(ibv_qp_ex* qpx, void*, uint16_t, uint16_t) { refuse(qpx); }
-void wr_atomic_write(ibv_qp_ex* qpx, uint32_t, uint64_t, const void*) { refuse(qpx); }
 void wr_set_xrc_srqn(ibv_qp_ex* qpx, uint32_t) { refuse(qpx); }
 
 // --- setters ---

@@ -29,6 +29,8 @@ ibv_wc_opcode wc_opcode_for(uint32_t wr_opcode) {
       return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
       return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_WRITE:
+      return IBV_WC_ATOMIC_WRITE;
     default:
       return IBV_WC_SEND;
   }
@@ -226,6 +228,11 @@ bool QueuePair::signaled(const SendWqe& wqe) const {
 }
 
 int QueuePair::validate_send(const ibv_send_wr& wr) const {
+  if (wr.opcode == IBV_WR_ATOMIC_WRITE)
+    return init_.type == IBV_QPT_RC && (wr.send_flags & kSendFlagAtomicWriteValue) != 0 && wr.num_sge == 0 &&
+                   (wr.send_flags & IBV_SEND_INLINE) == 0
+               ? 0
+               : EINVAL;
   if (!opcode_allowed(init_.type, wr.opcode)) return EINVAL;
   if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > init_.max_send_sge) return EINVAL;
   if (wr.num_sge > 0 && wr.sg_list == nullptr) return EINVAL;
@@ -257,6 +264,7 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
   switch (wr.opcode) {
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_ATOMIC_WRITE:
       wqe->remote_addr = wr.wr.atomic.remote_addr;
       wqe->rkey = wr.wr.atomic.rkey;
       wqe->compare_add = wr.wr.atomic.compare_add;
@@ -363,7 +371,9 @@ void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
   cqe.qp_num = qpn_;
   if (status == IBV_WC_SUCCESS) {
     if (wqe.opcode == IBV_WR_RDMA_READ) cqe.byte_len = static_cast<uint32_t>(wqe.length);
-    if (wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) cqe.byte_len = 8;
+    if (wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+        wqe.opcode == IBV_WR_ATOMIC_WRITE)
+      cqe.byte_len = 8;
   }
   init_.send_cq->push(cqe);
 }

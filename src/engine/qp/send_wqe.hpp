@@ -15,6 +15,12 @@ struct Sge {
   uint32_t lkey;
 };
 
+// IBV_WR_ATOMIC_WRITE carries its 8-byte value in wr.atomic.compare_add, which
+// only the ibv_qp_ex path (ibv_wr_atomic_write) fills; it marks its WRs with
+// this bit, outside every ibv_send_flags value. Without it the opcode is EINVAL,
+// as the legacy ibv_post_send has no way to name the value.
+inline constexpr uint32_t kSendFlagAtomicWriteValue = 1u << 31;
+
 struct SendWqe {
   uint64_t wr_id;
   uint32_t opcode;       // ibv_wr_opcode

@@ -313,6 +313,18 @@ ExecOutcome execute_ud(QueuePair& qp, SendWqe& wqe, const iovec* src, int nsrc, 
 // host's stripe lock for that address (IBV_ATOMIC_HCA: atomic against every
 // other atomic issued through softhca on this host).
 bool remote_atomic(Node& node, const TargetQp& target, const iovec& where, const SendWqe& wqe, uint64_t* original) {
+  if (wqe.opcode == IBV_WR_ATOMIC_WRITE) {
+    // RDMA ATOMIC WRITE: the 8 bytes land whole, under the same lock as the
+    // read-modify-write atomics, so neither sees half of the other.
+    host::AtomicStripe& stripe = node.registry().atomic_stripe(target.pid, reinterpret_cast<uint64_t>(where.iov_base));
+    while (stripe.locked.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
+    uint64_t value = wqe.compare_add;
+    iovec local{&value, sizeof value};
+    const bool ok = shm::write_to(target.pid, &where, 1, &local, 1, sizeof value) == shm::CopyResult::kOk;
+    stripe.locked.store(0, std::memory_order_release);
+    *original = 0;
+    return ok;
+  }
   host::AtomicStripe& stripe = node.registry().atomic_stripe(target.pid, reinterpret_cast<uint64_t>(where.iov_base));
   while (stripe.locked.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
   uint64_t value = 0;
@@ -356,11 +368,16 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
   const bool is_read = wqe.opcode == IBV_WR_RDMA_READ;
   const bool is_atomic = wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 
-  // The local side: inline data, or SGEs checked against our MRs.
+  // The local side: inline data, or SGEs checked against our MRs (an atomic
+  // write's value sits in the WQE itself).
   iovec src[limits::kMaxSge + 1];
   int nsrc = 0;
   uint64_t length = 0;
-  if (wqe.send_flags & IBV_SEND_INLINE) {
+  if (wqe.opcode == IBV_WR_ATOMIC_WRITE) {
+    src[0] = {&wqe.compare_add, sizeof wqe.compare_add};
+    nsrc = 1;
+    length = sizeof wqe.compare_add;
+  } else if (wqe.send_flags & IBV_SEND_INLINE) {
     src[0] = {wqe.inline_data(qp.init_attr().max_send_sge), wqe.inline_len};
     nsrc = wqe.inline_len ? 1 : 0;
     length = wqe.inline_len;
@@ -485,6 +502,17 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
       if (!remote_atomic(node, target, where, wqe, &original)) return no_response();
       iovec value{&original, sizeof original};
       shm::copy_iovecs(src, nsrc, &value, 1, sizeof original);
+      mark_established(node, target);
+      return done(IBV_WC_SUCCESS);
+    }
+    case IBV_WR_ATOMIC_WRITE: {
+      // Like an RDMA WRITE of 8 bytes (remote write access), aligned as an atomic.
+      if (wqe.remote_addr & 7) return responder_fails(IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR);
+      iovec where;
+      if (!remote_range(node, target, wqe.rkey, wqe.remote_addr, 8, IBV_ACCESS_REMOTE_WRITE, &where))
+        return responder_fails(IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
+      uint64_t unused = 0;
+      if (!remote_atomic(node, target, where, wqe, &unused)) return no_response();
       mark_established(node, target);
       return done(IBV_WC_SUCCESS);
     }
