@@ -701,6 +701,7 @@ Result<void> Service::connect(CmId* id, const ConnectRequest& req) {
 }
 
 namespace {
+
 // rdma_cm's IP header, then the application's bytes.
 template <std::size_t N>
 void fill_request_private_data(std::array<uint8_t, N>& pd, const IpAddress& src, const IpAddress& dst,
@@ -714,6 +715,15 @@ void fill_request_private_data(std::array<uint8_t, N>& pd, const IpAddress& src,
   if (!user.empty()) std::memcpy(pd.data() + kIpHeaderSize, user.data(), user.size());
 }
 }  // namespace
+
+PathInfo Service::request_path(const CmId& id) {
+  PathInfo path;
+  path.sgid = id.sgid_;
+  path.dgid = id.dgid_;
+  path.sgid_index = id.sgid_index_;
+  path.traffic_class = id.traffic_class_;
+  return path;
+}
 
 Result<void> Service::connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out) {
   if (req.private_data.size() > kReqUserPrivateDataSize) return fail(std::errc::invalid_argument);
@@ -730,10 +740,7 @@ Result<void> Service::connect_locked(CmId* id, const ConnectRequest& req, std::v
   a.rnr_retry_count = req.rnr_retry_count;
   a.flow_control = req.flow_control;
   a.qp_type = id->qp_type_;
-  a.path.sgid = id->sgid_;
-  a.path.dgid = id->dgid_;
-  a.path.sgid_index = id->sgid_index_;
-  a.path.traffic_class = id->traffic_class_;
+  a.path = request_path(*id);
   a.timeouts = request_timeouts();
   fill_request_private_data(a.private_data, id->src_, id->dst_, req.private_data);
 
@@ -764,9 +771,7 @@ Result<void> Service::sidr_connect_locked(CmId* id, const ConnectRequest& req, s
   SidrArgs a;
   a.local_comm_id = id->comm_id_;
   a.service_id = service_id(id->ps_, id->dst_.port);
-  a.path.sgid = id->sgid_;
-  a.path.dgid = id->dgid_;
-  a.path.sgid_index = id->sgid_index_;
+  a.path = request_path(*id);
   a.timeouts = request_timeouts();
   fill_request_private_data(a.private_data, id->src_, id->dst_, req.private_data);
 

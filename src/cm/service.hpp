@@ -282,7 +282,11 @@ class Service {
   void on_peer_lost(uint32_t pid);
   void peer_unreachable(uint32_t comm_id, uint32_t pid);
   CmId* find_listener_locked(const BindKey& dst);
+  // The path an active id's request (REQ or SIDR_REQ) describes: its resolved
+  // route, with the traffic class rdma_set_option(TOS) gave it.
+  static PathInfo request_path(const CmId& id);
   Result<void> connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
+
   Result<void> sidr_connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
   // Sends a REQ/SIDR_REQ step to the listener of the id's destination, or, if
   // nobody listens there, feeds the id the answer the target's CM would give.
