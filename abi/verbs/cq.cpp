@@ -51,7 +51,7 @@ ibv_cq_ex* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv
   c.context = context;
   c.channel = channel;
   c.cq_context = cq_context;
-  c.cqe = cqe;
+  c.cqe = h->impl->cqe();  // what was granted (queue_sizes.hpp)
   pthread_mutex_init(&c.mutex, nullptr);
   pthread_cond_init(&c.cond, nullptr);
   install_cq_poll_ops(*h);
@@ -105,7 +105,7 @@ int ibv_resize_cq(ibv_cq* cq, int cqe) {
     engine::CompletionQueue* impl = to_cq(cq);
     if (impl == nullptr) return EINVAL;
     if (auto ok = impl->resize(cqe); !ok) return to_errno(ok.error());
-    cq->cqe = cqe;
+    cq->cqe = impl->cqe();
     return 0;
   });
 }

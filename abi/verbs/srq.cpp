@@ -47,6 +47,7 @@ ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
       errno = to_errno(srq.error());
       return nullptr;
     }
+    attr->attr.max_wr = (*srq)->max_wr();  // what was granted (queue_sizes.hpp)
     auto* h = new SrqHandle{};
     h->impl = *srq;
     h->impl->handle = &h->srq;

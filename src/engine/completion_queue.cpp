@@ -7,6 +7,7 @@
 #include "engine/completion_channel.hpp"
 #include "engine/limits.hpp"
 #include "engine/qp/queue_pair.hpp"
+#include "engine/queue_sizes.hpp"
 
 namespace softhca::engine {
 
@@ -24,14 +25,12 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
                                                  bool timestamps) {
   if (cqe < 1 || cqe > limits::kMaxCqe) return fail(std::errc::invalid_argument);
   Node& node = context.node();
-  auto* cq = new CompletionQueue(context, cqe, channel);
+  const CqSize size = cq_size_for(static_cast<uint32_t>(cqe));
+  auto* cq = new CompletionQueue(context, static_cast<int>(size.reported), channel);
   cq->shared_offset_ = node.segment().allocate(sizeof(shm::SharedCq));
-  // The ring holds `capacity` entries and overruns past that: round cqe up to a
-  // power of two, no further (hardware that reports N entries raises CQ_ERR
-  // not far past N).
+  // The ring holds `slots` entries and overruns past that.
   uint64_t ring_offset = 0, ring_bytes = 0;
-  shm::CqRing* ring = cq->shared_offset_ ? cq->allocate_ring(std::bit_ceil(static_cast<uint32_t>(cqe)), ring_offset, ring_bytes)
-                                         : nullptr;
+  shm::CqRing* ring = cq->shared_offset_ ? cq->allocate_ring(size.slots, ring_offset, ring_bytes) : nullptr;
   if (ring == nullptr) {
     delete cq;
     return fail(std::errc::not_enough_memory);
@@ -62,11 +61,27 @@ CompletionQueue::~CompletionQueue() {
 void CompletionQueue::attach(QueuePair* qp) {
   std::lock_guard guard(users_mutex_);
   users_.push_back(qp);
+  users_by_qpn_[qp->qpn()] = qp;
 }
 
 void CompletionQueue::detach(QueuePair* qp) {
   std::lock_guard guard(users_mutex_);
   users_.erase(std::remove(users_.begin(), users_.end(), qp), users_.end());
+  if (auto it = users_by_qpn_.find(qp->qpn()); it != users_by_qpn_.end() && it->second == qp) users_by_qpn_.erase(it);
+}
+
+void CompletionQueue::retire(shm::Cqe& cqe) {
+  const bool send = (cqe.flags & shm::kCqeSendPosition) != 0;
+  const uint32_t position = cqe.src_qp;
+  if (send) cqe.src_qp = 0;  // not a field of send completions
+  std::lock_guard guard(users_mutex_);
+  auto it = users_by_qpn_.find(cqe.qp_num);
+  if (it == users_by_qpn_.end()) return;  // the QP is gone
+  if (send) {
+    it->second->retire_send(position);
+  } else if (cqe.opcode & IBV_WC_RECV) {
+    it->second->retire_recv();
+  }
 }
 
 bool CompletionQueue::in_use() {
@@ -124,7 +139,10 @@ int CompletionQueue::poll(int n, ibv_wc* wc) {
   std::lock_guard guard(poll_lock_);
   int got = 0;
   shm::Cqe cqe;
-  while (got < n && pop_locked(cqe)) to_wc(cqe, wc[got++]);
+  while (got < n && pop_locked(cqe)) {
+    retire(cqe);
+    to_wc(cqe, wc[got++]);
+  }
   return got;
 }
 
@@ -132,7 +150,9 @@ bool CompletionQueue::poll_one(shm::Cqe& out) {
   Node& node = context_.node();
   if (node.has_waiting()) node.run_timers(Node::now_ns());
   std::lock_guard guard(poll_lock_);
-  return pop_locked(out);
+  if (!pop_locked(out)) return false;
+  retire(out);
+  return true;
 }
 
 void CompletionQueue::arm(bool solicited_only) {
@@ -144,11 +164,12 @@ Result<void> CompletionQueue::resize(int cqe) {
   if (cqe < 1 || cqe > limits::kMaxCqe) return fail(std::errc::invalid_argument);
   std::lock_guard guard(poll_lock_);
   const uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
-  const uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
+  const CqSize size = cq_size_for(static_cast<uint32_t>(cqe));
+  const uint32_t capacity = size.slots;
   if (capacity == ring_->capacity) {
     if (static_cast<uint64_t>(cqe) < ring_->head.load(std::memory_order_acquire) - tail)
       return fail(std::errc::invalid_argument);
-    cqe_ = cqe;
+    cqe_ = static_cast<int>(size.reported);
     return {};
   }
   uint64_t offset = 0, bytes = 0;
@@ -178,7 +199,7 @@ Result<void> CompletionQueue::resize(int cqe) {
   rings_.push_back(RingBlock{offset, bytes});
   ring_ = next;
   shared_->ring_offset.store(offset, std::memory_order_release);
-  cqe_ = cqe;
+  cqe_ = static_cast<int>(size.reported);
   return {};
 }
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "common/result.hpp"
@@ -46,7 +47,7 @@ class CompletionQueue {
 
   Context& context() { return context_; }
   CompletionChannel* channel() { return channel_; }
-  int cqe() const { return cqe_; }
+  int cqe() const { return cqe_; }  // what the CQ reports (queue_sizes.hpp), not what was asked
   uint32_t id() const { return id_; }
   uint64_t shared_offset() const { return shared_offset_; }
   shm::SharedCq* shared() const { return shared_; }
@@ -84,6 +85,9 @@ class CompletionQueue {
   // because an initiator may still be reading its closed head.
   std::vector<RingBlock> rings_;
   bool pop_locked(shm::Cqe& out);
+  // Frees the queue slot of a polled completion's WQE (QueuePair::retire_*).
+  // Takes users_mutex_, so that the QP cannot be destroyed meanwhile.
+  void retire(shm::Cqe& cqe);
   struct Purge {
     uint32_t qpn;
     uint64_t until;  // ring positions below this were produced before the reset
@@ -92,6 +96,7 @@ class CompletionQueue {
   std::vector<Purge> purges_;  // guarded by poll_lock_
   std::mutex users_mutex_;
   std::vector<QueuePair*> users_;
+  std::unordered_map<uint32_t, QueuePair*> users_by_qpn_;  // guarded by users_mutex_
   std::atomic<bool> error_raised_{false};
 };
 

@@ -4,6 +4,7 @@
 
 #include "engine/limits.hpp"
 #include "engine/protection_domain.hpp"
+#include "engine/queue_sizes.hpp"
 
 namespace softhca::engine {
 
@@ -14,9 +15,9 @@ Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uin
     return fail(std::errc::invalid_argument);
   Node& node = pd.context().node();
   auto* srq = new SharedReceiveQueue(pd);
-  srq->max_wr_ = max_wr;
+  srq->max_wr_ = srq_size_for(max_wr);
   srq->max_sge_ = max_sge;
-  const uint32_t capacity = std::bit_ceil(max_wr);
+  const uint32_t capacity = std::bit_ceil(srq->max_wr_);
   srq->shared_bytes_ = shm::SharedRq::bytes_for(capacity, max_sge);
   srq->shared_offset_ = node.segment().allocate(srq->shared_bytes_);
   if (srq->shared_offset_ == 0) {
@@ -49,7 +50,9 @@ Result<void> SharedReceiveQueue::post(uint64_t wr_id, const shm::RecvSge* sges, 
   static constexpr shm::RecvSge kNoSge{};
   if (num_sge == 0) sges = &kNoSge;
   std::lock_guard guard(post_mutex_);
-  if (shared_->outstanding() >= max_wr_ || !shared_->push(wr_id, sges, num_sge))
+  // A slot is taken from post until its completion is polled.
+  if (shared_->head.load(std::memory_order_relaxed) - retired_.load(std::memory_order_acquire) >= max_wr_ ||
+      !shared_->push(wr_id, sges, num_sge))
     return fail(std::errc::not_enough_memory);
   return {};
 }
@@ -58,7 +61,8 @@ Result<void> SharedReceiveQueue::modify(uint32_t max_wr, uint32_t limit, int mas
   if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return fail(std::errc::invalid_argument);
   if (mask & IBV_SRQ_MAX_WR) {
     // The ring is shared and cannot move; it resizes within its capacity.
-    if (max_wr == 0 || max_wr > shared_->capacity || max_wr < shared_->outstanding())
+    if (max_wr == 0 || max_wr >= shared_->capacity ||
+        max_wr < shared_->head.load(std::memory_order_acquire) - retired_.load(std::memory_order_acquire))
       return fail(std::errc::invalid_argument);
   }
   const uint32_t new_max = (mask & IBV_SRQ_MAX_WR) ? max_wr : max_wr_;
@@ -72,6 +76,15 @@ void SharedReceiveQueue::query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& li
   max_wr = max_wr_;
   max_sge = max_sge_;
   limit = shared_->limit.load(std::memory_order_acquire);
+}
+
+void SharedReceiveQueue::retire() {
+  uint64_t retired = retired_.load(std::memory_order_acquire);
+  for (;;) {
+    if (retired == shared_->tail.load(std::memory_order_acquire)) return;  // nothing taken to retire
+    if (retired_.compare_exchange_weak(retired, retired + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+      return;
+  }
 }
 
 void SharedReceiveQueue::on_limit_reached() {

@@ -26,6 +26,8 @@ class SharedReceiveQueue {
   Result<void> modify(uint32_t max_wr, uint32_t limit, int mask);
   void query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit) const;
   void on_limit_reached();
+  // A receive completion of a QP on this SRQ was polled: its WQE's slot is free.
+  void retire();
 
   ProtectionDomain& pd() { return pd_; }
   uint32_t max_sge() const { return max_sge_; }
@@ -51,6 +53,7 @@ class SharedReceiveQueue {
   shm::SharedRq* shared_ = nullptr;
   std::mutex post_mutex_;
   std::atomic<uint32_t> users_{0};
+  std::atomic<uint64_t> retired_{0};  // WQEs whose completion was polled
 };
 
 }  // namespace softhca::engine

@@ -184,7 +184,8 @@ TEST(CqOverrun, RaisesCqErrAsyncEvent) {
   {
     Buffer buf(dev.pd, 64);
     ibv_sge sge = buf.sge(0, 8);
-    for (int i = 0; i < 8; ++i) {
+    // A send queue deeper than the CQ: 16 completions for 8 slots.
+    for (int i = 0; i < 16; ++i) {
       ibv_send_wr wr = make_wr(i, IBV_WR_RDMA_WRITE, &sge, 1);
       wr.wr.rdma.remote_addr = buf.addr(32);
       wr.wr.rdma.rkey = buf.rkey();

@@ -10,13 +10,22 @@
 #include "engine/limits.hpp"
 #include "engine/protection_domain.hpp"
 #include "engine/qp/shm_execute.hpp"
+#include "engine/queue_sizes.hpp"
 #include "engine/shared_receive_queue.hpp"
 
 namespace softhca::engine {
 namespace {
 
-// The rdma-core convention for ibv_qp_cap: a request of 0 still gets a usable queue.
+// Ring storage: a power of two, never empty (a queue of 0 WRs refuses every post).
 uint32_t ring_capacity(uint32_t wanted) { return std::bit_ceil(wanted < 1 ? 1u : wanted); }
+
+// A start for a QP's send queue positions that differs from one QP to the next.
+uint32_t random_start(uint32_t qpn) {
+  uint64_t x = Node::now_ns() ^ (uint64_t{qpn} << 32);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return static_cast<uint32_t>(x ^ (x >> 31));
+}
 
 ibv_wc_opcode wc_opcode_for(uint32_t wr_opcode) {
   switch (wr_opcode) {
@@ -77,6 +86,11 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   } else if (init.max_recv_sge == 0) {
     init.max_recv_sge = 1;
   }
+  const SendQueueSize send_size =
+      send_queue_size_for(init.type, init.max_send_wr, init.max_send_sge, init.max_inline_data);
+  init.max_send_wr = send_size.max_send_wr;
+  init.max_inline_data = send_size.max_inline_data;
+  if (init.srq == nullptr) init.max_recv_wr = recv_queue_size_for(init.max_recv_wr);
 
   auto* qp = new QueuePair(pd, context, init);
   qp->sq_capacity_ = ring_capacity(init.max_send_wr);
@@ -114,6 +128,9 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
     return fail(qpn.error());
   }
   qp->qpn_ = *qpn;
+  qp->sq_head_ = random_start(qp->qpn_);
+  qp->sq_tail_.store(qp->sq_head_, std::memory_order_relaxed);
+  qp->sq_retired_.store(qp->sq_head_, std::memory_order_relaxed);
   qp->id_ = node.qps().add(qp);
   shm::SharedQp& shared = *qp->shared_;
   shared.qpn = qp->qpn_;
@@ -195,7 +212,7 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
     flush_send_locked();
     flush_recv();
   }
-  if (to == IBV_QPS_SQD && sq_head_ == sq_tail_) {
+  if (to == IBV_QPS_SQD && sq_head_ == sq_tail_.load(std::memory_order_relaxed)) {
     mark_sq_drained(attrs_);
     if (attrs_.en_sqd_async_notify) raise_event(IBV_EVENT_SQ_DRAINED);
   }
@@ -311,7 +328,8 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   int err = 0;
   for (; wr != nullptr; wr = wr->next) {
     if ((err = validate_send(*wr)) != 0) break;
-    if (sq_head_ - sq_tail_ >= init_.max_send_wr) {
+    // A slot is free once the completion that retires it was polled.
+    if (sq_head_ - sq_retired_.load(std::memory_order_acquire) >= init_.max_send_wr) {
       err = ENOMEM;
       break;
     }
@@ -340,7 +358,8 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
       err = EINVAL;
       break;
     }
-    if (rq_->outstanding() >= init_.max_recv_wr && init_.max_recv_wr > 0) {
+    if (rq_->head.load(std::memory_order_relaxed) - rq_retired_.load(std::memory_order_acquire) >=
+        init_.max_recv_wr) {
       err = ENOMEM;
       break;
     }
@@ -360,6 +379,7 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
+  const uint32_t position = sq_tail_.load(std::memory_order_relaxed);
   if (status != IBV_WC_SUCCESS)
     SOFTHCA_INFO("qp 0x%x: send wr 0x%llx (opcode %u) completes with status %d; the qp goes to ERROR", qpn_,
                  static_cast<unsigned long long>(wqe.wr_id), wqe.opcode, static_cast<int>(status));
@@ -369,6 +389,8 @@ void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
   cqe.status = status;
   cqe.opcode = wc_opcode_for(wqe.opcode);
   cqe.qp_num = qpn_;
+  cqe.src_qp = position;
+  cqe.flags = shm::kCqeSendPosition;
   if (status == IBV_WC_SUCCESS) {
     if (wqe.opcode == IBV_WR_RDMA_READ) cqe.byte_len = static_cast<uint32_t>(wqe.length);
     if (wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
@@ -385,8 +407,9 @@ void QueuePair::progress_locked(uint64_t now_ns) {
       flush_send_locked();
       break;
     }
-    if (sq_tail_ == sq_head_ || st != IBV_QPS_RTS) break;
-    SendWqe& wqe = *sq_slot(sq_tail_);
+    const uint32_t tail = sq_tail_.load(std::memory_order_relaxed);
+    if (tail == sq_head_ || st != IBV_QPS_RTS) break;
+    SendWqe& wqe = *sq_slot(tail);
     if (wqe.deadline_ns != 0 && now_ns < wqe.deadline_ns) {
       // Parked and not yet due: stay on the node's waiting list. (Breaking out
       // here used to fall into the un-park below, so a poll before the deadline
@@ -405,7 +428,7 @@ void QueuePair::progress_locked(uint64_t now_ns) {
     if (outcome.kind == ExecOutcome::Kind::kDone) {
       wqe.deadline_ns = 0;
       complete_send_locked(wqe, outcome.status);
-      ++sq_tail_;
+      advance_tail_locked();
       if (outcome.status != IBV_WC_SUCCESS) enter_error_locked();
       continue;
     }
@@ -414,7 +437,7 @@ void QueuePair::progress_locked(uint64_t now_ns) {
       if (attrs_.rnr_retry != 7) {
         if (wqe.rnr_left == 0) {
           complete_send_locked(wqe, IBV_WC_RNR_RETRY_EXC_ERR);
-          ++sq_tail_;
+          advance_tail_locked();
           enter_error_locked();
           continue;
         }
@@ -427,7 +450,7 @@ void QueuePair::progress_locked(uint64_t now_ns) {
       if (timeout != 0 && wqe.deadline_ns != 0) {
         if (wqe.retry_left == 0) {
           complete_send_locked(wqe, IBV_WC_RETRY_EXC_ERR);
-          ++sq_tail_;
+          advance_tail_locked();
           enter_error_locked();
           continue;
         }
@@ -455,8 +478,9 @@ void QueuePair::progress(uint64_t now_ns) {
 
 uint64_t QueuePair::next_deadline() {
   std::lock_guard guard(sq_lock_);
-  if (sq_tail_ == sq_head_) return 0;
-  return sq_slot(sq_tail_)->deadline_ns;
+  const uint32_t tail = sq_tail_.load(std::memory_order_relaxed);
+  if (tail == sq_head_) return 0;
+  return sq_slot(tail)->deadline_ns;
 }
 
 void QueuePair::enter_error_locked() {
@@ -469,15 +493,16 @@ void QueuePair::enter_error_locked() {
 }
 
 void QueuePair::flush_send_locked() {
-  while (sq_tail_ != sq_head_) {
-    SendWqe& wqe = *sq_slot(sq_tail_);
+  for (uint32_t tail = sq_tail_.load(std::memory_order_relaxed); tail != sq_head_; tail = advance_tail_locked()) {
+    SendWqe& wqe = *sq_slot(tail);
     shm::Cqe cqe{};
     cqe.wr_id = wqe.wr_id;
     cqe.status = IBV_WC_WR_FLUSH_ERR;
     cqe.opcode = wc_opcode_for(wqe.opcode);
     cqe.qp_num = qpn_;
+    cqe.src_qp = tail;
+    cqe.flags = shm::kCqeSendPosition;
     init_.send_cq->push(cqe);
-    ++sq_tail_;
   }
 }
 
@@ -496,9 +521,49 @@ void QueuePair::flush_recv() {
 }
 
 void QueuePair::reset_queues_locked() {
-  sq_tail_ = sq_head_;
-  if (rq_ != nullptr) rq_->tail.store(rq_->head.load(std::memory_order_acquire), std::memory_order_release);
+  // The CQs are purged of this QP's completions, so nothing will retire the
+  // slots they held: every slot is free again.
+  sq_tail_.store(sq_head_, std::memory_order_release);
+  sq_retired_.store(sq_head_, std::memory_order_release);
+  if (rq_ != nullptr) {
+    std::lock_guard guard(rq_lock_);
+    const uint64_t head = rq_->head.load(std::memory_order_acquire);
+    rq_->tail.store(head, std::memory_order_release);
+    rq_retired_.store(head, std::memory_order_release);
+  }
   target_ = TargetQp{};
+}
+
+uint32_t QueuePair::advance_tail_locked() {
+  const uint32_t next = sq_tail_.load(std::memory_order_relaxed) + 1;
+  sq_tail_.store(next, std::memory_order_release);
+  return next;
+}
+
+void QueuePair::retire_send(uint32_t position) {
+  const uint32_t next = position + 1;
+  uint32_t retired = sq_retired_.load(std::memory_order_acquire);
+  for (;;) {
+    // Only a WQE that executed, and that is not retired yet, can retire slots.
+    const uint32_t tail = sq_tail_.load(std::memory_order_acquire);
+    if (next - retired == 0 || next - retired > tail - retired) return;
+    if (sq_retired_.compare_exchange_weak(retired, next, std::memory_order_acq_rel, std::memory_order_acquire)) return;
+  }
+}
+
+void QueuePair::retire_recv() {
+  if (init_.srq != nullptr) {
+    init_.srq->retire();
+    return;
+  }
+  if (rq_ == nullptr) return;
+  uint64_t retired = rq_retired_.load(std::memory_order_acquire);
+  for (;;) {
+    // Never past what initiators took: a stale completion frees nothing.
+    if (retired == rq_->tail.load(std::memory_order_acquire)) return;
+    if (rq_retired_.compare_exchange_weak(retired, retired + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+      return;
+  }
 }
 
 void QueuePair::on_remote_event(uint32_t detail) {

@@ -79,6 +79,13 @@ class QueuePair {
   void* handle = nullptr;  // the application's ibv_qp
   EventCounters async_events;
 
+  // The owner polled a completion of this QP (CompletionQueue::poll). A send
+  // WQE's slot stays taken until its completion, or a later one of the same
+  // send queue, is polled; a receive WQE's until its completion is polled.
+  // Stale positions (a completion of an earlier QP that had this QPN) are ignored.
+  void retire_send(uint32_t position);
+  void retire_recv();
+
   // Used by the shm transport.
   Node& node() { return node_; }
   TargetQp& connected_target() { return target_; }
@@ -92,6 +99,8 @@ class QueuePair {
   void complete_send_locked(const SendWqe& wqe, ibv_wc_status status);
   void enter_error_locked();
   void flush_send_locked();
+  // Moves sq_tail_ past the WQE just completed; returns the new tail.
+  uint32_t advance_tail_locked();
   void flush_recv();
   void reset_queues_locked();
   void publish_responder_state();
@@ -115,8 +124,14 @@ class QueuePair {
   std::vector<unsigned char> sq_;
   uint32_t sq_stride_ = 0;
   uint32_t sq_capacity_ = 0;  // power of two >= max_send_wr
-  uint32_t sq_head_ = 0;      // next free slot
-  uint32_t sq_tail_ = 0;      // oldest unfinished WQE
+  // Positions in the send queue (free-running, from a random start so that a
+  // stale completion of an earlier QP with this QPN names no live WQE):
+  // retired <= tail <= head. [retired, tail) executed, completion not yet
+  // polled; [tail, head) waiting to execute.
+  uint32_t sq_head_ = 0;                  // next free slot
+  std::atomic<uint32_t> sq_tail_{0};      // oldest unfinished WQE (written under sq_lock_)
+  std::atomic<uint32_t> sq_retired_{0};   // oldest slot still taken
+  std::atomic<uint64_t> rq_retired_{0};   // receive WQEs whose completion was polled
   bool parked_ = false;
   SpinLock rq_lock_;
   TargetQp target_;

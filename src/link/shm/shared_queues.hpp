@@ -39,9 +39,13 @@ struct Cqe {
   uint8_t sl;
   uint8_t dlid_path_bits;
   uint8_t solicited;
-  uint8_t pad;
+  uint8_t flags;         // kCqeSendPosition
   uint64_t timestamp;    // completion clock (ns), when the CQ asked for timestamps
 };
+// A send completion carries its WQE's position in the send queue in `src_qp`
+// (meaningless for send completions, reported as 0): polling it frees that
+// slot and every earlier one, as the WQE counter of a ConnectX CQE does.
+inline constexpr uint8_t kCqeSendPosition = 1;
 
 struct alignas(64) CqSlot {
   std::atomic<uint64_t> seq;  // h + 1 once entry h is published

@@ -1,0 +1,391 @@
+// Queues count like hardware: a send WQE holds its slot until its completion
+// (or a later one of the same send queue) is polled, a receive WQE until its
+// completion is polled, and post past the depth is ENOMEM. A CQ as deep as the
+// queues that feed it therefore never overruns. And the sizes granted follow
+// ConnectX's rules (engine/queue_sizes.hpp), reported in the caps.
+#include <vector>
+
+#include "loopback.hpp"
+
+namespace loopback {
+namespace {
+
+ibv_send_wr write_wr(Buffer& buf, ibv_sge& sge, uint64_t wr_id, unsigned flags = IBV_SEND_SIGNALED) {
+  ibv_send_wr wr = make_wr(wr_id, IBV_WR_RDMA_WRITE, &sge, 1, flags);
+  wr.wr.rdma.remote_addr = buf.addr(64);
+  wr.wr.rdma.rkey = buf.rkey();
+  return wr;
+}
+
+ibv_qp_cap caps_of(ibv_qp* qp) {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  EXPECT_EQ(ibv_query_qp(qp, &attr, IBV_QP_CAP, &init), 0);
+  return attr.cap;
+}
+
+TEST(QueueDepth, SendQueueFillsUntilCompletionsArePolled) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_wr = 16;
+  QpPair pair(dev, cfg, 256);
+  ASSERT_TRUE(pair.ok());
+  const uint32_t depth = caps_of(pair.a).max_send_wr;
+  ASSERT_EQ(depth, 16u);
+  Buffer buf(dev.pd, 256);
+  ibv_sge sge = buf.sge(0, 8);
+  for (uint32_t i = 0; i < depth; ++i) {
+    ibv_send_wr wr = write_wr(buf, sge, i);
+    ASSERT_EQ(post_send(pair.a, wr), 0) << "post " << i;
+  }
+  // Every WQE executed, but no completion was polled: the queue is full.
+  ibv_send_wr extra = write_wr(buf, sge, 100);
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_send(pair.a, &extra, &bad), ENOMEM);
+  EXPECT_EQ(bad, &extra);
+  // One polled completion frees one slot, exactly.
+  ibv_wc wc;
+  ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+  EXPECT_EQ(wc.wr_id, 0u);
+  EXPECT_EQ(wc.src_qp, 0u) << "send completions carry no source QP";
+  EXPECT_EQ(post_send(pair.a, extra), 0);
+  ibv_send_wr more = write_wr(buf, sge, 101);
+  EXPECT_EQ(post_send(pair.a, more), ENOMEM);
+  // Polling all of them frees the whole queue.
+  EXPECT_EQ(poll_n(pair.a_send_cq, depth).size(), depth);
+  for (uint32_t i = 0; i < depth; ++i) {
+    ibv_send_wr wr = write_wr(buf, sge, 200 + i);
+    ASSERT_EQ(post_send(pair.a, wr), 0) << "post " << i << " after polling";
+  }
+  EXPECT_EQ(poll_n(pair.a_send_cq, depth).size(), depth);
+}
+
+// Unsignaled WQEs hold their slots until a later signaled completion of the
+// same send queue is polled; with nothing signaled, the queue fills for good.
+TEST(QueueDepth, UnsignaledSlotsFreeWithALaterSignaledCompletion) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_wr = 8;
+  QpPair pair(dev, cfg, 64);
+  ASSERT_TRUE(pair.ok());
+  Buffer buf(dev.pd, 256);
+  ibv_sge sge = buf.sge(0, 8);
+  for (uint32_t i = 0; i < 7; ++i) {
+    ibv_send_wr wr = write_wr(buf, sge, i, 0);
+    ASSERT_EQ(post_send(pair.a, wr), 0);
+  }
+  ibv_send_wr signaled = write_wr(buf, sge, 7);
+  ASSERT_EQ(post_send(pair.a, signaled), 0);
+  ibv_send_wr extra = write_wr(buf, sge, 8, 0);
+  EXPECT_EQ(post_send(pair.a, extra), ENOMEM);
+  ibv_wc wc;
+  ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+  EXPECT_EQ(wc.wr_id, 7u);
+  EXPECT_TRUE(stays_empty(pair.a_send_cq, Millis{5}));
+  // The one polled completion retired all eight slots.
+  for (uint32_t i = 0; i < 8; ++i) {
+    ibv_send_wr wr = write_wr(buf, sge, 10 + i, 0);
+    ASSERT_EQ(post_send(pair.a, wr), 0) << "post " << i;
+  }
+  EXPECT_EQ(post_send(pair.a, extra), ENOMEM) << "eight unsignaled WQEs and nothing to retire them";
+}
+
+// The probe of the issue: max_send_wr 1024, 10,000 posts, nothing polled.
+// Exactly 1024 are accepted, the CQ of 1024 does not overrun, and every
+// completion is there.
+TEST(QueueDepth, PostsPastTheDepthAreRefusedAndTheCqNeverOverruns) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_wr = 1024;
+  QpPair pair(dev, cfg, 1024);
+  ASSERT_TRUE(pair.ok());
+  ASSERT_EQ(caps_of(pair.a).max_send_wr, 1024u);
+  Buffer buf(dev.pd, 256);
+  ibv_sge sge = buf.sge(0, 8);
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 10000; ++i) {
+    ibv_send_wr wr = write_wr(buf, sge, static_cast<uint64_t>(i));
+    const int rc = post_send(pair.a, wr);
+    if (rc == 0) {
+      ++accepted;
+    } else {
+      EXPECT_EQ(rc, ENOMEM);
+      ++refused;
+    }
+  }
+  EXPECT_EQ(accepted, 1024);
+  EXPECT_EQ(refused, 10000 - 1024);
+  EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{10})) << "an async event (CQ_ERR?) was raised";
+  const auto wcs = poll_n(pair.a_send_cq, 1024);
+  ASSERT_EQ(wcs.size(), 1024u);
+  for (size_t i = 0; i < wcs.size(); ++i) {
+    EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wcs[i].wr_id, i);
+  }
+}
+
+// Flushed WQEs complete, and polling the flush completions frees their slots.
+TEST(QueueDepth, FlushCompletionsFreeTheirSlots) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_wr = 4;
+  cfg.max_recv_wr = 4;
+  QpPair pair(dev, cfg, 64);
+  ASSERT_TRUE(pair.ok());
+  Buffer buf(dev.pd, 256);
+  ibv_sge sge = buf.sge(0, 8);
+  ibv_sge rsge = buf.sge(128, 64);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(post_recv(pair.a, 50 + i, &rsge, 1), 0);
+  EXPECT_EQ(post_recv(pair.a, 60, &rsge, 1), ENOMEM);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(pair.a, &attr, IBV_QP_STATE), 0);
+  // In ERROR a post completes at once, flushed; the queue still counts it.
+  for (int i = 0; i < 4; ++i) {
+    ibv_send_wr wr = write_wr(buf, sge, i);
+    ASSERT_EQ(post_send(pair.a, wr), 0);
+  }
+  ibv_send_wr extra = write_wr(buf, sge, 9);
+  EXPECT_EQ(post_send(pair.a, extra), ENOMEM);
+  EXPECT_EQ(post_recv(pair.a, 61, &rsge, 1), ENOMEM);
+  const auto sent = poll_n(pair.a_send_cq, 4);
+  ASSERT_EQ(sent.size(), 4u);
+  for (const auto& wc : sent) EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+  const auto received = poll_n(pair.a_recv_cq, 4);
+  ASSERT_EQ(received.size(), 4u);
+  for (const auto& wc : received) EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(post_send(pair.a, extra), 0);
+  EXPECT_EQ(post_recv(pair.a, 62, &rsge, 1), 0);
+  EXPECT_EQ(poll_n(pair.a_send_cq, 1).size(), 1u);
+  EXPECT_EQ(poll_n(pair.a_recv_cq, 1).size(), 1u);
+}
+
+// A receive WQE that a SEND consumed still holds its slot until its
+// completion is polled: a receiver cannot keep more completions unpolled than
+// its receive queue is deep.
+TEST(QueueDepth, ReceiveQueueFillsUntilReceiveCompletionsArePolled) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_recv_wr = 4;
+  QpPair pair(dev, cfg, 64);
+  ASSERT_TRUE(pair.ok());
+  ASSERT_EQ(caps_of(pair.b).max_recv_wr, 4u);
+  Buffer buf(dev.pd, 1024);
+  ibv_sge sge = buf.sge(0, 8);
+  for (int i = 0; i < 4; ++i) {
+    ibv_sge rsge = buf.sge(64 + 64 * static_cast<size_t>(i), 64);
+    ASSERT_EQ(post_recv(pair.b, 10 + i, &rsge, 1), 0);
+  }
+  ibv_sge rsge = buf.sge(512, 64);
+  EXPECT_EQ(post_recv(pair.b, 20, &rsge, 1), ENOMEM);
+  for (int i = 0; i < 4; ++i) {
+    ibv_send_wr wr = make_wr(i, IBV_WR_SEND, &sge, 1);
+    ASSERT_EQ(post_send(pair.a, wr), 0);
+  }
+  ASSERT_EQ(poll_n(pair.a_send_cq, 4).size(), 4u);
+  // All four were consumed by the SENDs, none polled yet.
+  EXPECT_EQ(post_recv(pair.b, 21, &rsge, 1), ENOMEM);
+  ibv_wc wc;
+  ASSERT_TRUE(poll_one(pair.b_recv_cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(post_recv(pair.b, 22, &rsge, 1), 0);
+  EXPECT_EQ(post_recv(pair.b, 23, &rsge, 1), ENOMEM);
+  EXPECT_EQ(poll_n(pair.b_recv_cq, 3).size(), 3u);
+}
+
+TEST(QueueDepth, SrqFillsUntilReceiveCompletionsArePolled) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_srq_init_attr sattr{};
+  sattr.attr.max_wr = 3;
+  sattr.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(dev.pd, &sattr);
+  ASSERT_NE(srq, nullptr);
+  EXPECT_EQ(sattr.attr.max_wr, 3u) << "3 + 1 spare is already a power of two";
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  QpConfig cfg;
+  ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
+  ibv_qp* b = create_qp(dev.pd, cq, cq, cfg, srq);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(bring_up(a, b->qp_num, dev.gid, cfg), 0);
+  ASSERT_EQ(bring_up(b, a->qp_num, dev.gid, cfg), 0);
+  {
+    Buffer buf(dev.pd, 1024);
+    auto post_srq = [&](uint64_t wr_id) {
+      ibv_sge rsge = buf.sge(256, 64);
+      ibv_recv_wr wr{};
+      wr.wr_id = wr_id;
+      wr.sg_list = &rsge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      return ibv_post_srq_recv(srq, &wr, &bad);
+    };
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(post_srq(10 + i), 0);
+    EXPECT_EQ(post_srq(19), ENOMEM);
+    ibv_sge sge = buf.sge(0, 8);
+    for (int i = 0; i < 3; ++i) {
+      ibv_send_wr wr = make_wr(i, IBV_WR_SEND, &sge, 1, 0);
+      ASSERT_EQ(post_send(a, wr), 0);
+    }
+    // Three receive completions wait in the CQ: the SRQ is still full.
+    EXPECT_EQ(post_srq(20), ENOMEM);
+    const auto wcs = poll_n(cq, 3);
+    ASSERT_EQ(wcs.size(), 3u);
+    for (const auto& wc : wcs) EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(post_srq(30 + i), 0);
+    EXPECT_EQ(post_srq(39), ENOMEM);
+  }
+  EXPECT_EQ(ibv_destroy_qp(a), 0);
+  EXPECT_EQ(ibv_destroy_qp(b), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Sizes as ConnectX grants them.
+
+TEST(QueueSizes, CqHoldsOneMoreThanAskedRoundedToAPowerOfTwo) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  const std::pair<int, int> cases[] = {{1, 1}, {2, 3}, {3, 3}, {4, 7}, {7, 7}, {8, 15}, {1000, 1023}};
+  for (auto [asked, reported] : cases) {
+    ibv_cq* cq = ibv_create_cq(dev.ctx, asked, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    EXPECT_EQ(cq->cqe, reported) << "cqe " << asked;
+    EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  }
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 2, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ASSERT_EQ(ibv_resize_cq(cq, 5), 0);
+  EXPECT_EQ(cq->cqe, 7);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+TEST(QueueSizes, QpCapsSayWhatWasGranted) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 256, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp_init_attr init{};
+  init.send_cq = init.recv_cq = cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = 100;
+  init.cap.max_recv_wr = 100;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(dev.pd, &init);
+  ASSERT_NE(qp, nullptr);
+  EXPECT_EQ(init.cap.max_send_wr, 128u);
+  EXPECT_EQ(init.cap.max_recv_wr, 128u);
+  // The 64-byte WQE that one SGE needs has room for 28 inline bytes.
+  EXPECT_EQ(init.cap.max_inline_data, 28u);
+  const ibv_qp_cap queried = caps_of(qp);
+  EXPECT_EQ(queried.max_send_wr, init.cap.max_send_wr);
+  EXPECT_EQ(queried.max_recv_wr, init.cap.max_recv_wr);
+  EXPECT_EQ(queried.max_inline_data, init.cap.max_inline_data);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// rdma_xclient's case: a 16-byte IBV_SEND_INLINE send on a QP created with
+// max_inline_data 0 and one SGE, which ConnectX and rxe accept.
+TEST(QueueSizes, InlineSendFitsTheRoomOfTheSgeWqe) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_sge = 1;
+  cfg.max_inline_data = 0;
+  QpPair pair(dev, cfg, 64);
+  ASSERT_TRUE(pair.ok());
+  Buffer dst(dev.pd, 64, Buffer::kAllAccess, 0);
+  ibv_sge rsge = dst.sge(0, 64);
+  ASSERT_EQ(post_recv(pair.b, 1, &rsge, 1), 0);
+  char message[16] = "sixteen bytes!!";
+  ibv_sge sge{reinterpret_cast<uint64_t>(message), sizeof message, 0};
+  ibv_send_wr wr = make_wr(2, IBV_WR_SEND, &sge, 1, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+  ASSERT_EQ(post_send(pair.a, wr), 0);
+  ibv_wc wc;
+  ASSERT_TRUE(poll_one(pair.b_recv_cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, sizeof message);
+  EXPECT_EQ(std::memcmp(dst.data(), message, sizeof message), 0);
+  // One byte past the granted room is refused at post.
+  std::vector<char> big(caps_of(pair.a).max_inline_data + 1, 'x');
+  ibv_sge big_sge{reinterpret_cast<uint64_t>(big.data()), static_cast<uint32_t>(big.size()), 0};
+  ibv_send_wr too_big = make_wr(3, IBV_WR_SEND, &big_sge, 1, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+  EXPECT_EQ(post_send(pair.a, too_big), EINVAL);
+}
+
+TEST(QueueSizes, SrqKeepsOneSpareWqe) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  const std::pair<uint32_t, uint32_t> cases[] = {{1, 1}, {4, 7}, {7, 7}, {8, 15}, {100, 127}};
+  for (auto [asked, granted] : cases) {
+    ibv_srq_init_attr attr{};
+    attr.attr.max_wr = asked;
+    attr.attr.max_sge = 1;
+    ibv_srq* srq = ibv_create_srq(dev.pd, &attr);
+    ASSERT_NE(srq, nullptr);
+    EXPECT_EQ(attr.attr.max_wr, granted) << "max_wr " << asked;
+    ibv_srq_attr queried{};
+    ASSERT_EQ(ibv_query_srq(srq, &queried), 0);
+    EXPECT_EQ(queried.max_wr, granted);
+    EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  }
+}
+
+// The manual's multicast receiver (ch. 8): a UD QP on a CQ of 2 entries with 4
+// receives posted, polled one completion at a time while messages arrive. On
+// ConnectX the CQ holds 4, so it never overruns; neither does softhca's.
+TEST(QueueSizes, FourReceivesOnACqOfTwoDoNotOverrun) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.type = IBV_QPT_UD;
+  cfg.max_recv_wr = 4;
+  QpPair pair(dev, cfg, 2);
+  ASSERT_TRUE(pair.ok());
+  ASSERT_EQ(pair.b_recv_cq->cqe, 3);
+  ibv_ah_attr ah_attr{};
+  ah_attr.is_global = 1;
+  ah_attr.grh.dgid = dev.gid;
+  ah_attr.grh.hop_limit = 64;
+  ah_attr.port_num = 1;
+  ibv_ah* ah = ibv_create_ah(dev.pd, &ah_attr);
+  ASSERT_NE(ah, nullptr);
+  {
+    Buffer buf(dev.pd, 4096);
+    ibv_sge rsge = buf.sge(1024, 128);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(post_recv(pair.b, static_cast<uint64_t>(i), &rsge, 1), 0);
+    ibv_sge sge = buf.sge(0, 32);
+    int received = 0;
+    for (int i = 0; i < 40; ++i) {
+      // A burst of four before polling anything, then one per completion.
+      ibv_send_wr wr = make_wr(static_cast<uint64_t>(i), IBV_WR_SEND, &sge, 1);
+      wr.wr.ud.ah = ah;
+      wr.wr.ud.remote_qpn = pair.b->qp_num;
+      wr.wr.ud.remote_qkey = cfg.qkey;
+      ASSERT_EQ(post_send(pair.a, wr), 0);
+      ibv_wc wc;
+      ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+      if (i < 3) continue;
+      ASSERT_TRUE(poll_one(pair.b_recv_cq, &wc)) << "message " << received;
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+      ++received;
+      ASSERT_EQ(post_recv(pair.b, 100 + static_cast<uint64_t>(i), &rsge, 1), 0);
+    }
+    EXPECT_EQ(poll_n(pair.b_recv_cq, 3).size(), 3u);
+    EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{5})) << "an async event (CQ_ERR?) was raised";
+  }
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+}
+
+}  // namespace
+}  // namespace loopback
