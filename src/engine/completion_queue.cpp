@@ -35,7 +35,7 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
     delete cq;
     return fail(std::errc::not_enough_memory);
   }
-  cq->rings_.push_back(RingBlock{ring_offset, ring_bytes});
+  cq->ring_block_ = RingBlock{ring_offset, ring_bytes};
   cq->ring_ = ring;
   cq->shared_ = node.segment().at<shm::SharedCq>(cq->shared_offset_);
   cq->shared_->owner_proc = node.proc();
@@ -54,7 +54,9 @@ CompletionQueue::~CompletionQueue() {
     channel_->forget(*this);
     channel_->detach();
   }
-  for (const RingBlock& block : rings_) node.segment().release(block.offset, block.bytes);
+  // No QP feeds a CQ that is being destroyed, so no producer is left in any ring.
+  for (const RingBlock& block : retired_rings_) node.segment().release(block.offset, block.bytes);
+  if (ring_block_.bytes) node.segment().release(ring_block_.offset, ring_block_.bytes);
   if (shared_offset_) node.segment().release(shared_offset_, sizeof(shm::SharedCq));
 }
 
@@ -196,11 +198,25 @@ Result<void> CompletionQueue::resize(int cqe) {
   }
   next->head.store(held, std::memory_order_relaxed);
   for (Purge& p : purges_) p.until = p.until > tail ? p.until - tail : 0;
-  rings_.push_back(RingBlock{offset, bytes});
+  retired_rings_.push_back(ring_block_);
+  ring_block_ = RingBlock{offset, bytes};
   ring_ = next;
-  shared_->ring_offset.store(offset, std::memory_order_release);
+  shared_->ring_offset.store(offset, std::memory_order_seq_cst);
   cqe_ = static_cast<int>(size.reported);
+  free_retired_rings_locked();
   return {};
+}
+
+void CompletionQueue::free_retired_rings_locked() {
+  // Producers leave push() within moments (they never block), unless one
+  // died inside it: then the rings stay until the CQ is destroyed.
+  const uint64_t deadline = Node::now_ns() + 1'000'000;
+  while (!shared_->quiescent()) {
+    if (Node::now_ns() > deadline) return;
+    __builtin_ia32_pause();
+  }
+  for (const RingBlock& block : retired_rings_) context_.node().segment().release(block.offset, block.bytes);
+  retired_rings_.clear();
 }
 
 void CompletionQueue::signal_channel() {

@@ -81,9 +81,11 @@ class CompletionQueue {
     uint64_t offset;
     uint64_t bytes;
   };
-  // Every ring this CQ used: a replaced ring is kept until the CQ is destroyed,
-  // because an initiator may still be reading its closed head.
-  std::vector<RingBlock> rings_;
+  RingBlock ring_block_{};  // the current ring's memory
+  // Rings replaced by resize that a producer may still be reading (it loaded
+  // the offset before the switch); freed once no producer is inside push().
+  std::vector<RingBlock> retired_rings_;  // guarded by poll_lock_
+  void free_retired_rings_locked();
   bool pop_locked(shm::Cqe& out);
   // Frees the queue slot of a polled completion's WQE (QueuePair::retire_*).
   // Takes users_mutex_, so that the QP cannot be destroyed meanwhile.

@@ -7,8 +7,10 @@
 //    ring's `head`, fills the entry, then publishes it with a release store of
 //    `seq = h + 1`; the consumer acquires `seq`, reads the entry, and releases
 //    the slot by storing `tail`. Resize closes `head` with an atomic OR, waits
-//    for the reserved slots to be published, copies them, then release-stores
-//    the new ring's offset.
+//    for the reserved slots to be published, copies them, then stores the new
+//    ring's offset. A producer counts itself in `pushers` before it reads the
+//    offset, so once the owner sees `pushers` at zero after that store, no
+//    producer can reach the old ring and it is freed (seq_cst on both sides).
 //  - RQ: the owner fills slot `head`, then release-stores head + 1; a consumer
 //    acquire-loads head, copies slot `tail` and claims it by CAS on `tail`
 //    (the copy is valid if the CAS succeeds: the owner only rewrites a slot
@@ -100,6 +102,7 @@ struct SharedCq {
   uint32_t stamp_completions;                  // 1: producers write Cqe::timestamp
   alignas(64) std::atomic<uint32_t> armed;     // 0, kArmNext or kArmSolicited
   std::atomic<uint32_t> overrun;               // set once: the CQ is in error
+  std::atomic<uint32_t> pushers;               // producers inside push() now
 
   static constexpr uint32_t kArmNext = 1;
   static constexpr uint32_t kArmSolicited = 2;
@@ -108,9 +111,23 @@ struct SharedCq {
   // Thread: any initiator of any process. `base` is the owner's segment as
   // mapped by the caller.
   Push push(char* base, const Cqe& cqe) {
+    // Counted in `pushers` while it may hold a pointer into a ring, so that
+    // a resize knows when a replaced ring is no longer reachable.
+    pushers.fetch_add(1, std::memory_order_seq_cst);
+    const Push result = push_counted(base, cqe);
+    pushers.fetch_sub(1, std::memory_order_release);
+    return result;
+  }
+
+  // Thread: the owner, after publishing a new ring_offset. True when no
+  // producer can still be inside a ring that was current before.
+  bool quiescent() const { return pushers.load(std::memory_order_seq_cst) == 0; }
+
+ private:
+  Push push_counted(char* base, const Cqe& cqe) {
     for (;;) {
       if (overrun.load(std::memory_order_relaxed)) return Push::kOverrun;
-      auto* ring = reinterpret_cast<CqRing*>(base + ring_offset.load(std::memory_order_acquire));
+      auto* ring = reinterpret_cast<CqRing*>(base + ring_offset.load(std::memory_order_seq_cst));
       bool reserved = false;
       uint64_t h = 0;
       for (;;) {
@@ -141,7 +158,6 @@ struct SharedCq {
     }
   }
 
- private:
   // An armed CQ fires once for the next completion (or for the next solicited
   // or error completion when armed for solicited only).
   Push notify_after(const Cqe& cqe) {
