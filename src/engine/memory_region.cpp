@@ -44,7 +44,11 @@ Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uin
 
 MemoryRegion::~MemoryRegion() {
   if (key_ != 0) {
-    pd_->context().node().registry().release_mr(key_);
+    Node& node = pd_->context().node();
+    node.registry().release_mr(key_);
+    // Once ibv_dereg_mr returns, no initiator touches the range: wait out the
+    // accesses to our memory that may have validated the key before it went.
+    node.registry().fence_accesses(node.proc());
     pd_->detach();
   }
 }
@@ -69,8 +73,10 @@ Result<void> MemoryRegion::rereg(int flags, ProtectionDomain* pd, void* addr, ui
     length_ = length;
     iova_ = reinterpret_cast<uint64_t>(addr);
   }
-  pd_->context().node().registry().update_mr(key_, pd_->id(), access_, iova_, length_,
-                                             reinterpret_cast<uint64_t>(addr_));
+  Node& node = pd_->context().node();
+  node.registry().update_mr(key_, pd_->id(), access_, iova_, length_, reinterpret_cast<uint64_t>(addr_));
+  // As for dereg: no access under the old translation or rights outlives the call.
+  node.registry().fence_accesses(node.proc());
   return {};
 }
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,7 +17,13 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 2;  // 2: the multicast group table
+constexpr uint32_t kVersion = 3;  // 2: the multicast group table; 3: the access fence
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
 
 void init_layout(RegistryLayout* layout) {
   init_robust_mutex(&layout->mutex);
@@ -90,6 +97,11 @@ bool HostRegistry::process_alive(uint32_t index, uint32_t pid) const {
 }
 
 void HostRegistry::release_process_objects_locked(uint32_t proc) {
+  // A dead process's accesses ended with it.
+  for (auto& slot : layout_->accesses[proc].slots) {
+    const uint64_t v = slot.load(std::memory_order_relaxed);
+    if (v & 0xFFFFFFFFu) slot.store(v & ~uint64_t{0xFFFFFFFFu}, std::memory_order_release);
+  }
   for (auto& qp : layout_->qps)
     if (qp.qpn.load(std::memory_order_relaxed) != 0 && qp.proc == proc) qp.qpn.store(0, std::memory_order_release);
   remove_mcast_members_locked(0, proc);
@@ -203,8 +215,8 @@ void HostRegistry::release_mr(uint32_t key) {
   MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
   if (slot.key.load(std::memory_order_relaxed) == key) {
     slot.seq.fetch_add(1, std::memory_order_acq_rel);
-    slot.key.store(0, std::memory_order_release);
-    slot.seq.fetch_add(1, std::memory_order_release);
+    slot.key.store(0, std::memory_order_seq_cst);  // see begin_access
+    slot.seq.fetch_add(1, std::memory_order_seq_cst);
   }
   unlock();
 }
@@ -220,7 +232,7 @@ void HostRegistry::update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint
     slot.iova.store(iova, std::memory_order_relaxed);
     slot.length.store(length, std::memory_order_relaxed);
     slot.host_addr.store(host_addr, std::memory_order_relaxed);
-    slot.seq.fetch_add(1, std::memory_order_release);
+    slot.seq.fetch_add(1, std::memory_order_seq_cst);  // see begin_access
   }
   unlock();
 }
@@ -228,7 +240,7 @@ void HostRegistry::update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint
 bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
   const MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
   for (;;) {
-    const uint32_t before = slot.seq.load(std::memory_order_acquire);
+    const uint32_t before = slot.seq.load(std::memory_order_seq_cst);  // see begin_access
     if (before & 1) {
       __builtin_ia32_pause();
       continue;
@@ -356,6 +368,59 @@ uint32_t HostRegistry::mcast_members(const uint8_t* mgid, uint32_t* out) const {
     }
   }
   return 0;
+}
+
+namespace {
+// Where a thread looks for a free access slot first: threads spread over the slots.
+thread_local uint32_t t_access_hint = 0;
+std::atomic<uint32_t> g_access_threads{0};
+}  // namespace
+
+uint32_t HostRegistry::begin_access(uint32_t self, uint32_t target) {
+  if (t_access_hint == 0) t_access_hint = g_access_threads.fetch_add(1, std::memory_order_relaxed) + 1;
+  ProcAccesses& mine = layout_->accesses[self];
+  for (;;) {
+    for (uint32_t n = 0; n < kAccessSlotsPerProc; ++n) {
+      const uint32_t index = (t_access_hint + n) % kAccessSlotsPerProc;
+      std::atomic<uint64_t>& slot = mine.slots[index];
+      uint64_t v = slot.load(std::memory_order_relaxed);
+      if (v & 0xFFFFFFFFu) continue;
+      const uint64_t taken = (((v >> 32) + 1) << 32) | (target + 1);
+      // seq_cst: the fence's read of this slot and our later reads of the
+      // key table are ordered against its key store and our slot store.
+      if (slot.compare_exchange_strong(v, taken, std::memory_order_seq_cst)) return index;
+    }
+    __builtin_ia32_pause();  // more threads than slots inside peers' memory: wait for one
+  }
+}
+
+void HostRegistry::end_access(uint32_t self, uint32_t slot) {
+  std::atomic<uint64_t>& s = layout_->accesses[self].slots[slot];
+  s.store(s.load(std::memory_order_relaxed) & ~uint64_t{0xFFFFFFFFu}, std::memory_order_release);
+}
+
+bool HostRegistry::accessor_alive(uint32_t proc) const { return process_alive(proc); }
+
+void HostRegistry::fence_accesses(uint32_t target) const {
+  for (uint32_t p = 0; p < kMaxProcs; ++p) {
+    if (layout_->procs[p].pid.load(std::memory_order_acquire) == 0) continue;
+    for (const auto& slot : layout_->accesses[p].slots) {
+      const uint64_t seen = slot.load(std::memory_order_seq_cst);
+      if ((seen & 0xFFFFFFFFu) != target + 1) continue;
+      // An access is one bounded copy (large ones re-check their keys every
+      // chunk and stop), so this wait is short unless the accessor died.
+      const uint64_t start = now_ns();
+      uint64_t next_liveness_check = start + 1'000'000;
+      while (slot.load(std::memory_order_acquire) == seen) {
+        const uint64_t now = now_ns();
+        if (now >= next_liveness_check) {
+          if (!accessor_alive(p)) break;
+          next_liveness_check = now + 1'000'000;
+        }
+        __builtin_ia32_pause();
+      }
+    }
+  }
 }
 
 uint32_t HostRegistry::allocate_pd_id() { return layout_->next_pd_id.fetch_add(1, std::memory_order_relaxed); }

@@ -26,6 +26,7 @@ inline constexpr uint32_t kAtomicStripes = 1024;
 inline constexpr uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special; start above them like hardware
 inline constexpr uint32_t kMaxMcastGroups = 256;   // multicast groups with at least one member, host-wide
 inline constexpr uint32_t kMaxMcastMembers = 32;   // UD QPs attached to one group
+inline constexpr uint32_t kAccessSlotsPerProc = 16;  // threads of one process inside peers' memory at once
 
 struct ProcSlot {
   std::atomic<uint32_t> pid;   // 0 = free
@@ -72,6 +73,15 @@ struct McastGroup {
   McastMember members[kMaxMcastMembers];
 };
 
+// Which process's registered memory the threads of one process are reaching
+// into right now: the fence between an initiator's copy and the target's
+// ibv_dereg_mr. Each slot holds (sequence << 32) | (target proc + 1), low
+// half 0 when free; the sequence grows at every use, so a fence that saw a
+// value knows that access ended as soon as the value changes.
+struct alignas(64) ProcAccesses {
+  std::atomic<uint64_t> slots[kAccessSlotsPerProc];
+};
+
 struct alignas(64) AtomicStripe {
   std::atomic<uint32_t> locked;
 };
@@ -84,6 +94,7 @@ struct RegistryLayout {
   uint32_t mr_cursor;
   uint32_t key_salt;
   AtomicStripe atomic_stripes[kAtomicStripes];
+  ProcAccesses accesses[kMaxProcs];
   ProcSlot procs[kMaxProcs];
   QpSlot qps[kMaxQpSlots];
   MrSlot mrs[kMaxMrSlots];
@@ -116,6 +127,17 @@ class HostRegistry {
 
   uint32_t allocate_pd_id();
 
+  // The deregistration fence. An initiator thread of process `self` calls
+  // begin_access before it validates any key of process `target` and keeps
+  // the returned slot until it no longer touches that memory (end_access).
+  // After an MR of `target` is released or changed, fence_accesses waits
+  // until every access to `target` that was under way has ended, so that
+  // once ibv_dereg_mr returns no initiator writes or reads the old range.
+  // Accesses of processes that died are not waited for.
+  uint32_t begin_access(uint32_t self, uint32_t target);
+  void end_access(uint32_t self, uint32_t slot);
+  void fence_accesses(uint32_t target) const;
+
   // Attaches QP `qpn` (owned by `proc`) to the group `mgid`; attaching twice
   // succeeds and changes nothing, as the kernel's uverbs does. ENOMEM when the
   // group table or the group is full.
@@ -142,6 +164,8 @@ class HostRegistry {
   void unlock();
   void reclaim_dead_locked();
   void release_process_objects_locked(uint32_t proc);
+  // Whether the process in slot `proc` is still the one that made an access.
+  bool accessor_alive(uint32_t proc) const;
   // Removes every member matching `qpn` (if non-zero) or owned by `proc`.
   void remove_mcast_members_locked(uint32_t qpn, uint32_t proc);
 

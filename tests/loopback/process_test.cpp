@@ -252,6 +252,92 @@ TEST(TwoProcesses, WriteReadSendBothWays) {
 }
 
 // ---------------------------------------------------------------------------
+// Deregistration fences a peer's RDMA WRITE: the target deregisters a 64 MiB
+// MR while a peer's 64 MiB WRITE into it is under way, then reuses the
+// memory. Nothing of the WRITE may land after ibv_dereg_mr returned, and the
+// initiator sees REM_ACCESS_ERR (or SUCCESS, had the WRITE finished first).
+
+constexpr size_t kFenceLen = 64u << 20;
+constexpr uint8_t kWritten = 0xAB;  // what the peer writes
+constexpr uint8_t kReused = 0x5A;   // what the target stores after dereg
+
+// The initiator: one 64 MiB WRITE into the parent on its cue, then its
+// completion status back through the pipe.
+int fence_writer_child(int rfd, int wfd) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  QpConfig cfg;
+  cfg.retry_cnt = 1;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  if (!cq) return 11;
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  if (!qp) return 12;
+  Buffer src(dev.pd, kFenceLen, Buffer::kAllAccess, kWritten);
+  if (!src.mr()) return 13;
+  const Endpoint mine{qp->qp_num, src.rkey(), src.addr()};
+  Endpoint peer{};
+  if (!write_all(wfd, &mine, sizeof mine) || !read_all(rfd, &peer, sizeof peer, kChildDeadline)) return 16;
+  if (bring_up(qp, peer.qpn, dev.gid, cfg) != 0) return 17;
+  char go = 0;
+  if (!read_all(rfd, &go, 1, kChildDeadline) || go != 'G') return 18;
+  ibv_sge sge = src.sge(0, static_cast<uint32_t>(kFenceLen));
+  ibv_send_wr wr = make_wr(1, IBV_WR_RDMA_WRITE, &sge, 1);
+  wr.wr.rdma.remote_addr = peer.addr;
+  wr.wr.rdma.rkey = peer.rkey;
+  if (post_send(qp, wr) != 0) return 19;
+  ibv_wc wc{};
+  if (!poll_one(cq, &wc, kChildDeadline)) return 20;
+  const int32_t status = wc.status;
+  if (!write_all(wfd, &status, sizeof status)) return 21;
+  char quit = 0;
+  if (!read_all(rfd, &quit, 1, kChildDeadline) || quit != 'Q') return 40;
+  ibv_destroy_qp(qp);
+  ibv_destroy_cq(cq);
+  return 0;
+}
+
+class DeregFence : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeregFence, NoWriteLandsAfterDeregReturns) {
+  Child child(fence_writer_child);
+  ASSERT_TRUE(child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_NE(qp, nullptr);
+  std::vector<uint8_t> target(kFenceLen, 0);
+  ibv_mr* mr = ibv_reg_mr(dev.pd, target.data(), target.size(), Buffer::kAllAccess);
+  ASSERT_NE(mr, nullptr);
+  const Endpoint mine{qp->qp_num, mr->rkey, reinterpret_cast<uint64_t>(target.data())};
+  Endpoint peer{};
+  ASSERT_TRUE(write_all(child.wfd, &mine, sizeof mine));
+  ASSERT_TRUE(read_all(child.rfd, &peer, sizeof peer, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  ASSERT_EQ(bring_up(qp, peer.qpn, dev.gid, cfg), 0);
+  ASSERT_TRUE(write_all(child.wfd, "G", 1));
+  // Deregister as soon as the WRITE is seen landing.
+  const auto until = Clock::now() + kChildDeadline;
+  while (__atomic_load_n(&target[0], __ATOMIC_ACQUIRE) != kWritten)
+    ASSERT_LT(Clock::now(), until) << "the WRITE never started";
+  ASSERT_EQ(ibv_dereg_mr(mr), 0);
+  std::memset(target.data(), kReused, target.size());
+  int32_t status = -1;
+  ASSERT_TRUE(read_all(child.rfd, &status, sizeof status, kChildDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  EXPECT_TRUE(status == IBV_WC_REM_ACCESS_ERR || status == IBV_WC_SUCCESS)
+      << "initiator status " << ibv_wc_status_str(static_cast<ibv_wc_status>(status));
+  EXPECT_EQ(first_not(target, kReused), -1) << "the peer's WRITE landed after ibv_dereg_mr returned";
+  ASSERT_TRUE(write_all(child.wfd, "Q", 1));
+  EXPECT_EQ(child.wait_exit(kChildDeadline), 0);
+  drain_async_events(dev.ctx);  // QP_ACCESS_ERR when the WRITE was cut
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Runs, DeregFence, ::testing::Range(0, 3));
+
+// ---------------------------------------------------------------------------
 // A peer that dies while connected.
 
 struct KillParam {

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <future>
 #include <set>
 #include <string>
 
@@ -172,6 +174,44 @@ TEST(IbtaTimers, AckTimeoutDoublesAndZeroIsInfinite) {
   EXPECT_EQ(engine::ack_timeout_ns(0), 0u);
   EXPECT_EQ(engine::ack_timeout_ns(1), 8192u);
   EXPECT_EQ(engine::ack_timeout_ns(14), 4096ull << 14);
+}
+
+}  // namespace
+}  // namespace softhca::host
+
+namespace softhca::host {
+namespace {
+
+// Whether fence_accesses(target) returns within a generous bound (a fence
+// that waits on nothing must not hang; a hang would also fail by timeout).
+bool fence_returns(HostRegistry& registry, uint32_t target) {
+  auto done = std::async(std::launch::async, [&] { registry.fence_accesses(target); });
+  return done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+}
+
+// The deregistration fence: an access held by a process that died does not
+// hold up a deregistration forever, and accesses to other processes never do.
+TEST_F(HostRegistryTest, FenceIgnoresAccessesOfOtherTargetsAndOfTheDead) {
+  const uint32_t other_target = proc_ + 1;
+  const uint32_t mine = registry_->begin_access(proc_, other_target);
+  EXPECT_TRUE(fence_returns(*registry_, proc_)) << "an access to another target held up the fence";
+  registry_->end_access(proc_, mine);
+
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  // Register the (now dead) child as if it had died inside an access to us.
+  auto dead = registry_->register_process(static_cast<uint32_t>(child), 3);
+  ASSERT_TRUE(dead.has_value());
+  registry_->begin_access(*dead, proc_);
+  EXPECT_TRUE(fence_returns(*registry_, proc_)) << "a dead accessor held up the fence";
+  // A released slot is free for the next access, and a fence after it has nothing to wait for.
+  const uint32_t again = registry_->begin_access(proc_, proc_);
+  EXPECT_LT(again, kAccessSlotsPerProc);
+  registry_->end_access(proc_, again);
+  EXPECT_TRUE(fence_returns(*registry_, proc_)) << "an ended access held up the fence";
 }
 
 }  // namespace

@@ -38,6 +38,83 @@ class TargetUse {
   shm::SharedQp* qp_;
 };
 
+// Announces that this thread is about to reach registered memory of the
+// target's process (HostRegistry::begin_access): a deregistration there
+// waits for it to end. Keys are validated only after this.
+class MemoryAccess {
+ public:
+  MemoryAccess(Node& node, uint32_t target_proc)
+      : registry_(node.registry()), self_(node.proc()), slot_(registry_.begin_access(self_, target_proc)) {}
+  ~MemoryAccess() { registry_.end_access(self_, slot_); }
+  MemoryAccess(const MemoryAccess&) = delete;
+  MemoryAccess& operator=(const MemoryAccess&) = delete;
+
+ private:
+  host::HostRegistry& registry_;
+  uint32_t self_;
+  uint32_t slot_;
+};
+
+// The keys of the target's memory an operation validated, as validated, so
+// that a long copy can stop between chunks once one of them was deregistered
+// or changed (the deregistration waits for the chunk under way only).
+class KeysInUse {
+ public:
+  void add(const host::MrRecord& record) {
+    if (n_ < kMax) records_[n_++] = record;
+  }
+  bool still_valid(Node& node) const {
+    for (int i = 0; i < n_; ++i) {
+      host::MrRecord now;
+      const host::MrRecord& then = records_[i];
+      if (!node.registry().lookup_mr(then.key, now) || now.proc != then.proc || now.pd_id != then.pd_id ||
+          now.access != then.access || now.iova != then.iova || now.length != then.length ||
+          now.host_addr != then.host_addr)
+        return false;
+    }
+    return true;
+  }
+
+ private:
+  static constexpr int kMax = limits::kMaxSge + 1;
+  host::MrRecord records_[kMax];
+  int n_ = 0;
+};
+
+// Copies of this size or less run as one; longer ones in chunks of it, the
+// keys re-checked before each: the longest a deregistration waits.
+constexpr size_t kFenceChunk = 1 << 20;
+
+shm::CopyResult fenced_write(Node& node, const TargetQp& target, const iovec* dst, int ndst, const iovec* src,
+                             int nsrc, uint64_t length, const KeysInUse& keys) {
+  if (length <= kFenceChunk) return shm::write_to(target.pid, dst, ndst, src, nsrc, length);
+  iovec dpart[limits::kMaxSge + 1], spart[limits::kMaxSge + 1];
+  for (uint64_t offset = 0; offset < length; offset += kFenceChunk) {
+    if (offset != 0 && !keys.still_valid(node)) return shm::CopyResult::kFault;
+    const uint64_t bytes = length - offset < kFenceChunk ? length - offset : kFenceChunk;
+    const int nd = shm::slice_iovecs(dst, ndst, offset, bytes, dpart);
+    const int ns = shm::slice_iovecs(src, nsrc, offset, bytes, spart);
+    const shm::CopyResult r = shm::write_to(target.pid, dpart, nd, spart, ns, bytes);
+    if (r != shm::CopyResult::kOk) return r;
+  }
+  return shm::CopyResult::kOk;
+}
+
+shm::CopyResult fenced_read(Node& node, const TargetQp& target, const iovec* dst, int ndst, const iovec* src,
+                            int nsrc, uint64_t length, const KeysInUse& keys) {
+  if (length <= kFenceChunk) return shm::read_from(target.pid, dst, ndst, src, nsrc, length);
+  iovec dpart[limits::kMaxSge + 1], spart[limits::kMaxSge + 1];
+  for (uint64_t offset = 0; offset < length; offset += kFenceChunk) {
+    if (offset != 0 && !keys.still_valid(node)) return shm::CopyResult::kFault;
+    const uint64_t bytes = length - offset < kFenceChunk ? length - offset : kFenceChunk;
+    const int nd = shm::slice_iovecs(dst, ndst, offset, bytes, dpart);
+    const int ns = shm::slice_iovecs(src, nsrc, offset, bytes, spart);
+    const shm::CopyResult r = shm::read_from(target.pid, dpart, nd, spart, ns, bytes);
+    if (r != shm::CopyResult::kOk) return r;
+  }
+  return shm::CopyResult::kOk;
+}
+
 // Finds QP `qpn` anywhere on the host; false if it does not exist or cannot be reached.
 bool resolve(Node& node, uint32_t qpn, TargetQp& out) {
   const host::QpSlot* slot = node.registry().find_qp(qpn);
@@ -78,7 +155,7 @@ ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t
 
 // Validates [addr, addr+len) under `rkey` at the target (QP access flags, PD, MR access, range).
 bool remote_range(Node& node, const TargetQp& target, uint32_t rkey, uint64_t addr, uint64_t len, uint32_t access,
-                  iovec* out) {
+                  iovec* out, KeysInUse* keys = nullptr) {
   if ((target.qp->access.load(std::memory_order_acquire) & access) != access) return false;
   if (len == 0) {
     out->iov_base = nullptr;
@@ -91,6 +168,7 @@ bool remote_range(Node& node, const TargetQp& target, uint32_t rkey, uint64_t ad
     return false;
   out->iov_base = reinterpret_cast<void*>(mr.host_addr + (addr - mr.iova));
   out->iov_len = len;
+  if (keys) keys->add(mr);
   return true;
 }
 
@@ -171,7 +249,7 @@ bool take_recv(Node& node, const TargetQp& target, RecvClaim& claim) {
 // Turns the claimed receive WQE's SGEs into iovecs in the target's memory.
 // Returns LOC_PROT_ERR for a bad lkey, LOC_LEN_ERR if `needed` does not fit.
 ibv_wc_status recv_iovecs(Node& node, const TargetQp& target, const shm::RecvWqe& wqe, uint64_t needed, iovec* out,
-                          int* nout) {
+                          int* nout, KeysInUse* keys = nullptr) {
   const uint32_t pd_id = target.qp->srq_offset ? target_rq(target)->pd_id : target.qp->pd_id;
   uint64_t room = 0;
   int n = 0;
@@ -188,6 +266,7 @@ ibv_wc_status recv_iovecs(Node& node, const TargetQp& target, const shm::RecvWqe
     out[n].iov_len = take;
     ++n;
     room += take;
+    if (keys) keys->add(mr);
   }
   *nout = n;
   return room < needed ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
@@ -256,6 +335,7 @@ void deliver_ud(QueuePair& qp, const SendWqe& wqe, const iovec* src, int nsrc, u
   TargetQp target;
   if (!resolve(node, qpn, target)) return;
   TargetUse use(target.qp);
+  MemoryAccess access(node, target.proc);
   const uint32_t state = target.qp->state.load(std::memory_order_acquire);
   if (target.qp->qp_type != IBV_QPT_UD || state >= 32 || !((1u << state) & kReceivableStates)) return;
   const uint32_t qkey = (wqe.remote_qkey & 0x80000000u) ? qp.attrs().qkey : wqe.remote_qkey;
@@ -405,6 +485,7 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
     }
   }
   TargetUse use(target.qp);
+  MemoryAccess access(node, target.proc);
   const uint32_t state = target.qp->state.load(std::memory_order_acquire);
   if (state >= 32 || !((1u << state) & kReceivableStates) || target.qp->qp_type != static_cast<uint32_t>(qp.type()))
     return reliable ? no_response() : done(IBV_WC_SUCCESS);
@@ -421,7 +502,8 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
       iovec dst;
-      if (!remote_range(node, target, wqe.rkey, wqe.remote_addr, length, IBV_ACCESS_REMOTE_WRITE, &dst))
+      KeysInUse keys;
+      if (!remote_range(node, target, wqe.rkey, wqe.remote_addr, length, IBV_ACCESS_REMOTE_WRITE, &dst, &keys))
         return responder_fails(IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
       RecvClaim claim;
       const bool with_imm = wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -429,7 +511,8 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
         if (!reliable) return done(IBV_WC_SUCCESS);
         return rnr_or_silence(node, target);
       }
-      const shm::CopyResult copied = shm::write_to(target.pid, &dst, 1, src, nsrc, length);
+      // A deregistration of the target MR mid-copy stops it: REM_ACCESS_ERR.
+      const shm::CopyResult copied = fenced_write(node, target, &dst, 1, src, nsrc, length, keys);
       if (copied == shm::CopyResult::kGone) return reliable ? no_response() : done(IBV_WC_SUCCESS);
       if (copied != shm::CopyResult::kOk) return responder_fails(IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
       mark_established(node, target);
@@ -453,9 +536,10 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
       const shm::RecvWqe& rwqe = *claim.wqe();
       iovec dst[limits::kMaxSge];
       int ndst = 0;
-      ibv_wc_status rstatus = recv_iovecs(node, target, rwqe, length, dst, &ndst);
+      KeysInUse keys;
+      ibv_wc_status rstatus = recv_iovecs(node, target, rwqe, length, dst, &ndst, &keys);
       if (rstatus == IBV_WC_SUCCESS) {
-        const shm::CopyResult copied = shm::write_to(target.pid, dst, ndst, src, nsrc, length);
+        const shm::CopyResult copied = fenced_write(node, target, dst, ndst, src, nsrc, length, keys);
         if (copied == shm::CopyResult::kGone) return reliable ? no_response() : done(IBV_WC_SUCCESS);
         if (copied != shm::CopyResult::kOk) rstatus = IBV_WC_LOC_PROT_ERR;
       }
@@ -482,9 +566,10 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
       if (target.qp->max_dest_rd_atomic.load() == 0)
         return responder_fails(IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR);
       iovec from;
-      if (!remote_range(node, target, wqe.rkey, wqe.remote_addr, length, IBV_ACCESS_REMOTE_READ, &from))
+      KeysInUse keys;
+      if (!remote_range(node, target, wqe.rkey, wqe.remote_addr, length, IBV_ACCESS_REMOTE_READ, &from, &keys))
         return responder_fails(IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
-      const shm::CopyResult copied = shm::read_from(target.pid, src, nsrc, &from, 1, length);
+      const shm::CopyResult copied = fenced_read(node, target, src, nsrc, &from, 1, length, keys);
       if (copied == shm::CopyResult::kGone) return no_response();
       if (copied != shm::CopyResult::kOk) return responder_fails(IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
       mark_established(node, target);

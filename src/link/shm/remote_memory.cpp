@@ -47,6 +47,22 @@ void copy_iovecs(const iovec* dst, int ndst, const iovec* src, int nsrc, size_t 
   }
 }
 
+int slice_iovecs(const iovec* in, int n, size_t offset, size_t bytes, iovec* out) {
+  int count = 0;
+  for (int i = 0; i < n && bytes > 0; ++i) {
+    if (offset >= in[i].iov_len) {
+      offset -= in[i].iov_len;
+      continue;
+    }
+    size_t take = in[i].iov_len - offset;
+    if (take > bytes) take = bytes;
+    out[count++] = iovec{static_cast<char*>(in[i].iov_base) + offset, take};
+    bytes -= take;
+    offset = 0;
+  }
+  return count;
+}
+
 namespace {
 
 CopyResult from_errno(ssize_t done, size_t bytes) {
