@@ -28,6 +28,7 @@ uint64_t now_ns() {
 void init_layout(RegistryLayout* layout) {
   init_robust_mutex(&layout->mutex);
   layout->next_pd_id.store(1);
+  layout->next_incarnation.store(1);
   std::random_device rd;
   layout->key_salt = rd();
   layout->qp_cursor = rd() % kMaxQpSlots;
@@ -422,6 +423,8 @@ void HostRegistry::fence_accesses(uint32_t target) const {
     }
   }
 }
+
+uint64_t HostRegistry::new_incarnation() { return layout_->next_incarnation.fetch_add(1, std::memory_order_relaxed); }
 
 uint32_t HostRegistry::allocate_pd_id() { return layout_->next_pd_id.fetch_add(1, std::memory_order_relaxed); }
 

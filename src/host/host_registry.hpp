@@ -93,6 +93,7 @@ struct RegistryLayout {
   uint32_t qp_cursor;     // next slot to try: QPNs rotate so a stale peer rarely meets a new QP
   uint32_t mr_cursor;
   uint32_t key_salt;
+  std::atomic<uint64_t> next_incarnation;  // QP incarnations: never repeat while the file lives
   AtomicStripe atomic_stripes[kAtomicStripes];
   ProcAccesses accesses[kMaxProcs];
   ProcSlot procs[kMaxProcs];
@@ -126,6 +127,9 @@ class HostRegistry {
   bool lookup_mr(uint32_t key, MrRecord& out) const;
 
   uint32_t allocate_pd_id();
+  // A number no other QP of this host had: a QPN comes back after some 65,000
+  // creations, its incarnation never does.
+  uint64_t new_incarnation();
 
   // The deregistration fence. An initiator thread of process `self` calls
   // begin_access before it validates any key of process `target` and keeps

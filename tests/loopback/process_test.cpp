@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "loopback.hpp"
 
@@ -336,6 +338,110 @@ TEST_P(DeregFence, NoWriteLandsAfterDeregReturns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Runs, DeregFence, ::testing::Range(0, 3));
+
+// ---------------------------------------------------------------------------
+// A stale connection does not reach a new QP that took its peer's QPN. QPNs
+// come back after some 65,000 creations; on RoCE the responder's PSN check
+// drops a stale requester's packets, and the requester ends in RETRY_EXC_ERR.
+// The test runs on a private registry (SOFTHCA_RUNTIME_DIR), so that only its
+// own two processes take QPNs and the number comes back within one round.
+
+constexpr Millis kStaleDeadline{60000};
+
+int stale_target_child(int rfd, int wfd) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  if (!cq) return 11;
+  ibv_qp* b = create_qp(dev.pd, cq, cq, cfg);
+  if (!b) return 12;
+  Buffer buf(dev.pd, 4096);
+  if (!buf.mr()) return 13;
+  const uint32_t old_qpn = b->qp_num;
+  uint32_t peer_qpn = 0;
+  if (!write_all(wfd, &old_qpn, sizeof old_qpn) || !read_all(rfd, &peer_qpn, sizeof peer_qpn, kChildDeadline)) return 14;
+  if (bring_up(b, peer_qpn, dev.gid, cfg) != 0) return 15;
+  ibv_sge rsge = buf.sge(0, 64);
+  if (post_recv(b, 1, &rsge, 1) != 0) return 16;
+  if (!write_all(wfd, "R", 1)) return 17;
+  ibv_wc wc{};
+  if (!poll_one(cq, &wc, kChildDeadline) || wc.status != IBV_WC_SUCCESS) return 18;
+  // Destroy the peer's QP and create QPs until one gets its number back.
+  if (ibv_destroy_qp(b) != 0) return 19;
+  ibv_qp* reborn = nullptr;
+  for (int i = 0; i < 3 * 65536 && reborn == nullptr; ++i) {
+    ibv_qp* q = create_qp(dev.pd, cq, cq, cfg);
+    if (!q) return 20;
+    if (q->qp_num == old_qpn) {
+      reborn = q;
+    } else if (ibv_destroy_qp(q) != 0) {
+      return 21;
+    }
+  }
+  if (reborn == nullptr) return 22;
+  // As receptive as it can be: connected to the stale requester's QPN itself,
+  // with receives posted.
+  if (bring_up(reborn, peer_qpn, dev.gid, cfg) != 0) return 23;
+  for (int i = 0; i < 4; ++i)
+    if (post_recv(reborn, 100 + static_cast<uint64_t>(i), &rsge, 1) != 0) return 24;
+  if (!write_all(wfd, "N", 1)) return 25;
+  char done = 0;
+  if (!read_all(rfd, &done, 1, kStaleDeadline) || done != 'D') return 26;
+  // The stale requester's retries all ran before it completed: nothing came.
+  if (ibv_poll_cq(cq, 1, &wc) != 0) return 30;
+  ibv_destroy_qp(reborn);
+  ibv_destroy_cq(cq);
+  return 0;
+}
+
+TEST(StaleConnection, NewQpWithTheSameQpnReceivesNothing) {
+  char dir[] = "/dev/shm/softhca-stale-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_EQ(::setenv("SOFTHCA_RUNTIME_DIR", dir, 1), 0);
+  {
+    Child child(stale_target_child);
+    ASSERT_TRUE(child.ok());
+    Device dev;
+    ASSERT_TRUE(dev.ok());
+    QpConfig cfg;
+    cfg.timeout = 8;  // 1 ms
+    cfg.retry_cnt = 2;
+    ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
+    ASSERT_NE(a, nullptr);
+    {
+      Buffer buf(dev.pd, 64);
+      uint32_t peer_qpn = 0;
+      ASSERT_TRUE(read_all(child.rfd, &peer_qpn, sizeof peer_qpn, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+      ASSERT_TRUE(write_all(child.wfd, &a->qp_num, sizeof a->qp_num));
+      ASSERT_EQ(bring_up(a, peer_qpn, dev.gid, cfg), 0);
+      char ready = 0;
+      ASSERT_TRUE(read_all(child.rfd, &ready, 1, kDeadline));
+      ASSERT_EQ(ready, 'R');
+      ibv_sge sge = buf.sge(0, 8);
+      ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+      ASSERT_EQ(post_send(a, wr), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_one(cq, &wc));
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+      ASSERT_TRUE(read_all(child.rfd, &ready, 1, kStaleDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+      ASSERT_EQ(ready, 'N');
+      wr = make_wr(2, IBV_WR_SEND, &sge, 1);
+      ASSERT_EQ(post_send(a, wr), 0);
+      ASSERT_TRUE(poll_one(cq, &wc));
+      EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << wc_str(wc);
+      ASSERT_TRUE(write_all(child.wfd, "D", 1));
+      EXPECT_EQ(child.wait_exit(kStaleDeadline), 0) << "30: the new QP received the stale SEND";
+    }
+    EXPECT_EQ(ibv_destroy_qp(a), 0);
+    EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  }
+  ::unsetenv("SOFTHCA_RUNTIME_DIR");
+  std::string cleanup = std::string("rm -rf ") + dir;
+  EXPECT_EQ(std::system(cleanup.c_str()), 0);
+}
 
 // ---------------------------------------------------------------------------
 // A peer that dies while connected.

@@ -133,6 +133,7 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   qp->sq_retired_.store(qp->sq_head_, std::memory_order_relaxed);
   qp->id_ = node.qps().add(qp);
   shm::SharedQp& shared = *qp->shared_;
+  shared.incarnation.store(node.registry().new_incarnation(), std::memory_order_relaxed);
   shared.qpn = qp->qpn_;
   shared.qp_type = init.type;
   shared.owner_proc = node.proc();
@@ -200,7 +201,12 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   apply_modify_qp(attrs_, attr, mask, init_.type);
   const ibv_qp_state to = attrs_.state;
   publish_responder_state();
-  if ((mask & IBV_QP_DEST_QPN) != 0) target_ = TargetQp{};
+  if ((mask & IBV_QP_DEST_QPN) != 0) {
+    target_ = TargetQp{};
+    peer_incarnation_ = 0;
+  }
+  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD)
+    peer_incarnation_ = peer_incarnation_of(node_, attrs_.dest_qpn);
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
     reset_queues_locked();
     init_.send_cq->purge_qp(qpn_);
@@ -532,6 +538,7 @@ void QueuePair::reset_queues_locked() {
     rq_retired_.store(head, std::memory_order_release);
   }
   target_ = TargetQp{};
+  peer_incarnation_ = 0;
 }
 
 uint32_t QueuePair::advance_tail_locked() {

@@ -89,6 +89,10 @@ class QueuePair {
   // Used by the shm transport.
   Node& node() { return node_; }
   TargetQp& connected_target() { return target_; }
+  // The incarnation of the QP this one is connected to (RC/UC), taken when it
+  // moved to RTR, or at its first send if the peer did not exist then; 0 = not yet.
+  uint64_t peer_incarnation() const { return peer_incarnation_; }
+  void bind_peer(uint64_t incarnation) { peer_incarnation_ = incarnation; }
 
  private:
   QueuePair(ProtectionDomain& pd, Context& context, const QpInitAttr& init);
@@ -135,6 +139,7 @@ class QueuePair {
   bool parked_ = false;
   SpinLock rq_lock_;
   TargetQp target_;
+  uint64_t peer_incarnation_ = 0;  // under sq_lock_
 };
 
 }  // namespace softhca::engine

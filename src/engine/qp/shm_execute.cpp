@@ -442,6 +442,12 @@ uint64_t ack_timeout_ns(uint32_t code) {
   return 4096ULL << (code & 31);
 }
 
+uint64_t peer_incarnation_of(Node& node, uint32_t qpn) {
+  TargetQp target;
+  if (!resolve(node, qpn, target)) return 0;
+  return target.qp->incarnation.load(std::memory_order_relaxed);
+}
+
 ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
   Node& node = qp.node();
   const uint32_t pd_id = qp.pd().id();
@@ -485,6 +491,15 @@ ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe) {
     }
   }
   TargetUse use(target.qp);
+  // A QP that took over the QPN of the one we were connected to is not our
+  // peer: like a responder that drops packets of a PSN it does not expect, it
+  // answers nothing, and the requester ends in RETRY_EXC_ERR.
+  const uint64_t incarnation = target.qp->incarnation.load(std::memory_order_relaxed);
+  if (qp.peer_incarnation() == 0) {
+    qp.bind_peer(incarnation);
+  } else if (incarnation != qp.peer_incarnation()) {
+    return reliable ? no_response() : done(IBV_WC_SUCCESS);
+  }
   MemoryAccess access(node, target.proc);
   const uint32_t state = target.qp->state.load(std::memory_order_acquire);
   if (state >= 32 || !((1u << state) & kReceivableStates) || target.qp->qp_type != static_cast<uint32_t>(qp.type()))

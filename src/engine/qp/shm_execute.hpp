@@ -13,6 +13,7 @@
 
 namespace softhca::engine {
 
+class Node;
 class QueuePair;
 
 struct ExecOutcome {
@@ -27,6 +28,9 @@ struct ExecOutcome {
 };
 
 ExecOutcome shm_execute(QueuePair& qp, SendWqe& wqe);
+
+// The incarnation of the QP that has number `qpn` now, or 0 if there is none.
+uint64_t peer_incarnation_of(Node& node, uint32_t qpn);
 
 // IBTA's encoding of min_rnr_timer (5 bits) in nanoseconds.
 uint64_t rnr_timer_ns(uint32_t code);

@@ -258,6 +258,10 @@ struct SharedQp {
   uint64_t rq_offset;             // SharedRq of the QP, 0 when it uses an SRQ
   uint64_t srq_offset;            // SharedRq of its SRQ, or 0
   uint64_t recv_cq_offset;        // SharedCq that receives its receive completions
+  // Which QP this is, beyond its QPN: a requester connected to an earlier QP
+  // that had the same QPN finds a different incarnation and gets no answer,
+  // as the PSN check drops a stale connection's packets on RoCE.
+  std::atomic<uint64_t> incarnation;
 
   static constexpr uint32_t kDestroyed = 0xFFFF;
 };
