@@ -24,7 +24,9 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
                                                  bool timestamps) {
   if (cqe < 1 || cqe > limits::kMaxCqe) return fail(std::errc::invalid_argument);
   Node& node = context.node();
+  if (!node.cq_quota().try_take()) return fail(std::errc::not_enough_memory);  // at max_cq
   auto* cq = new CompletionQueue(context, cqe, channel);
+  cq->counted_ = true;
   cq->shared_offset_ = node.segment().allocate(sizeof(shm::SharedCq));
   // The ring holds `capacity` entries and overruns past that: round cqe up to a
   // power of two, no further (hardware that reports N entries raises CQ_ERR
@@ -57,6 +59,7 @@ CompletionQueue::~CompletionQueue() {
   }
   for (const RingBlock& block : rings_) node.segment().release(block.offset, block.bytes);
   if (shared_offset_) node.segment().release(shared_offset_, sizeof(shm::SharedCq));
+  if (counted_) node.cq_quota().give_back();
 }
 
 void CompletionQueue::attach(QueuePair* qp) {

@@ -25,6 +25,9 @@ Result<void> check_access_flags(uint32_t access) {
   return {};
 }
 
+// max_mr is the registry's key table, host-wide (allocate_mr: not_enough_memory).
+static_assert(limits::kMaxMr == host::kMaxMrSlots, "max_mr must be what the host registry holds");
+
 namespace {
 
 // The range must be there with the protection the access needs, as the

@@ -910,5 +910,71 @@ TEST(VerbErrno, ReregMrToMemoryThatIsNotThereFailsAndKeepsTheMr) {
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
 }
 
+
+// The device's object limits are what creating objects meets: max_cq CQs,
+// max_srq SRQs and max_pd PDs can be held (these count per process), and the
+// next create fails with ENOMEM, as on a device at its limit.
+TEST(VerbErrno, CreateCqBeyondMaxCqIsEnomem) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_device_attr attr{};
+  ASSERT_EQ(ibv_query_device(dev.ctx, &attr), 0);
+  std::vector<ibv_cq*> cqs;
+  cqs.reserve(static_cast<size_t>(attr.max_cq));
+  for (int i = 0; i < attr.max_cq; ++i) {
+    ibv_cq* cq = ibv_create_cq(dev.ctx, 1, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr) << "cq " << i << ": " << std::strerror(errno);
+    cqs.push_back(cq);
+  }
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(dev.ctx, 1, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  ASSERT_EQ(ibv_destroy_cq(cqs.back()), 0);
+  cqs.back() = ibv_create_cq(dev.ctx, 1, nullptr, nullptr, 0);  // a destroyed CQ frees its place
+  EXPECT_NE(cqs.back(), nullptr) << std::strerror(errno);
+  for (ibv_cq* cq : cqs) {
+    if (cq) {
+      EXPECT_EQ(ibv_destroy_cq(cq), 0);
+    }
+  }
+}
+
+TEST(VerbErrno, CreateSrqBeyondMaxSrqIsEnomem) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_device_attr attr{};
+  ASSERT_EQ(ibv_query_device(dev.ctx, &attr), 0);
+  ibv_srq_init_attr init{};
+  init.attr.max_wr = 1;
+  init.attr.max_sge = 1;
+  std::vector<ibv_srq*> srqs;
+  for (int i = 0; i < attr.max_srq; ++i) {
+    ibv_srq* srq = ibv_create_srq(dev.pd, &init);
+    ASSERT_NE(srq, nullptr) << "srq " << i << ": " << std::strerror(errno);
+    srqs.push_back(srq);
+  }
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq(dev.pd, &init), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  for (ibv_srq* srq : srqs) EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
+TEST(VerbErrno, AllocPdBeyondMaxPdIsEnomem) {
+  Device dev;  // holds one PD already
+  ASSERT_TRUE(dev.ok());
+  ibv_device_attr attr{};
+  ASSERT_EQ(ibv_query_device(dev.ctx, &attr), 0);
+  std::vector<ibv_pd*> pds;
+  for (int i = 1; i < attr.max_pd; ++i) {
+    ibv_pd* pd = ibv_alloc_pd(dev.ctx);
+    ASSERT_NE(pd, nullptr) << "pd " << i << ": " << std::strerror(errno);
+    pds.push_back(pd);
+  }
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_pd(dev.ctx), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  for (ibv_pd* pd : pds) EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
 }  // namespace
 }  // namespace loopback
