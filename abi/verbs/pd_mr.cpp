@@ -51,8 +51,13 @@ ibv_pd* ibv_alloc_pd(ibv_context* context) {
       errno = EINVAL;
       return nullptr;
     }
+    auto impl = engine::ProtectionDomain::create(*ctx);
+    if (!impl) {
+      errno = to_errno(impl.error());
+      return nullptr;
+    }
     auto* h = new PdHandle{};
-    h->impl = new engine::ProtectionDomain(*ctx, ctx->node().registry().allocate_pd_id());
+    h->impl = *impl;
     h->pd.context = context;
     h->pd.handle = h->impl->id();
     return &h->pd;

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "common/log.hpp"
+#include "host/runtime_dir.hpp"
 #include "host/host_registry.hpp"
 
 namespace softhca::cm {
@@ -70,9 +71,13 @@ bool process_is_alive(uint32_t pid, uint64_t start_time) {
 }
 
 Result<PortTable*> PortTable::open() {
-  char name[96];
-  std::snprintf(name, sizeof name, "/dev/shm/softhca-%u-cm-v%u.ports", static_cast<unsigned>(::getuid()), kVersion);
-  return open_named(name, false);
+  auto dir = host::runtime_directory();
+  if (!dir) return fail(dir.error());
+  return open_in(*dir, false);
+}
+
+Result<PortTable*> PortTable::open_in(const std::string& dir, bool unlink_on_close) {
+  return open_named(dir + "/cm-v" + std::to_string(kVersion) + ".ports", unlink_on_close);
 }
 
 Result<PortTable*> PortTable::open_named(const std::string& path, bool unlink_on_close) {

@@ -3,7 +3,8 @@
 // where its process's CM endpoint is. It is what the kernel's rdma_cm bind
 // lists are for a host, shared by the processes of one Unix user.
 //
-// Storage: one file in /dev/shm (mode 0600, owner checked) mapped by every
+// Storage: one file in the user's runtime directory (host/runtime_dir.hpp;
+// mode 0600, owner checked) mapped by every
 // process that uses the CM, guarded by a robust process-shared mutex. A
 // process registers once (pid, start time, socket path) and owns the bindings
 // it creates; the entries of a process that died — killed, crashed, exited
@@ -91,8 +92,11 @@ struct ListenerInfo {
 
 class PortTable {
  public:
-  // The calling user's table (/dev/shm/softhca-<uid>-cm.ports), created on first use.
+  // The calling user's table (cm-v<N>.ports in its runtime directory,
+  // host/runtime_dir.hpp), created on first use.
   static Result<PortTable*> open();
+  // The table of directory `dir` (for tests: unlinked when closed if asked).
+  static Result<PortTable*> open_in(const std::string& dir, bool unlink_on_close);
   // For tests: a private table, removed when closed.
   static Result<PortTable*> open_named(const std::string& path, bool unlink_on_close);
   ~PortTable();

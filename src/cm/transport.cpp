@@ -14,23 +14,12 @@
 
 #include "cm/wire.hpp"
 #include "common/log.hpp"
+#include "host/runtime_dir.hpp"
 
 namespace softhca::cm {
 namespace {
 
 std::errc errc_from_errno(int err) { return static_cast<std::errc>(err); }
-
-Result<void> ensure_private_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fail(errc_from_errno(errno));
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) return fail(errc_from_errno(errno));
-  if (!S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) {
-    SOFTHCA_ERROR("cm: %s is not a directory owned by this user; refusing to use it", dir.c_str());
-    return fail(std::errc::permission_denied);
-  }
-  if ((st.st_mode & 077) != 0 && ::chmod(dir.c_str(), 0700) != 0) return fail(errc_from_errno(errno));
-  return {};
-}
 
 bool fill_sockaddr(const std::string& path, sockaddr_un& addr) {
   std::memset(&addr, 0, sizeof addr);
@@ -47,18 +36,7 @@ void set_send_timeout(int fd) {
 
 }  // namespace
 
-Result<std::string> endpoint_directory() {
-  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
-    struct stat st {};
-    if (::stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::getuid()) {
-      std::string dir = std::string(xdg) + "/softhca";
-      if (ensure_private_dir(dir)) return dir;
-    }
-  }
-  std::string dir = "/tmp/softhca-" + std::to_string(::getuid());
-  if (auto r = ensure_private_dir(dir); !r) return fail(r.error());
-  return dir;
-}
+Result<std::string> endpoint_directory() { return host::runtime_directory(); }
 
 Transport::Conn::~Conn() {
   if (fd >= 0) ::close(fd);

@@ -1,6 +1,6 @@
 // How CM messages travel between the processes of one host: one Unix
 // SOCK_SEQPACKET endpoint per process, bound at a path in a per-user directory
-// (mode 0700; $XDG_RUNTIME_DIR/softhca or /tmp/softhca-<uid>; never the
+// (the user's runtime directory, mode 0700, host/runtime_dir.hpp; never the
 // abstract namespace, which ignores file permissions and network namespaces
 // would split). A process connects to a peer's endpoint the first time it has
 // something to send there; either side may then send on that connection.
@@ -24,8 +24,8 @@
 
 namespace softhca::cm {
 
-// The directory for this user's endpoints, created (0700) if needed.
-// Errors: permission_denied (exists but is not ours or not private).
+// The directory for this user's endpoints: its runtime directory.
+// Errors: permission_denied (no private directory could be had).
 Result<std::string> endpoint_directory();
 
 class Transport {

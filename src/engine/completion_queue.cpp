@@ -25,8 +25,10 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
                                                  bool timestamps) {
   if (cqe < 1 || cqe > limits::kMaxCqe) return fail(std::errc::invalid_argument);
   Node& node = context.node();
+  if (!node.cq_quota().try_take()) return fail(std::errc::not_enough_memory);  // at max_cq
   const CqSize size = cq_size_for(static_cast<uint32_t>(cqe));
   auto* cq = new CompletionQueue(context, static_cast<int>(size.reported), channel);
+  cq->counted_ = true;
   cq->shared_offset_ = node.segment().allocate(sizeof(shm::SharedCq));
   // The ring holds `slots` entries and overruns past that.
   uint64_t ring_offset = 0, ring_bytes = 0;
@@ -58,6 +60,7 @@ CompletionQueue::~CompletionQueue() {
   for (const RingBlock& block : retired_rings_) node.segment().release(block.offset, block.bytes);
   if (ring_block_.bytes) node.segment().release(ring_block_.offset, ring_block_.bytes);
   if (shared_offset_) node.segment().release(shared_offset_, sizeof(shm::SharedCq));
+  if (counted_) node.cq_quota().give_back();
 }
 
 void CompletionQueue::attach(QueuePair* qp) {

@@ -71,6 +71,7 @@ class CompletionQueue {
   CompletionChannel* channel_;
   int cqe_;
   uint32_t id_ = 0;
+  bool counted_ = false;  // holds a unit of the node's cq_quota()
   // Allocates and zeroes a ring of `capacity` slots; nullptr when the segment is full.
   shm::CqRing* allocate_ring(uint32_t capacity, uint64_t& offset, uint64_t& bytes);
 

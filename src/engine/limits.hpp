@@ -1,5 +1,9 @@
 // The limits softhca enforces. ibv_query_device reports exactly these values,
-// and every create/modify/post path checks against them.
+// and every create/modify/post path checks against them. Object counts fail
+// the create verb with ENOMEM, as a device at its limit does: QPs and MRs are
+// host-wide like a NIC's (the host registry's slot tables, static_asserted
+// equal in queue_pair.cpp and memory_region.cpp); CQs, SRQs and PDs per
+// process (engine/object_quota.hpp), since they use only its own memory.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +15,7 @@ inline constexpr uint32_t kVendorPartId = 0;         // not in perftest's table 
 inline constexpr uint32_t kHwVersion = 1;
 inline constexpr uint64_t kMaxMrSize = 1ULL << 40;
 inline constexpr uint64_t kPageSizeCap = 0xFFFFF000ULL;  // 4 KiB and up
-inline constexpr int kMaxQp = 16384;
+inline constexpr int kMaxQp = 65536;
 inline constexpr int kMaxQpWr = 16384;
 inline constexpr int kMaxSge = 32;
 inline constexpr int kMaxSgeRd = 32;

@@ -6,6 +6,7 @@
 #include "engine/context.hpp"
 #include "engine/limits.hpp"
 #include "engine/protection_domain.hpp"
+#include "host/memory_check.hpp"
 
 namespace softhca::engine {
 
@@ -24,11 +25,32 @@ Result<void> check_access_flags(uint32_t access) {
   return {};
 }
 
+// max_mr is the registry's key table, host-wide (allocate_mr: not_enough_memory).
+static_assert(limits::kMaxMr == host::kMaxMrSlots, "max_mr must be what the host registry holds");
+
+namespace {
+
+// The range must be there with the protection the access needs, as the
+// kernel's page pinning demands (EFAULT), and must not wrap (EINVAL): softhca
+// reads and writes registered memory directly, so an MR over missing or
+// read-only pages would fault inside the library at the first operation.
+// Memory unmapped after registration is the application's bug, as with a NIC.
+Result<void> check_memory(const void* addr, uint64_t length, uint32_t access) {
+  auto ok = host::check_process_range(addr, length, host::memory_need(access));
+  if (!ok && ok.error() == std::errc::bad_address)
+    SOFTHCA_INFO("reg_mr: %p + %#llx is not mapped %s", addr, static_cast<unsigned long long>(length),
+                 host::memory_need(access) == host::MemoryNeed::kWrite ? "writable" : "readable");
+  return ok;
+}
+
+}  // namespace
+
 Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,
                                            uint32_t access) {
   if (auto ok = check_access_flags(access); !ok) return fail(ok.error());
   if (length == 0 || length > limits::kMaxMrSize) return fail(std::errc::invalid_argument);
   if (addr == nullptr) return fail(std::errc::invalid_argument);
+  if (auto ok = check_memory(addr, length, access); !ok) return fail(ok.error());
   auto* mr = new MemoryRegion(pd, addr, length, iova, access);
   Node& node = pd.context().node();
   auto key = node.registry().allocate_mr(node.proc(), pd.id(), access, iova, length,
@@ -62,6 +84,14 @@ Result<void> MemoryRegion::rereg(int flags, ProtectionDomain* pd, void* addr, ui
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (addr == nullptr || length == 0 || length > limits::kMaxMrSize))
     return fail(std::errc::invalid_argument);
   if ((flags & IBV_REREG_MR_CHANGE_PD) && pd == nullptr) return fail(std::errc::invalid_argument);
+  // A new range, or new access that may need writable pages, is checked as a
+  // registration is, before anything changes.
+  if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS)) {
+    void* new_addr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : addr_;
+    const uint64_t new_length = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : length_;
+    const uint32_t new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : access_;
+    if (auto ok = check_memory(new_addr, new_length, new_access); !ok) return fail(ok.error());
+  }
   if (flags & IBV_REREG_MR_CHANGE_PD) {
     pd_->detach();
     pd_ = pd;

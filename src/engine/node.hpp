@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "engine/limits.hpp"
+#include "engine/object_quota.hpp"
 #include "host/host_registry.hpp"
 #include "host/process_segment.hpp"
 #include "link/shm/shared_queues.hpp"
@@ -87,6 +89,11 @@ class Node {
   ObjectTable<QueuePair>& qps() { return qps_; }
   ObjectTable<SharedReceiveQueue>& srqs() { return srqs_; }
 
+  // What this process may hold of the objects that are not host-wide.
+  ObjectQuota& cq_quota() { return cq_quota_; }
+  ObjectQuota& srq_quota() { return srq_quota_; }
+  ObjectQuota& pd_quota() { return pd_quota_; }
+
   // A QP with work parked until a deadline (RNR or transport retry) asks to be progressed.
   void add_waiting(QueuePair* qp);
   void remove_waiting(QueuePair* qp);
@@ -113,6 +120,9 @@ class Node {
   ObjectTable<CompletionQueue> cqs_;
   ObjectTable<QueuePair> qps_;
   ObjectTable<SharedReceiveQueue> srqs_;
+  ObjectQuota cq_quota_{limits::kMaxCq};
+  ObjectQuota srq_quota_{limits::kMaxSrq};
+  ObjectQuota pd_quota_{limits::kMaxPd};
 
   std::mutex waiting_mutex_;
   std::set<QueuePair*> waiting_;

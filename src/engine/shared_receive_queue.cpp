@@ -14,7 +14,9 @@ Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uin
       max_sge > static_cast<uint32_t>(limits::kMaxSrqSge) || limit > max_wr)
     return fail(std::errc::invalid_argument);
   Node& node = pd.context().node();
+  if (!node.srq_quota().try_take()) return fail(std::errc::not_enough_memory);  // at max_srq
   auto* srq = new SharedReceiveQueue(pd);
+  srq->counted_ = true;
   srq->max_wr_ = srq_size_for(max_wr);
   srq->max_sge_ = max_sge;
   const uint32_t capacity = std::bit_ceil(srq->max_wr_);
@@ -41,6 +43,7 @@ SharedReceiveQueue::~SharedReceiveQueue() {
   Node& node = pd_.context().node();
   if (id_) node.srqs().remove(id_);
   if (shared_offset_) node.segment().release(shared_offset_, shared_bytes_);
+  if (counted_) node.srq_quota().give_back();
   if (shared_) pd_.detach();
 }
 

@@ -48,6 +48,7 @@ class SharedReceiveQueue {
   uint32_t max_wr_ = 0;
   uint32_t max_sge_ = 0;
   uint32_t id_ = 0;
+  bool counted_ = false;  // holds a unit of the node's srq_quota()
   uint64_t shared_offset_ = 0;
   uint64_t shared_bytes_ = 0;
   shm::SharedRq* shared_ = nullptr;

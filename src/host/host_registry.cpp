@@ -12,6 +12,7 @@
 #include <random>
 
 #include "common/log.hpp"
+#include "host/runtime_dir.hpp"
 
 namespace softhca::host {
 namespace {
@@ -60,9 +61,13 @@ uint64_t process_start_time(uint32_t pid) {
 }
 
 Result<HostRegistry*> HostRegistry::open() {
-  char name[96];
-  std::snprintf(name, sizeof name, "/dev/shm/softhca-%u-v%u.registry", static_cast<unsigned>(::getuid()), kVersion);
-  return open_named(name, false);
+  auto dir = runtime_directory();
+  if (!dir) return fail(dir.error());
+  return open_in(*dir, false);
+}
+
+Result<HostRegistry*> HostRegistry::open_in(const std::string& dir, bool unlink_on_close) {
+  return open_named(dir + "/registry-v" + std::to_string(kVersion), unlink_on_close);
 }
 
 Result<HostRegistry*> HostRegistry::open_named(const std::string& path, bool unlink_on_close) {

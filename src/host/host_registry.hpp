@@ -1,4 +1,5 @@
-// The host registry: one shared-memory file per Unix user (/dev/shm, mode 0600)
+// The host registry: one shared-memory file per Unix user (mode 0600, in the
+// user's runtime directory under /dev/shm, host/runtime_dir.hpp)
 // that every softhca process maps. It allocates what must be unique per host
 // (QPNs, MR keys, PD ids), records which process owns each, and lets an
 // initiator find a target's shared state from a QPN or an rkey.
@@ -104,8 +105,11 @@ struct RegistryLayout {
 
 class HostRegistry {
  public:
-  // Maps (creating if needed) the registry of the calling user.
+  // Maps (creating if needed) the registry of the calling user, in its
+  // runtime directory (host/runtime_dir.hpp).
   static Result<HostRegistry*> open();
+  // The registry of directory `dir` (for tests: unlinked when closed if asked).
+  static Result<HostRegistry*> open_in(const std::string& dir, bool unlink_on_close);
   // For tests: a registry with a private name, unlinked when closed.
   static Result<HostRegistry*> open_named(const std::string& name, bool unlink_on_close);
   ~HostRegistry();

@@ -2,6 +2,9 @@
 // responder, the responder's async event and ERROR state, flushes of everything
 // outstanding, RNR and transport retry exhaustion (bounded in time); then the
 // errno each verb returns for bad input.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "loopback.hpp"
 
 namespace loopback {
@@ -726,6 +729,251 @@ TEST(VerbErrno, CreateQpBeyondLimitsIsEinval) {
   EXPECT_EQ(create_qp(dev.pd, cq, cq, cfg), nullptr);
   EXPECT_EQ(errno, EINVAL);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+
+// ---------------------------------------------------------------------------
+// Registration of memory that is not there: the kernel pins the pages and
+// fails with EFAULT (EINVAL for a range that wraps), so ibv_reg_mr never
+// hands out an MR whose first use would fault.
+
+// Pages mapped for one test: three pages PROT_NONE, re-protected as needed.
+// Pages the test unmaps are forgotten, so the destructor never unmaps
+// something else that took their place.
+class Pages {
+ public:
+  Pages() : page_(static_cast<size_t>(::sysconf(_SC_PAGESIZE))) {
+    void* mem = ::mmap(nullptr, 3 * page_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    base_ = mem == MAP_FAILED ? nullptr : static_cast<uint8_t*>(mem);
+  }
+  ~Pages() {
+    for (int n = 0; n < 3; ++n)
+      if (base_ != nullptr && mapped_[n]) ::munmap(page(n), page_);
+  }
+  Pages(const Pages&) = delete;
+  Pages& operator=(const Pages&) = delete;
+  bool ok() const { return base_ != nullptr; }
+  bool protect(int prot) { return ::mprotect(base_, 3 * page_, prot) == 0; }
+  bool unmap(int first, int count) {
+    for (int n = first; n < first + count; ++n) mapped_[n] = false;
+    return ::munmap(page(first), static_cast<size_t>(count) * page_) == 0;
+  }
+  uint8_t* page(int n) const { return base_ + static_cast<size_t>(n) * page_; }
+  size_t size() const { return 3 * page_; }
+  size_t page_size() const { return page_; }
+
+ private:
+  size_t page_;
+  uint8_t* base_ = nullptr;
+  bool mapped_[3] = {true, true, true};
+};
+
+constexpr int kWriteAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+
+// Asserts that every registration verb refuses [addr, addr + length) with `err`.
+void expect_reg_mr_fails(ibv_pd* pd, void* addr, size_t length, int access, int err) {
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, addr, length, access), nullptr);
+  EXPECT_EQ(errno, err);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr_iova(pd, addr, length, 0x1000, access), nullptr);
+  EXPECT_EQ(errno, err);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr_iova2(pd, addr, length, 0x1000, static_cast<unsigned>(access)), nullptr);
+  EXPECT_EQ(errno, err);
+}
+
+TEST(VerbErrno, RegMrOfJustUnmappedMemoryIsEfault) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  Pages pages;
+  ASSERT_TRUE(pages.ok());
+  ASSERT_TRUE(pages.protect(PROT_READ | PROT_WRITE));
+  ibv_mr* mr = ibv_reg_mr(dev.pd, pages.page(0), pages.size(), kWriteAccess);
+  ASSERT_NE(mr, nullptr) << std::strerror(errno);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  ASSERT_TRUE(pages.unmap(0, 3));
+  // Nothing of this test maps memory between the munmap and the registrations
+  // (reading /proc/self/maps allocates below the mmap threshold).
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.size(), kWriteAccess, EFAULT);
+  expect_reg_mr_fails(dev.pd, pages.page(1), 1, 0, EFAULT);
+}
+
+TEST(VerbErrno, RegMrOfProtNoneReservationIsEfault) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  Pages pages;
+  ASSERT_TRUE(pages.ok());
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.size(), kWriteAccess, EFAULT);
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.size(), IBV_ACCESS_REMOTE_READ, EFAULT);
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.size(), 0, EFAULT);
+}
+
+TEST(VerbErrno, RegMrOfPartlyUnmappedRangeIsEfault) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  Pages pages;
+  ASSERT_TRUE(pages.ok());
+  ASSERT_TRUE(pages.protect(PROT_READ | PROT_WRITE));
+  ASSERT_TRUE(pages.unmap(1, 1));  // a hole in the middle
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.size(), kWriteAccess, EFAULT);
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.page_size() + 1, IBV_ACCESS_REMOTE_READ, EFAULT);
+  // The pages either side of the hole register alone.
+  for (int n : {0, 2}) {
+    ibv_mr* mr = ibv_reg_mr(dev.pd, pages.page(n), pages.page_size(), kWriteAccess);
+    ASSERT_NE(mr, nullptr) << std::strerror(errno);
+    EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  }
+}
+
+TEST(VerbErrno, RegMrOfReadOnlyMemoryWithWriteAccessIsEfault) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  Pages pages;
+  ASSERT_TRUE(pages.ok());
+  ASSERT_TRUE(pages.protect(PROT_READ));
+  // Local write, and remote write/atomic (which imply it), need writable pages.
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.size(), IBV_ACCESS_LOCAL_WRITE, EFAULT);
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.size(), kWriteAccess, EFAULT);
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC,
+                      EFAULT);
+  // One read-only page among writable ones is enough.
+  ASSERT_EQ(::mprotect(pages.page(0), pages.page_size(), PROT_READ | PROT_WRITE), 0);
+  expect_reg_mr_fails(dev.pd, pages.page(0), pages.size(), IBV_ACCESS_LOCAL_WRITE, EFAULT);
+}
+
+TEST(VerbErrno, RegMrWrappingTheAddressSpaceIsEinval) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  auto* top = reinterpret_cast<void*>(UINTPTR_MAX - 0xfff);
+  expect_reg_mr_fails(dev.pd, top, 0x2000, IBV_ACCESS_LOCAL_WRITE, EINVAL);
+  expect_reg_mr_fails(dev.pd, top, 0x2000, 0, EINVAL);
+}
+
+// PROT_READ memory registered without write access is what a kernel accepts,
+// and a peer's RDMA READ from it returns its bytes.
+TEST(VerbErrno, RegMrOfReadOnlyMemoryForRemoteReadWorks) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  Pages pages;
+  ASSERT_TRUE(pages.ok());
+  ASSERT_TRUE(pages.protect(PROT_READ | PROT_WRITE));
+  fill_pattern({pages.page(0), pages.size()}, 42);
+  ASSERT_TRUE(pages.protect(PROT_READ));
+  ibv_mr* none = ibv_reg_mr(dev.pd, pages.page(0), pages.size(), 0);
+  ASSERT_NE(none, nullptr) << std::strerror(errno);
+  EXPECT_EQ(ibv_dereg_mr(none), 0);
+  ibv_mr* ro = ibv_reg_mr(dev.pd, pages.page(0), pages.size(), IBV_ACCESS_REMOTE_READ);
+  ASSERT_NE(ro, nullptr) << std::strerror(errno);
+
+  QpPair pair(dev, QpConfig{});
+  ASSERT_TRUE(pair.ok());
+  Buffer dst(dev.pd, pages.size());
+  ASSERT_NE(dst.mr(), nullptr);
+  ibv_sge sge = dst.sge(0, static_cast<uint32_t>(pages.size()));
+  ibv_send_wr wr = make_wr(7, IBV_WR_RDMA_READ, &sge, 1);
+  wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(pages.page(0));
+  wr.wr.rdma.rkey = ro->rkey;
+  ASSERT_EQ(post_send(pair.a, wr), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(first_mismatch(dst.span(0, pages.size()), {pages.page(0), pages.size()}), -1);
+  EXPECT_EQ(ibv_dereg_mr(ro), 0);
+}
+
+TEST(VerbErrno, ReregMrToMemoryThatIsNotThereFailsAndKeepsTheMr) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  std::vector<uint8_t> mem(4096);
+  ibv_mr* mr = ibv_reg_mr(dev.pd, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  const uint32_t lkey = mr->lkey;
+  Pages pages;
+  ASSERT_TRUE(pages.ok());
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, pages.page(0), pages.size(),
+                         IBV_ACCESS_LOCAL_WRITE),
+            EFAULT);
+  ASSERT_TRUE(pages.protect(PROT_READ));
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, pages.page(0), pages.size(), 0), EFAULT);
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS, nullptr, pages.page(0),
+                         pages.size(), IBV_ACCESS_LOCAL_WRITE),
+            EFAULT);
+  // Read-only memory with read-only access moves; asking for write access on it then fails.
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS, nullptr, pages.page(0),
+                         pages.size(), IBV_ACCESS_REMOTE_READ),
+            0);
+  EXPECT_EQ(mr->addr, pages.page(0));
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_LOCAL_WRITE), EFAULT);
+  EXPECT_EQ(mr->lkey, lkey);
+  EXPECT_EQ(mr->addr, pages.page(0));
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
+
+// The device's object limits are what creating objects meets: max_cq CQs,
+// max_srq SRQs and max_pd PDs can be held (these count per process), and the
+// next create fails with ENOMEM, as on a device at its limit.
+TEST(VerbErrno, CreateCqBeyondMaxCqIsEnomem) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_device_attr attr{};
+  ASSERT_EQ(ibv_query_device(dev.ctx, &attr), 0);
+  std::vector<ibv_cq*> cqs;
+  cqs.reserve(static_cast<size_t>(attr.max_cq));
+  for (int i = 0; i < attr.max_cq; ++i) {
+    ibv_cq* cq = ibv_create_cq(dev.ctx, 1, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr) << "cq " << i << ": " << std::strerror(errno);
+    cqs.push_back(cq);
+  }
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(dev.ctx, 1, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  ASSERT_EQ(ibv_destroy_cq(cqs.back()), 0);
+  cqs.back() = ibv_create_cq(dev.ctx, 1, nullptr, nullptr, 0);  // a destroyed CQ frees its place
+  EXPECT_NE(cqs.back(), nullptr) << std::strerror(errno);
+  for (ibv_cq* cq : cqs) {
+    if (cq) {
+      EXPECT_EQ(ibv_destroy_cq(cq), 0);
+    }
+  }
+}
+
+TEST(VerbErrno, CreateSrqBeyondMaxSrqIsEnomem) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_device_attr attr{};
+  ASSERT_EQ(ibv_query_device(dev.ctx, &attr), 0);
+  ibv_srq_init_attr init{};
+  init.attr.max_wr = 1;
+  init.attr.max_sge = 1;
+  std::vector<ibv_srq*> srqs;
+  for (int i = 0; i < attr.max_srq; ++i) {
+    ibv_srq* srq = ibv_create_srq(dev.pd, &init);
+    ASSERT_NE(srq, nullptr) << "srq " << i << ": " << std::strerror(errno);
+    srqs.push_back(srq);
+  }
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq(dev.pd, &init), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  for (ibv_srq* srq : srqs) EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
+TEST(VerbErrno, AllocPdBeyondMaxPdIsEnomem) {
+  Device dev;  // holds one PD already
+  ASSERT_TRUE(dev.ok());
+  ibv_device_attr attr{};
+  ASSERT_EQ(ibv_query_device(dev.ctx, &attr), 0);
+  std::vector<ibv_pd*> pds;
+  for (int i = 1; i < attr.max_pd; ++i) {
+    ibv_pd* pd = ibv_alloc_pd(dev.ctx);
+    ASSERT_NE(pd, nullptr) << "pd " << i << ": " << std::strerror(errno);
+    pds.push_back(pd);
+  }
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_pd(dev.ctx), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  for (ibv_pd* pd : pds) EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
 }  // namespace

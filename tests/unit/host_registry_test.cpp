@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "engine/limits.hpp"
 #include "engine/qp/shm_execute.hpp"
 
 namespace softhca::host {
@@ -49,6 +50,40 @@ TEST_F(HostRegistryTest, QpnsAreUniqueAndFindable) {
   EXPECT_EQ(registry_->find_qp(some), nullptr);
   EXPECT_EQ(registry_->find_qp(0), nullptr);
   EXPECT_EQ(registry_->find_qp(0xFFFFFF), nullptr);
+}
+
+// max_qp and max_mr are these tables: the device limit is host-wide and the
+// one past it fails with ENOMEM, as a device at its limit does.
+TEST_F(HostRegistryTest, QpnTableHoldsExactlyMaxQp) {
+  static_assert(limits::kMaxQp == static_cast<int>(kMaxQpSlots));
+  uint32_t last = 0;
+  for (int i = 0; i < limits::kMaxQp; ++i) {
+    auto qpn = registry_->allocate_qpn(proc_, 0x1000);
+    ASSERT_TRUE(qpn.has_value()) << i;
+    last = *qpn;
+  }
+  auto over = registry_->allocate_qpn(proc_, 0x1000);
+  ASSERT_FALSE(over.has_value());
+  EXPECT_EQ(over.error(), std::errc::not_enough_memory);
+  registry_->release_qpn(last);
+  auto again = registry_->allocate_qpn(proc_, 0x1000);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, last);
+}
+
+TEST_F(HostRegistryTest, MrTableHoldsExactlyMaxMr) {
+  static_assert(limits::kMaxMr == static_cast<int>(kMaxMrSlots));
+  uint32_t last = 0;
+  for (int i = 0; i < limits::kMaxMr; ++i) {
+    auto key = registry_->allocate_mr(proc_, 1, 0, 0, 4096, 0x7f0000);
+    ASSERT_TRUE(key.has_value()) << i;
+    last = *key;
+  }
+  auto over = registry_->allocate_mr(proc_, 1, 0, 0, 4096, 0x7f0000);
+  ASSERT_FALSE(over.has_value());
+  EXPECT_EQ(over.error(), std::errc::not_enough_memory);
+  registry_->release_mr(last);
+  EXPECT_TRUE(registry_->allocate_mr(proc_, 1, 0, 0, 4096, 0x7f0000).has_value());
 }
 
 TEST_F(HostRegistryTest, MrKeysValidateAndDieWithDereg) {

@@ -66,6 +66,10 @@ bool opcode_allowed(ibv_qp_type type, uint32_t opcode) {
 QueuePair::QueuePair(ProtectionDomain& pd, Context& context, const QpInitAttr& init)
     : pd_(pd), context_(context), node_(context.node()), init_(init) {}
 
+// max_qp is the registry's QPN table: creating one more QP than that anywhere
+// on the host fails in allocate_qpn with not_enough_memory (ENOMEM).
+static_assert(limits::kMaxQp == host::kMaxQpSlots, "max_qp must be what the host registry holds");
+
 Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   if (init.type != IBV_QPT_RC && init.type != IBV_QPT_UC && init.type != IBV_QPT_UD)
     return fail(std::errc::operation_not_supported);
