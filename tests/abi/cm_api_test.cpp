@@ -172,6 +172,55 @@ TEST_F(CmApi, ConnectingToNobodyIsRejectedWithInvalidServiceId) {
   EXPECT_EQ(rdma_destroy_id(client), 0);
 }
 
+// A listener's backlog is the number of connection requests it may have
+// waiting to be retrieved (rdma_get_cm_event). At exactly the backlog the next
+// request is rejected with IB_CM_REJ_NO_RESOURCES (3); once one is retrieved,
+// there is room again.
+TEST_F(CmApi, FullBacklogRejectsWithNoResources) {
+  rdma_event_channel* lch = rdma_create_event_channel();
+  ASSERT_NE(lch, nullptr);
+  rdma_cm_id* listener = nullptr;
+  ASSERT_EQ(rdma_create_id(lch, &listener, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in sin = loopback(0);
+  ASSERT_EQ(rdma_bind_addr(listener, sa(sin)), 0);
+  ASSERT_EQ(rdma_listen(listener, 2), 0);
+  const uint16_t port = ntohs(rdma_get_src_port(listener));
+  rdma_conn_param param{};
+  param.qp_num = 0x42;
+  // The CM handles one process's requests in the order they were sent.
+  rdma_cm_id* clients[4] = {};
+  for (int i = 0; i < 3; ++i) {
+    clients[i] = resolved(port);
+    ASSERT_EQ(rdma_connect(clients[i], &param), 0);
+  }
+  rdma_cm_event* rej = expect_event(ch_, RDMA_CM_EVENT_REJECTED);
+  ASSERT_NE(rej, nullptr);
+  EXPECT_EQ(rej->id, clients[2]) << "the third request, one past the backlog, is the one rejected";
+  EXPECT_EQ(rej->status, 3);  // IB_CM_REJ_NO_RESOURCES
+  rdma_ack_cm_event(rej);
+  rdma_cm_event* first = expect_event(lch, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(first, nullptr);
+  rdma_cm_id* first_child = first->id;
+  rdma_ack_cm_event(first);
+  // One retrieved: a new request fits again (its CONNECT_REQUEST arrives).
+  clients[3] = resolved(port);
+  ASSERT_EQ(rdma_connect(clients[3], &param), 0);
+  rdma_cm_id* children[2] = {};
+  for (auto& child : children) {
+    rdma_cm_event* req = expect_event(lch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    ASSERT_NE(req, nullptr);
+    child = req->id;
+    rdma_ack_cm_event(req);
+  }
+  for (rdma_cm_id* child : {first_child, children[0], children[1]}) {
+    EXPECT_EQ(rdma_reject(child, nullptr, 0), 0);
+    EXPECT_EQ(rdma_destroy_id(child), 0);
+  }
+  for (rdma_cm_id* client : clients) EXPECT_EQ(rdma_destroy_id(client), 0);
+  EXPECT_EQ(rdma_destroy_id(listener), 0);
+  rdma_destroy_event_channel(lch);
+}
+
 TEST_F(CmApi, SynchronousIdsReturnAfterTheirEvent) {
   rdma_cm_id* id = nullptr;
   ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);

@@ -9,6 +9,7 @@
 #include "engine/device/device_info.hpp"
 #include "engine/limits.hpp"
 #include "engine/protection_domain.hpp"
+#include "engine/qp/retry_policy.hpp"
 #include "engine/qp/shm_execute.hpp"
 #include "engine/queue_sizes.hpp"
 #include "engine/shared_receive_queue.hpp"
@@ -443,28 +444,22 @@ void QueuePair::progress_locked(uint64_t now_ns) {
       continue;
     }
     if (outcome.kind == ExecOutcome::Kind::kRnr) {
-      // rnr_retry 7 means retry forever.
-      if (attrs_.rnr_retry != 7) {
-        if (wqe.rnr_left == 0) {
-          complete_send_locked(wqe, IBV_WC_RNR_RETRY_EXC_ERR);
-          advance_tail_locked();
-          enter_error_locked();
-          continue;
-        }
-        --wqe.rnr_left;
+      if (after_rnr_nak(attrs_.rnr_retry, wqe.rnr_left) == RetryVerdict::kGiveUp) {
+        complete_send_locked(wqe, IBV_WC_RNR_RETRY_EXC_ERR);
+        advance_tail_locked();
+        enter_error_locked();
+        continue;
       }
       wqe.deadline_ns = now_ns + outcome.rnr_delay_ns;
     } else {
-      // No response: retransmit after the local ACK timeout, retry_cnt times.
+      // No response: retransmit after the local ACK timeout, retry_cnt times
+      // (a first attempt has no deadline yet: its timeout starts now).
       const uint64_t timeout = ack_timeout_ns(attrs_.timeout);
-      if (timeout != 0 && wqe.deadline_ns != 0) {
-        if (wqe.retry_left == 0) {
-          complete_send_locked(wqe, IBV_WC_RETRY_EXC_ERR);
-          advance_tail_locked();
-          enter_error_locked();
-          continue;
-        }
-        --wqe.retry_left;
+      if (timeout != 0 && wqe.deadline_ns != 0 && after_ack_timeout(wqe.retry_left) == RetryVerdict::kGiveUp) {
+        complete_send_locked(wqe, IBV_WC_RETRY_EXC_ERR);
+        advance_tail_locked();
+        enter_error_locked();
+        continue;
       }
       // timeout 0 is "wait forever": poll again now and then.
       wqe.deadline_ns = now_ns + (timeout != 0 ? timeout : 10'000'000);

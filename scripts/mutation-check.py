@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""scripts/mutation-check.py: do the tests notice a broken rule?
+
+    scripts/mutation-check.py [--list] [--build DIR] [NAME...]
+
+Plants small deliberate bugs in the engine's access, retry, flush, queue,
+fence and CM rules, one at a time, rebuilds, and runs the unit, abi and
+loopback tests. A mutation that the suite does not catch (every test still
+passes) is a hole in the tests: the script names it and exits 1. Each source
+file is restored after its mutation, also on Ctrl-C.
+
+  --list       print the mutations and exit
+  --build DIR  build directory (default build-mutation/, Release)
+  NAME...      run only these mutations (default: all)
+
+About a minute per mutation on two cores: run it by hand after changing a
+rule or its tests, not in CI.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, file, exact text, replacement): the text must occur exactly once.
+MUTATIONS = [
+    ("remote-range-one-past", "src/engine/qp/shm_execute.cpp",
+     "addr + len > mr.iova + mr.length", "addr + len > mr.iova + mr.length + 1"),
+    ("remote-range-before-start", "src/engine/qp/shm_execute.cpp",
+     "(mr.access & access) != access || addr < mr.iova", "(mr.access & access) != access || addr + 1 < mr.iova"),
+    ("remote-access-flags-ignored", "src/engine/qp/shm_execute.cpp",
+     "mr.pd_id != target.qp->pd_id ||\n      (mr.access & access) != access ||", "mr.pd_id != target.qp->pd_id ||"),
+    ("remote-mr-other-pd", "src/engine/qp/shm_execute.cpp",
+     "mr.proc != target.proc || mr.pd_id != target.qp->pd_id ||", "mr.proc != target.proc ||"),
+    ("local-sge-other-pd", "src/engine/qp/shm_execute.cpp",
+     "mr.proc != node.proc() || mr.pd_id != pd_id ||", "mr.proc != node.proc() ||"),
+    ("local-sge-one-past", "src/engine/qp/shm_execute.cpp",
+     "sge.addr + sge.length > mr.iova + mr.length ||\n        sge.addr + sge.length < sge.addr",
+     "sge.addr + sge.length > mr.iova + mr.length + 1 ||\n        sge.addr + sge.length < sge.addr"),
+    ("local-write-access-ignored", "src/engine/qp/shm_execute.cpp",
+     "(mr.access & access) != access || sge.addr < mr.iova", "sge.addr < mr.iova"),
+    ("receive-scatter-one-past", "src/engine/qp/shm_execute.cpp",
+     "sge.addr < mr.iova || sge.addr + sge.length > mr.iova + mr.length)",
+     "sge.addr < mr.iova || sge.addr + sge.length > mr.iova + mr.length + 1)"),
+    ("receive-other-pd", "src/engine/qp/shm_execute.cpp",
+     "mr.proc != target.proc || mr.pd_id != pd_id ||", "mr.proc != target.proc ||"),
+    ("rnr-gives-up-one-early", "src/engine/qp/retry_policy.hpp",
+     "if (rnr_left == 0) return RetryVerdict::kGiveUp;", "if (rnr_left <= 1) return RetryVerdict::kGiveUp;"),
+    ("transport-retry-one-early", "src/engine/qp/retry_policy.hpp",
+     "if (retry_left == 0) return RetryVerdict::kGiveUp;", "if (retry_left <= 1) return RetryVerdict::kGiveUp;"),
+    ("flush-reports-success", "src/engine/qp/queue_pair.cpp",
+     "    cqe.status = IBV_WC_WR_FLUSH_ERR;\n    cqe.opcode = wc_opcode_for(wqe.opcode);",
+     "    cqe.status = IBV_WC_SUCCESS;\n    cqe.opcode = wc_opcode_for(wqe.opcode);"),
+    ("receive-flush-skipped", "src/engine/qp/queue_pair.cpp",
+     "  while (rq_->take(wqe, nullptr)) {", "  while (false && rq_->take(wqe, nullptr)) {"),
+    ("send-queue-one-too-deep", "src/engine/qp/queue_pair.cpp",
+     ">= init_.max_send_wr) {", "> init_.max_send_wr) {"),
+    ("backlog-wrong-reason", "src/cm/service.cpp",
+     "return reject(RejReason::kNoResources);", "return reject(RejReason::kTimeout);"),
+    ("dereg-without-fence", "src/engine/memory_region.cpp",
+     "    node.registry().fence_accesses(node.proc());\n    pd_->detach();", "    pd_->detach();"),
+    ("stale-qpn-accepted", "src/engine/qp/shm_execute.cpp",
+     "} else if (incarnation != qp.peer_incarnation()) {", "} else if (false && incarnation != qp.peer_incarnation()) {"),
+    ("cq-one-slot-short", "src/engine/queue_sizes.cpp",
+     "const uint32_t slots = std::bit_ceil(cqe + 1);", "const uint32_t slots = std::bit_ceil(cqe);"),
+]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="print the mutations and exit")
+    parser.add_argument("--build", default="build-mutation", help="build directory (default build-mutation/)")
+    parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
+    args = parser.parse_args()
+    if args.list:
+        for name, path, _, _ in MUTATIONS:
+            print(f"{name:30} {path}")
+        return 0
+    unknown = set(args.names) - {m[0] for m in MUTATIONS}
+    if unknown:
+        print(f"mutation-check: unknown mutation(s): {', '.join(sorted(unknown))} (see --list)", file=sys.stderr)
+        return 2
+    jobs = os.environ.get("SOFTHCA_JOBS", str(os.cpu_count() or 2))
+    test_jobs = os.environ.get("SOFTHCA_TEST_JOBS", "2")
+    print(f"mutation-check: building {args.build}", flush=True)
+    if run(["bash", "scripts/build.sh", args.build, "-DCMAKE_BUILD_TYPE=Release"]).returncode != 0:
+        print("mutation-check: the unmutated build fails", file=sys.stderr)
+        return 1
+    caught, survived = [], []
+    for name, path, text, repl in MUTATIONS:
+        if args.names and name not in args.names:
+            continue
+        full = os.path.join(ROOT, path)
+        original = open(full).read()
+        if original.count(text) != 1:
+            print(f"mutation-check: {name}: expected its text once in {path}, found {original.count(text)}"
+                  " (the code changed: update the mutation)", file=sys.stderr)
+            return 2
+        try:
+            open(full, "w").write(original.replace(text, repl))
+            print(f"mutation {name:30} ", end="", flush=True)
+            if run(["cmake", "--build", args.build, "-j", jobs]).returncode != 0:
+                print("does not compile (fix the mutation)")
+                return 2
+            tests = run(["ctest", "--test-dir", args.build, "-L", "unit|abi|loopback", "-j", test_jobs])
+            failing = [line.split(" - ", 1)[1].split(" (")[0] for line in tests.stdout.splitlines()
+                       if " - " in line and line.strip()[:1].isdigit() and "(" in line]
+            if tests.returncode == 0:
+                print("SURVIVED: no test failed")
+                survived.append(name)
+            else:
+                print(f"caught by {len(failing)} test(s), e.g. {failing[0] if failing else '?'}")
+                caught.append(name)
+        finally:
+            open(full, "w").write(original)
+    run(["cmake", "--build", args.build, "-j", jobs])  # back to the unmutated code
+    print(f"mutation-check: {len(caught)} caught, {len(survived)} survived")
+    for name in survived:
+        print(f"  survived: {name}")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
