@@ -214,6 +214,55 @@ INSTANTIATE_TEST_SUITE_P(Edges, ReceiveEdge, ::testing::Values(false, true),
                          });
 
 // ---------------------------------------------------------------------------
+// A READ or atomic writes its result into local memory: the local MR needs
+// IBV_ACCESS_LOCAL_WRITE, or the WR completes in LOC_PROT_ERR and the memory
+// stays as it was. A SEND only reads its local memory and needs nothing.
+
+class LocalWriteAccess : public ::testing::TestWithParam<ibv_wr_opcode> {};
+
+TEST_P(LocalWriteAccess, ResultNeedsLocalWrite) {
+  const ibv_wr_opcode opcode = GetParam();
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpPair pair(dev, QpConfig{});
+  ASSERT_TRUE(pair.ok());
+  Buffer remote(dev.pd, 64, Buffer::kAllAccess, kSentinel);
+  Buffer rbuf(dev.pd, 64, Buffer::kAllAccess, 0);
+  ibv_sge rsge = rbuf.sge(0, 64);
+  ASSERT_EQ(post_recv(pair.b, 1, &rsge, 1), 0);
+  Buffer local(dev.pd, 64, IBV_ACCESS_REMOTE_READ, kPayload);  // readable, not locally writable
+  ASSERT_NE(local.mr(), nullptr);
+  ibv_sge sge = local.sge(0, 8);
+  ibv_send_wr wr = make_wr(4, opcode, &sge, 1);
+  if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    wr.wr.atomic.remote_addr = remote.addr(0);
+    wr.wr.atomic.rkey = remote.rkey();
+    wr.wr.atomic.compare_add = 1;
+  } else {
+    wr.wr.rdma.remote_addr = remote.addr(0);
+    wr.wr.rdma.rkey = remote.rkey();
+  }
+  ASSERT_EQ(post_send(pair.a, wr), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+  if (opcode == IBV_WR_SEND) {
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  } else {
+    EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << wc_str(wc);
+    EXPECT_EQ(first_not(local.span(0, 64), kPayload), -1) << "the result landed in memory without LOCAL_WRITE";
+    EXPECT_EQ(first_not(remote.span(0, 64), kSentinel), -1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Opcodes, LocalWriteAccess,
+                         ::testing::Values(IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_SEND),
+                         [](const ::testing::TestParamInfo<ibv_wr_opcode>& info) {
+                           return std::string(info.param == IBV_WR_RDMA_READ             ? "Read"
+                                              : info.param == IBV_WR_ATOMIC_FETCH_AND_ADD ? "FetchAdd"
+                                                                                          : "SendNeedsNone");
+                         });
+
+// ---------------------------------------------------------------------------
 // Keys of another protection domain: an lkey is valid only on a QP of its own PD.
 
 TEST(OtherPd, LocalSgeLkeyIsLocalProtectionError) {
