@@ -75,11 +75,10 @@ void CompletionQueue::detach(QueuePair* qp) {
   if (auto it = users_by_qpn_.find(qp->qpn()); it != users_by_qpn_.end() && it->second == qp) users_by_qpn_.erase(it);
 }
 
-void CompletionQueue::retire(shm::Cqe& cqe) {
+void CompletionQueue::retire_locked(shm::Cqe& cqe) {
   const bool send = (cqe.flags & shm::kCqeSendPosition) != 0;
   const uint32_t position = cqe.src_qp;
   if (send) cqe.src_qp = 0;  // not a field of send completions
-  std::lock_guard guard(users_mutex_);
   auto it = users_by_qpn_.find(cqe.qp_num);
   if (it == users_by_qpn_.end()) return;  // the QP is gone
   if (send) {
@@ -144,8 +143,10 @@ int CompletionQueue::poll(int n, ibv_wc* wc) {
   std::lock_guard guard(poll_lock_);
   int got = 0;
   shm::Cqe cqe;
+  if (n == 0 || ring_->empty()) return 0;
+  std::lock_guard users(users_mutex_);  // once per poll, not per completion
   while (got < n && pop_locked(cqe)) {
-    retire(cqe);
+    retire_locked(cqe);
     to_wc(cqe, wc[got++]);
   }
   return got;
@@ -156,7 +157,8 @@ bool CompletionQueue::poll_one(shm::Cqe& out) {
   if (node.has_waiting()) node.run_timers(Node::now_ns());
   std::lock_guard guard(poll_lock_);
   if (!pop_locked(out)) return false;
-  retire(out);
+  std::lock_guard users(users_mutex_);
+  retire_locked(out);
   return true;
 }
 

@@ -89,8 +89,8 @@ class CompletionQueue {
   void free_retired_rings_locked();
   bool pop_locked(shm::Cqe& out);
   // Frees the queue slot of a polled completion's WQE (QueuePair::retire_*).
-  // Takes users_mutex_, so that the QP cannot be destroyed meanwhile.
-  void retire(shm::Cqe& cqe);
+  // Under users_mutex_, so that the QP cannot be destroyed meanwhile.
+  void retire_locked(shm::Cqe& cqe);
   struct Purge {
     uint32_t qpn;
     uint64_t until;  // ring positions below this were produced before the reset
