@@ -9,9 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "loopback.hpp"
 
@@ -338,6 +340,48 @@ TEST_P(DeregFence, NoWriteLandsAfterDeregReturns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Runs, DeregFence, ::testing::Range(0, 3));
+
+// The same race inside one process: a thread keeps writing 64 KiB WRITEs into
+// an MR while the main thread deregisters it and reuses the memory. Under
+// TSan a write landing after dereg would also be reported as a data race
+// with the reuse.
+TEST(DeregFenceThreads, WriterThreadStopsAtDereg) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  QpPair pair(dev, cfg, 64);
+  ASSERT_TRUE(pair.ok());
+  constexpr size_t kLen = 64 * 1024;
+  std::vector<uint8_t> target(kLen, 0);
+  ibv_mr* mr = ibv_reg_mr(dev.pd, target.data(), target.size(), Buffer::kAllAccess);
+  ASSERT_NE(mr, nullptr);
+  Buffer src(dev.pd, kLen, Buffer::kAllAccess, kWritten);
+  std::atomic<int> completed{0};
+  std::atomic<int> last_status{-1};
+  std::thread writer([&] {
+    ibv_sge sge = src.sge(0, kLen);
+    for (int i = 0; i < 1000000; ++i) {
+      ibv_send_wr wr = make_wr(static_cast<uint64_t>(i), IBV_WR_RDMA_WRITE, &sge, 1);
+      wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(target.data());
+      wr.wr.rdma.rkey = mr->rkey;
+      if (post_send(pair.a, wr) != 0) return;
+      ibv_wc wc{};
+      if (!poll_one(pair.a_send_cq, &wc)) return;
+      last_status = wc.status;
+      if (wc.status != IBV_WC_SUCCESS) return;
+      ++completed;
+    }
+  });
+  const auto until = Clock::now() + kDeadline;
+  while (completed.load() < 10 && Clock::now() < until) std::this_thread::yield();
+  ASSERT_GE(completed.load(), 10) << "the writer did not get going";
+  ASSERT_EQ(ibv_dereg_mr(mr), 0);
+  std::memset(target.data(), kReused, target.size());
+  writer.join();
+  EXPECT_EQ(last_status.load(), IBV_WC_REM_ACCESS_ERR) << "the writer's first WRITE after dereg";
+  EXPECT_EQ(first_not(target, kReused), -1) << "a WRITE landed after ibv_dereg_mr returned";
+  drain_async_events(dev.ctx);
+}
 
 // ---------------------------------------------------------------------------
 // A stale connection does not reach a new QP that took its peer's QPN. QPNs
