@@ -192,16 +192,25 @@ Result<void> CompletionQueue::resize(int cqe) {
     context_.node().segment().release(offset, bytes);
     return fail(std::errc::invalid_argument);
   }
+  uint64_t copied = 0;
   for (uint64_t position = tail; position < head; ++position) {
     shm::CqSlot& from = ring_->slot(position);
     const uint64_t deadline = Node::now_ns() + 100'000'000;
     while (from.seq.load(std::memory_order_acquire) != position + 1 && Node::now_ns() < deadline)
       __builtin_ia32_pause();
-    shm::CqSlot& to = next->slot(position - tail);
+    if (from.seq.load(std::memory_order_acquire) != position + 1) {
+      // Reserved and never published: its producer died inside push (or
+      // stalled for longer than any push takes). What the slot holds is an
+      // older completion; copying it would report that one twice.
+      SOFTHCA_WARN("cq resize: a completion reserved by a producer that never published it is dropped");
+      continue;
+    }
+    shm::CqSlot& to = next->slot(copied);
     to.cqe = from.cqe;
-    to.seq.store(position - tail + 1, std::memory_order_relaxed);
+    to.seq.store(copied + 1, std::memory_order_relaxed);
+    ++copied;
   }
-  next->head.store(held, std::memory_order_relaxed);
+  next->head.store(copied, std::memory_order_relaxed);
   for (Purge& p : purges_) p.until = p.until > tail ? p.until - tail : 0;
   retired_rings_.push_back(ring_block_);
   ring_block_ = RingBlock{offset, bytes};

@@ -1,0 +1,59 @@
+// CompletionQueue::resize with a slot that a producer reserved and never
+// published (it died inside push): crafted state on a real CQ of a context
+// opened on a private runtime directory.
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <stdlib.h>
+
+#include <string>
+
+#include "engine/completion_queue.hpp"
+#include "engine/context.hpp"
+
+namespace softhca::engine {
+namespace {
+
+shm::Cqe completion(uint64_t wr_id) {
+  shm::Cqe c{};
+  c.wr_id = wr_id;
+  c.opcode = IBV_WC_RDMA_WRITE;
+  return c;
+}
+
+TEST(CqResize, AReservedButUnpublishedSlotIsDroppedNotCopiedStale) {
+  char dir[] = "/dev/shm/softhca-unit-cq-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_EQ(::setenv("SOFTHCA_RUNTIME_DIR", dir, 1), 0);
+  {
+    auto context = Context::open();
+    ASSERT_TRUE(context.has_value());
+    auto created = CompletionQueue::create(**context, 3, nullptr);  // a ring of 4 slots
+    ASSERT_TRUE(created.has_value());
+    CompletionQueue* cq = *created;
+    // Fill and drain the ring once, so that every slot holds an old completion.
+    for (uint64_t i = 0; i < 4; ++i) cq->push(completion(100 + i));
+    ibv_wc wc[8];
+    ASSERT_EQ(cq->poll(8, wc), 4);
+    // A producer reserves the next slot and dies before publishing it.
+    shm::SharedCq* shared = cq->shared();
+    auto* ring = reinterpret_cast<shm::CqRing*>((*context)->node().segment().base() +
+                                                shared->ring_offset.load());
+    ring->head.fetch_add(1);
+    cq->push(completion(200));  // a live producer after it
+    ASSERT_TRUE(cq->resize(16).has_value());
+    const int got = cq->poll(8, wc);
+    ASSERT_EQ(got, 1) << "the dead producer's slot was copied (its stale wr_id " << wc[0].wr_id << ")";
+    EXPECT_EQ(wc[0].wr_id, 200u);
+    // The new ring works on.
+    cq->push(completion(201));
+    ASSERT_EQ(cq->poll(8, wc), 1);
+    EXPECT_EQ(wc[0].wr_id, 201u);
+    delete cq;
+    delete *context;
+  }
+  ::unsetenv("SOFTHCA_RUNTIME_DIR");
+  EXPECT_EQ(std::system((std::string("rm -rf ") + dir).c_str()), 0);
+}
+
+}  // namespace
+}  // namespace softhca::engine
