@@ -46,6 +46,10 @@ TEST(DeviceLimits, CreateQpBeyondMaxQpIsEnomem) {
     }
   }
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  // The refused create took no reference on the PD (it used to drop one it
+  // never took, leaving the PD busy for ever) and freed nothing twice.
+  EXPECT_EQ(ibv_dealloc_pd(dev.pd), 0);
+  dev.pd = nullptr;
 }
 
 }  // namespace

@@ -114,8 +114,7 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
     qp->rq_bytes_ = shm::SharedRq::bytes_for(capacity, init.max_recv_sge);
     qp->rq_offset_ = segment.allocate(qp->rq_bytes_);
     if (qp->rq_offset_ == 0) {
-      segment.release(qp->shared_offset_, sizeof(shm::SharedQp));
-      delete qp;
+      delete qp;  // the destructor gives back what was allocated
       return fail(std::errc::not_enough_memory);
     }
     qp->rq_ = segment.at<shm::SharedRq>(qp->rq_offset_);
@@ -127,9 +126,7 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   }
   auto qpn = node.registry().allocate_qpn(node.proc(), qp->shared_offset_);
   if (!qpn) {
-    if (qp->rq_offset_) segment.release(qp->rq_offset_, qp->rq_bytes_);
-    segment.release(qp->shared_offset_, sizeof(shm::SharedQp));
-    delete qp;
+    delete qp;  // the destructor gives back what was allocated
     return fail(qpn.error());
   }
   qp->qpn_ = *qpn;
@@ -153,13 +150,14 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   init.send_cq->attach(qp);
   if (init.recv_cq != init.send_cq) init.recv_cq->attach(qp);
   if (init.srq) init.srq->attach();
+  qp->attached_ = true;
   return qp;
 }
 
 QueuePair::~QueuePair() {
   Node& node = node_;
   // Unpublish first, then wait for initiators working on us to leave.
-  if (shared_ != nullptr) {
+  if (shared_ != nullptr && qpn_ != 0) {
     shared_->state.store(shm::SharedQp::kDestroyed, std::memory_order_release);
     node.registry().release_qpn(qpn_);
     const uint64_t deadline = Node::now_ns() + 100'000'000;
@@ -171,10 +169,15 @@ QueuePair::~QueuePair() {
   // (id 0: creation failed before the QP got one; 0 must never enter the free list.)
   if (id_ != 0) node.qps().remove(id_);
   node.remove_waiting(this);
-  init_.send_cq->detach(this);
-  if (init_.recv_cq != init_.send_cq) init_.recv_cq->detach(this);
-  if (init_.srq) init_.srq->detach();
-  pd_.detach();
+  // Only a QP that was created in full holds its PD, CQs and SRQ (a failed
+  // create must not drop references it never took: the PD would count one
+  // user fewer, or wrap to busy for ever).
+  if (attached_) {
+    init_.send_cq->detach(this);
+    if (init_.recv_cq != init_.send_cq) init_.recv_cq->detach(this);
+    if (init_.srq) init_.srq->detach();
+    pd_.detach();
+  }
   host::ProcessSegment& segment = node.segment();
   if (rq_offset_) segment.release(rq_offset_, rq_bytes_);
   if (shared_offset_) segment.release(shared_offset_, sizeof(shm::SharedQp));

@@ -140,6 +140,7 @@ class QueuePair {
   SpinLock rq_lock_;
   TargetQp target_;
   uint64_t peer_incarnation_ = 0;  // under sq_lock_
+  bool attached_ = false;  // holds its PD, CQs and SRQ: creation completed
 };
 
 }  // namespace softhca::engine
