@@ -30,15 +30,8 @@ port=19700
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-wait_listen() {  # wait_listen PORT PID: until PORT listens or PID dies (bounded)
-  local i
-  for ((i = 0; i < 200; i++)); do
-    ss -ltnH "sport = :$1" | grep -q . && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 0.05
-  done
-  return 1
-}
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # wait_listen
 
 # one LIBDIR OUTFILE PROGRAM ARGS...: a server and a client on loopback.
 one() {

@@ -34,15 +34,8 @@ port=19900
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-wait_listen() {  # wait_listen PORT PID: until PORT listens or PID dies (bounded)
-  local i
-  for ((i = 0; i < 200; i++)); do
-    ss -ltnH "sport = :$1" | grep -q . && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 0.05
-  done
-  return 1
-}
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # wait_listen
 
 # run_pair NAME ENV_SERVER... -- : runs "$server_cmd" then "$client_cmd"; client output in $tmp/NAME
 run_pair() {

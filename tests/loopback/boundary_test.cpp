@@ -36,15 +36,33 @@ struct Region {
   ibv_mr* mr = nullptr;
 };
 
+// One case: an operation on a range at `offset` from its MR's start (the
+// remote range for RemoteEdge, the local SGE for LocalSgeEdge).
 struct Edge {
   const char* name;
   ibv_wr_opcode opcode;
-  long offset;       // of the remote range, from the remote MR's start
+  long offset;
   uint32_t length;
   bool allowed;
 };
 
 std::string edge_name(const ::testing::TestParamInfo<Edge>& info) { return info.param.name; }
+
+// A signaled WR of `opcode` over one SGE towards remote `addr` under `rkey`
+// (the atomic fields for atomics: add 1, or compare 1 and swap 2).
+ibv_send_wr remote_wr(uint64_t wr_id, ibv_wr_opcode opcode, ibv_sge* sge, uint64_t addr, uint32_t rkey) {
+  ibv_send_wr wr = make_wr(wr_id, opcode, sge, 1);
+  if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+    wr.wr.atomic.remote_addr = addr;
+    wr.wr.atomic.rkey = rkey;
+    wr.wr.atomic.compare_add = 1;
+    wr.wr.atomic.swap = 2;
+  } else {
+    wr.wr.rdma.remote_addr = addr;
+    wr.wr.rdma.rkey = rkey;
+  }
+  return wr;
+}
 
 // ---------------------------------------------------------------------------
 // The remote range under an rkey.
@@ -60,18 +78,8 @@ TEST_P(RemoteEdge, ExactlyInsideWorksOnePastFails) {
   Region remote(dev.pd, kSentinel);
   ASSERT_NE(remote.mr, nullptr);
   Buffer local(dev.pd, 512, Buffer::kAllAccess, kPayload);
-  const bool atomic = e.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || e.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
   ibv_sge sge = local.sge(0, e.length);
-  ibv_send_wr wr = make_wr(7, e.opcode, &sge, 1);
-  if (atomic) {
-    wr.wr.atomic.remote_addr = remote.at(e.offset);
-    wr.wr.atomic.rkey = remote.mr->rkey;
-    wr.wr.atomic.compare_add = 1;
-    wr.wr.atomic.swap = 2;
-  } else {
-    wr.wr.rdma.remote_addr = remote.at(e.offset);
-    wr.wr.rdma.rkey = remote.mr->rkey;
-  }
+  ibv_send_wr wr = remote_wr(7, e.opcode, &sge, remote.at(e.offset), remote.mr->rkey);
   ASSERT_EQ(post_send(pair.a, wr), 0);
   ibv_wc wc{};
   ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
@@ -110,20 +118,10 @@ INSTANTIATE_TEST_SUITE_P(
 // The local SGEs under an lkey: what a SEND or WRITE gathers, where a READ or
 // an atomic scatters its result.
 
-struct LocalEdge {
-  const char* name;
-  ibv_wr_opcode opcode;
-  long offset;  // of the local SGE, from the local MR's start
-  uint32_t length;
-  bool allowed;
-};
-
-std::string local_edge_name(const ::testing::TestParamInfo<LocalEdge>& info) { return info.param.name; }
-
-class LocalSgeEdge : public ::testing::TestWithParam<LocalEdge> {};
+class LocalSgeEdge : public ::testing::TestWithParam<Edge> {};
 
 TEST_P(LocalSgeEdge, ExactlyInsideWorksOnePastFails) {
-  const LocalEdge e = GetParam();
+  const Edge e = GetParam();
   Device dev;
   ASSERT_TRUE(dev.ok());
   QpPair pair(dev, QpConfig{});
@@ -135,15 +133,7 @@ TEST_P(LocalSgeEdge, ExactlyInsideWorksOnePastFails) {
   ibv_sge rsge = rbuf.sge(0, 1024);
   ASSERT_EQ(post_recv(pair.b, 1, &rsge, 1), 0);
   ibv_sge sge{local.at(e.offset), e.length, local.mr->lkey};
-  ibv_send_wr wr = make_wr(7, e.opcode, &sge, 1);
-  if (e.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-    wr.wr.atomic.remote_addr = remote.addr(0);
-    wr.wr.atomic.rkey = remote.rkey();
-    wr.wr.atomic.compare_add = 1;
-  } else {
-    wr.wr.rdma.remote_addr = remote.addr(0);
-    wr.wr.rdma.rkey = remote.rkey();
-  }
+  ibv_send_wr wr = remote_wr(7, e.opcode, &sge, remote.addr(0), remote.rkey());
   ASSERT_EQ(post_send(pair.a, wr), 0);
   ibv_wc wc{};
   ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
@@ -159,17 +149,17 @@ TEST_P(LocalSgeEdge, ExactlyInsideWorksOnePastFails) {
 
 INSTANTIATE_TEST_SUITE_P(
     Edges, LocalSgeEdge,
-    ::testing::Values(LocalEdge{"SendWholeMr", IBV_WR_SEND, 0, kMrLen, true},
-                      LocalEdge{"SendOneBytePastTheEnd", IBV_WR_SEND, 1, kMrLen, false},
-                      LocalEdge{"SendOneByteBeforeTheStart", IBV_WR_SEND, -1, 8, false},
-                      LocalEdge{"WriteEndingAtTheEnd", IBV_WR_RDMA_WRITE, kMrLen - 1, 1, true},
-                      LocalEdge{"WriteStartingAtTheEnd", IBV_WR_RDMA_WRITE, kMrLen, 1, false},
-                      LocalEdge{"ReadIntoWholeMr", IBV_WR_RDMA_READ, 0, kMrLen, true},
-                      LocalEdge{"ReadIntoOneBytePastTheEnd", IBV_WR_RDMA_READ, 1, kMrLen, false},
-                      LocalEdge{"ReadIntoOneByteBeforeTheStart", IBV_WR_RDMA_READ, -1, 8, false},
-                      LocalEdge{"AtomicResultInLastWord", IBV_WR_ATOMIC_FETCH_AND_ADD, kMrLen - 8, 8, true},
-                      LocalEdge{"AtomicResultOneBytePastTheEnd", IBV_WR_ATOMIC_FETCH_AND_ADD, kMrLen - 7, 8, false}),
-    local_edge_name);
+    ::testing::Values(Edge{"SendWholeMr", IBV_WR_SEND, 0, kMrLen, true},
+                      Edge{"SendOneBytePastTheEnd", IBV_WR_SEND, 1, kMrLen, false},
+                      Edge{"SendOneByteBeforeTheStart", IBV_WR_SEND, -1, 8, false},
+                      Edge{"WriteEndingAtTheEnd", IBV_WR_RDMA_WRITE, kMrLen - 1, 1, true},
+                      Edge{"WriteStartingAtTheEnd", IBV_WR_RDMA_WRITE, kMrLen, 1, false},
+                      Edge{"ReadIntoWholeMr", IBV_WR_RDMA_READ, 0, kMrLen, true},
+                      Edge{"ReadIntoOneBytePastTheEnd", IBV_WR_RDMA_READ, 1, kMrLen, false},
+                      Edge{"ReadIntoOneByteBeforeTheStart", IBV_WR_RDMA_READ, -1, 8, false},
+                      Edge{"AtomicResultInLastWord", IBV_WR_ATOMIC_FETCH_AND_ADD, kMrLen - 8, 8, true},
+                      Edge{"AtomicResultOneBytePastTheEnd", IBV_WR_ATOMIC_FETCH_AND_ADD, kMrLen - 7, 8, false}),
+    edge_name);
 
 // ---------------------------------------------------------------------------
 // The responder's receive scatter: a receive SGE that ends exactly at its MR's
@@ -233,15 +223,7 @@ TEST_P(LocalWriteAccess, ResultNeedsLocalWrite) {
   Buffer local(dev.pd, 64, IBV_ACCESS_REMOTE_READ, kPayload);  // readable, not locally writable
   ASSERT_NE(local.mr(), nullptr);
   ibv_sge sge = local.sge(0, 8);
-  ibv_send_wr wr = make_wr(4, opcode, &sge, 1);
-  if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-    wr.wr.atomic.remote_addr = remote.addr(0);
-    wr.wr.atomic.rkey = remote.rkey();
-    wr.wr.atomic.compare_add = 1;
-  } else {
-    wr.wr.rdma.remote_addr = remote.addr(0);
-    wr.wr.rdma.rkey = remote.rkey();
-  }
+  ibv_send_wr wr = remote_wr(4, opcode, &sge, remote.addr(0), remote.rkey());
   ASSERT_EQ(post_send(pair.a, wr), 0);
   ibv_wc wc{};
   ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));

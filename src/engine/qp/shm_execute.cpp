@@ -85,34 +85,34 @@ class KeysInUse {
 // keys re-checked before each: the longest a deregistration waits.
 constexpr size_t kFenceChunk = 1 << 20;
 
-shm::CopyResult fenced_write(Node& node, const TargetQp& target, const iovec* dst, int ndst, const iovec* src,
-                             int nsrc, uint64_t length, const KeysInUse& keys) {
-  if (length <= kFenceChunk) return shm::write_to(target.pid, dst, ndst, src, nsrc, length);
+// write_to or read_from: (pid, dst, ndst, src, nsrc, bytes).
+using CopyFn = shm::CopyResult (*)(uint32_t, const iovec*, int, const iovec*, int, size_t);
+
+// `copy` of `length` bytes in kFenceChunk pieces, the keys re-checked before
+// each piece after the first: a deregistration stops it (kFault).
+shm::CopyResult fenced_copy(CopyFn copy, Node& node, const TargetQp& target, const iovec* dst, int ndst,
+                            const iovec* src, int nsrc, uint64_t length, const KeysInUse& keys) {
+  if (length <= kFenceChunk) return copy(target.pid, dst, ndst, src, nsrc, length);
   iovec dpart[limits::kMaxSge + 1], spart[limits::kMaxSge + 1];
   for (uint64_t offset = 0; offset < length; offset += kFenceChunk) {
     if (offset != 0 && !keys.still_valid(node)) return shm::CopyResult::kFault;
     const uint64_t bytes = length - offset < kFenceChunk ? length - offset : kFenceChunk;
     const int nd = shm::slice_iovecs(dst, ndst, offset, bytes, dpart);
     const int ns = shm::slice_iovecs(src, nsrc, offset, bytes, spart);
-    const shm::CopyResult r = shm::write_to(target.pid, dpart, nd, spart, ns, bytes);
+    const shm::CopyResult r = copy(target.pid, dpart, nd, spart, ns, bytes);
     if (r != shm::CopyResult::kOk) return r;
   }
   return shm::CopyResult::kOk;
 }
 
+// Into the target's memory (dst there), or out of it (src there).
+shm::CopyResult fenced_write(Node& node, const TargetQp& target, const iovec* dst, int ndst, const iovec* src,
+                             int nsrc, uint64_t length, const KeysInUse& keys) {
+  return fenced_copy(&shm::write_to, node, target, dst, ndst, src, nsrc, length, keys);
+}
 shm::CopyResult fenced_read(Node& node, const TargetQp& target, const iovec* dst, int ndst, const iovec* src,
                             int nsrc, uint64_t length, const KeysInUse& keys) {
-  if (length <= kFenceChunk) return shm::read_from(target.pid, dst, ndst, src, nsrc, length);
-  iovec dpart[limits::kMaxSge + 1], spart[limits::kMaxSge + 1];
-  for (uint64_t offset = 0; offset < length; offset += kFenceChunk) {
-    if (offset != 0 && !keys.still_valid(node)) return shm::CopyResult::kFault;
-    const uint64_t bytes = length - offset < kFenceChunk ? length - offset : kFenceChunk;
-    const int nd = shm::slice_iovecs(dst, ndst, offset, bytes, dpart);
-    const int ns = shm::slice_iovecs(src, nsrc, offset, bytes, spart);
-    const shm::CopyResult r = shm::read_from(target.pid, dpart, nd, spart, ns, bytes);
-    if (r != shm::CopyResult::kOk) return r;
-  }
-  return shm::CopyResult::kOk;
+  return fenced_copy(&shm::read_from, node, target, dst, ndst, src, nsrc, length, keys);
 }
 
 // Finds QP `qpn` anywhere on the host; false if it does not exist or cannot be reached.
