@@ -358,12 +358,13 @@ TEST(DeregFenceThreads, WriterThreadStopsAtDereg) {
   Buffer src(dev.pd, kLen, Buffer::kAllAccess, kWritten);
   std::atomic<int> completed{0};
   std::atomic<int> last_status{-1};
+  const uint32_t rkey = mr->rkey;  // the writer must not read *mr, which dereg frees
   std::thread writer([&] {
     ibv_sge sge = src.sge(0, kLen);
     for (int i = 0; i < 1000000; ++i) {
       ibv_send_wr wr = make_wr(static_cast<uint64_t>(i), IBV_WR_RDMA_WRITE, &sge, 1);
       wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(target.data());
-      wr.wr.rdma.rkey = mr->rkey;
+      wr.wr.rdma.rkey = rkey;
       if (post_send(pair.a, wr) != 0) return;
       ibv_wc wc{};
       if (!poll_one(pair.a_send_cq, &wc)) return;
