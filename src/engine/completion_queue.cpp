@@ -130,10 +130,33 @@ bool CompletionQueue::pop_locked(shm::Cqe& out) {
   }
 }
 
-void CompletionQueue::purge_qp(uint32_t qpn) {
+uint32_t CompletionQueue::count_receives_locked(uint32_t qpn) {
+  const uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
+  const uint64_t head = ring_->head.load(std::memory_order_acquire) & ~shm::CqRing::kClosed;
+  uint32_t count = 0;
+  for (uint64_t position = tail; position < head; ++position) {
+    shm::CqSlot& slot = ring_->slot(position);
+    if (slot.seq.load(std::memory_order_acquire) != position + 1) continue;
+    if (slot.cqe.qp_num != qpn || !(slot.cqe.opcode & IBV_WC_RECV)) continue;
+    bool purged = false;
+    for (const Purge& p : purges_) purged |= p.qpn == qpn && position < p.until;
+    if (!purged) ++count;
+  }
+  return count;
+}
+
+uint32_t CompletionQueue::purge_qp(uint32_t qpn) {
   std::lock_guard guard(poll_lock_);
+  const uint32_t receives = count_receives_locked(qpn);
   const uint64_t until = ring_->head.load(std::memory_order_acquire) & ~shm::CqRing::kClosed;
   if (until != ring_->tail.load(std::memory_order_relaxed)) purges_.push_back(Purge{qpn, until});
+  return receives;
+}
+
+uint32_t CompletionQueue::detach_counting_receives(QueuePair* qp) {
+  std::lock_guard poll(poll_lock_);
+  detach(qp);
+  return count_receives_locked(qp->qpn());
 }
 
 int CompletionQueue::poll(int n, ibv_wc* wc) {

@@ -40,7 +40,9 @@ class CompletionQueue {
   void push(const shm::Cqe& cqe);
   // A QP moved to RESET: its completions still in the ring are discarded, as
   // hardware providers clean the CQ on reset (mlx5 cq_clean, rxe reset).
-  void purge_qp(uint32_t qpn);
+  // Returns how many of them were receive completions (their SRQ WQEs are
+  // free again, as mlx5's cq_clean frees them).
+  uint32_t purge_qp(uint32_t qpn);
   // Called by the progress thread for a notification from another process.
   void on_remote_notify();
   void on_overrun();
@@ -58,6 +60,11 @@ class CompletionQueue {
 
   void attach(QueuePair* qp);
   void detach(QueuePair* qp);
+  // detach() for a QP's receive CQ: also counts the receive completions of the
+  // QP still in the ring, which no poll will retire any more (their SRQ WQEs
+  // are the destroyed QP's to give back). One step under the poll lock, so
+  // that no completion is counted and retired both.
+  uint32_t detach_counting_receives(QueuePair* qp);
   bool in_use();
   // QPs feeding this CQ, for progress on poll.
   std::vector<QueuePair*> users();
@@ -91,6 +98,8 @@ class CompletionQueue {
   // Frees the queue slot of a polled completion's WQE (QueuePair::retire_*).
   // Under users_mutex_, so that the QP cannot be destroyed meanwhile.
   void retire_locked(shm::Cqe& cqe);
+  // Receive completions of `qpn` in the ring not yet polled nor purged (under poll_lock_).
+  uint32_t count_receives_locked(uint32_t qpn);
   struct Purge {
     uint32_t qpn;
     uint64_t until;  // ring positions below this were produced before the reset

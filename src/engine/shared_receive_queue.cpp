@@ -1,5 +1,6 @@
 #include "engine/shared_receive_queue.hpp"
 
+#include <algorithm>
 #include <bit>
 
 #include "engine/limits.hpp"
@@ -81,12 +82,17 @@ void SharedReceiveQueue::query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& li
   limit = shared_->limit.load(std::memory_order_acquire);
 }
 
-void SharedReceiveQueue::retire() {
+void SharedReceiveQueue::retire(uint32_t count) {
   uint64_t retired = retired_.load(std::memory_order_acquire);
-  for (;;) {
-    if (retired == shared_->tail.load(std::memory_order_acquire)) return;  // nothing taken to retire
-    if (retired_.compare_exchange_weak(retired, retired + 1, std::memory_order_acq_rel, std::memory_order_acquire))
-      return;
+  while (count > 0) {
+    // Never past what initiators took: a stale completion frees nothing.
+    const uint64_t taken = shared_->tail.load(std::memory_order_acquire);
+    if (retired == taken) return;
+    const uint64_t next = retired + std::min<uint64_t>(count, taken - retired);
+    if (retired_.compare_exchange_weak(retired, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      count -= static_cast<uint32_t>(next - retired);
+      retired = next;
+    }
   }
 }
 

@@ -26,8 +26,9 @@ class SharedReceiveQueue {
   Result<void> modify(uint32_t max_wr, uint32_t limit, int mask);
   void query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit) const;
   void on_limit_reached();
-  // A receive completion of a QP on this SRQ was polled: its WQE's slot is free.
-  void retire();
+  // Receive completions of a QP on this SRQ were polled (or cleaned away with
+  // their QP): the slots of their WQEs are free.
+  void retire(uint32_t count = 1);
 
   ProtectionDomain& pd() { return pd_; }
   uint32_t max_sge() const { return max_sge_; }

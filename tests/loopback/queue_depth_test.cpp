@@ -253,6 +253,72 @@ TEST(QueueDepth, SrqFillsUntilReceiveCompletionsArePolled) {
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
 }
 
+// The SRQ WQEs that a QP's unpolled receive completions hold come back when
+// the QP is reset or destroyed (its completions are cleaned away, or can no
+// longer be tied to it), as mlx5's CQ cleaning frees them; otherwise the SRQ
+// would lose those slots for good.
+class SrqSlotsOfAGoneQp : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SrqSlotsOfAGoneQp, ComeBack) {
+  const bool destroy = GetParam();
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_srq_init_attr sattr{};
+  sattr.attr.max_wr = 3;
+  sattr.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(dev.pd, &sattr);
+  ASSERT_NE(srq, nullptr);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  QpConfig cfg;
+  ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
+  ibv_qp* b = create_qp(dev.pd, cq, cq, cfg, srq);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(bring_up(a, b->qp_num, dev.gid, cfg), 0);
+  ASSERT_EQ(bring_up(b, a->qp_num, dev.gid, cfg), 0);
+  {
+    Buffer buf(dev.pd, 1024);
+    auto post_srq = [&](uint64_t wr_id) {
+      ibv_sge rsge = buf.sge(256, 64);
+      ibv_recv_wr wr{};
+      wr.wr_id = wr_id;
+      wr.sg_list = &rsge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      return ibv_post_srq_recv(srq, &wr, &bad);
+    };
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(post_srq(10 + i), 0);
+    ibv_sge sge = buf.sge(0, 8);
+    for (int i = 0; i < 3; ++i) {
+      ibv_send_wr wr = make_wr(i, IBV_WR_SEND, &sge, 1, 0);
+      ASSERT_EQ(post_send(a, wr), 0);
+    }
+    ASSERT_EQ(post_srq(19), ENOMEM) << "three receive completions unpolled: the SRQ is full";
+    if (destroy) {
+      ASSERT_EQ(ibv_destroy_qp(b), 0);
+      b = nullptr;
+    } else {
+      ibv_qp_attr attr{};
+      attr.qp_state = IBV_QPS_RESET;
+      ASSERT_EQ(ibv_modify_qp(b, &attr, IBV_QP_STATE), 0);
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(post_srq(20 + i), 0) << "slot " << i << " did not come back";
+    EXPECT_EQ(post_srq(29), ENOMEM);
+  }
+  EXPECT_EQ(ibv_destroy_qp(a), 0);
+  if (b) {
+    EXPECT_EQ(ibv_destroy_qp(b), 0);
+  }
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(When, SrqSlotsOfAGoneQp, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "Destroyed" : "Reset");
+                         });
+
 // ---------------------------------------------------------------------------
 // Sizes as ConnectX grants them.
 

@@ -173,9 +173,14 @@ QueuePair::~QueuePair() {
   // create must not drop references it never took: the PD would count one
   // user fewer, or wrap to busy for ever).
   if (attached_) {
-    init_.send_cq->detach(this);
-    if (init_.recv_cq != init_.send_cq) init_.recv_cq->detach(this);
-    if (init_.srq) init_.srq->detach();
+    // Receive completions still in the CQ will not find this QP when polled:
+    // the SRQ WQEs they hold are given back now.
+    const uint32_t unpolled_receives = init_.recv_cq->detach_counting_receives(this);
+    if (init_.recv_cq != init_.send_cq) init_.send_cq->detach(this);
+    if (init_.srq) {
+      init_.srq->retire(unpolled_receives);
+      init_.srq->detach();
+    }
     pd_.detach();
   }
   host::ProcessSegment& segment = node.segment();
@@ -217,8 +222,10 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
     peer_incarnation_ = peer_incarnation_of(node_, attrs_.dest_qpn);
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
     reset_queues_locked();
-    init_.send_cq->purge_qp(qpn_);
-    if (init_.recv_cq != init_.send_cq) init_.recv_cq->purge_qp(qpn_);
+    const uint32_t purged_receives = init_.recv_cq->purge_qp(qpn_);
+    if (init_.recv_cq != init_.send_cq) init_.send_cq->purge_qp(qpn_);
+    // An SRQ's WQEs that those receive completions held are free again.
+    if (init_.srq) init_.srq->retire(purged_receives);
     shared_->comm_established.store(0, std::memory_order_relaxed);
   }
   shared_->state.store(to, std::memory_order_release);
