@@ -66,6 +66,81 @@ TEST(QueueDepth, SendQueueFillsUntilCompletionsArePolled) {
   EXPECT_EQ(poll_n(pair.a_send_cq, depth).size(), depth);
 }
 
+// rping's pattern: one thread posts, another sleeps on the completion channel
+// and polls the send CQ when woken. A slot is free as soon as its completion
+// was polled, however the two threads interleave: posting whenever the
+// poller's count says there is room must never meet ENOMEM. (The wake-up can
+// preempt the posting thread right after its completion was written; that
+// once left slots unfreed, and rping's client failed with "post send error 12".)
+TEST(QueueDepth, SlotsFreeAsAChannelWokenThreadPolls) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_comp_channel* channel = ibv_create_comp_channel(dev.ctx);
+  ASSERT_NE(channel, nullptr);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, channel, 0);
+  ASSERT_NE(cq, nullptr);
+  QpConfig cfg;
+  cfg.max_send_wr = 4;
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_NE(qp, nullptr);
+  ASSERT_EQ(bring_up(qp, qp->qp_num, dev.gid, cfg), 0);
+  constexpr int kPosts = 5000;
+  std::atomic<int> polled{0};
+  std::atomic<bool> poll_error{false};
+  std::atomic<bool> stop{false};
+  {
+    Buffer buf(dev.pd, 256);
+    ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
+    std::thread poller([&] {
+      ibv_wc wc[4];
+      while (!stop.load() && polled.load() < kPosts) {
+        if (!fd_readable(channel->fd, Millis{100})) continue;
+        ibv_cq* ev_cq = nullptr;
+        void* ev_ctx = nullptr;
+        if (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) != 0) {
+          poll_error = true;
+          return;
+        }
+        ibv_ack_cq_events(ev_cq, 1);
+        if (ibv_req_notify_cq(cq, 0) != 0) poll_error = true;
+        int got;
+        while ((got = ibv_poll_cq(cq, 4, wc)) > 0) {
+          for (int k = 0; k < got; ++k)
+            if (wc[k].status != IBV_WC_SUCCESS) poll_error = true;
+          polled.fetch_add(got);
+        }
+        if (got < 0) poll_error = true;
+      }
+    });
+    ibv_sge sge = buf.sge(0, 8);
+    int refused = 0, posted = 0;
+    const auto until = Clock::now() + Millis{30000};
+    while (posted < kPosts && Clock::now() < until) {
+      if (posted - polled.load() >= 4) {
+        std::this_thread::yield();
+        continue;
+      }
+      ibv_send_wr wr = write_wr(buf, sge, static_cast<uint64_t>(posted));
+      if (post_send(qp, wr) != 0) {
+        ++refused;
+        break;
+      }
+      ++posted;
+    }
+    const auto drained = Clock::now() + Millis{5000};
+    while (polled.load() < posted && Clock::now() < drained) std::this_thread::yield();
+    stop = true;
+    poller.join();
+    EXPECT_EQ(refused, 0) << "ENOMEM after " << posted << " posts with " << polled.load() << " completions polled";
+    EXPECT_EQ(posted, kPosts);
+    EXPECT_EQ(polled.load(), posted);
+    EXPECT_FALSE(poll_error.load());
+  }
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+}
+
 // Unsignaled WQEs hold their slots until a later signaled completion of the
 // same send queue is polled; with nothing signaled, the queue fills for good.
 TEST(QueueDepth, UnsignaledSlotsFreeWithALaterSignaledCompletion) {

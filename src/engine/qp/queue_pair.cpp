@@ -400,7 +400,12 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
+  // The tail moves past the WQE before its completion is written: a poller
+  // in another thread that sees the completion must find the WQE executed,
+  // or retire_send() would take it for a stale one and never free its slot.
+  // (The slot itself stays intact until that completion is polled.)
   const uint32_t position = sq_tail_.load(std::memory_order_relaxed);
+  advance_tail_locked();
   if (status != IBV_WC_SUCCESS)
     SOFTHCA_INFO("qp 0x%x: send wr 0x%llx (opcode %u) completes with status %d; the qp goes to ERROR", qpn_,
                  static_cast<unsigned long long>(wqe.wr_id), wqe.opcode, static_cast<int>(status));
@@ -449,14 +454,12 @@ void QueuePair::progress_locked(uint64_t now_ns) {
     if (outcome.kind == ExecOutcome::Kind::kDone) {
       wqe.deadline_ns = 0;
       complete_send_locked(wqe, outcome.status);
-      advance_tail_locked();
       if (outcome.status != IBV_WC_SUCCESS) enter_error_locked();
       continue;
     }
     if (outcome.kind == ExecOutcome::Kind::kRnr) {
       if (after_rnr_nak(attrs_.rnr_retry, wqe.rnr_left) == RetryVerdict::kGiveUp) {
         complete_send_locked(wqe, IBV_WC_RNR_RETRY_EXC_ERR);
-        advance_tail_locked();
         enter_error_locked();
         continue;
       }
@@ -467,7 +470,6 @@ void QueuePair::progress_locked(uint64_t now_ns) {
       const uint64_t timeout = ack_timeout_ns(attrs_.timeout);
       if (timeout != 0 && wqe.deadline_ns != 0 && after_ack_timeout(wqe.retry_left) == RetryVerdict::kGiveUp) {
         complete_send_locked(wqe, IBV_WC_RETRY_EXC_ERR);
-        advance_tail_locked();
         enter_error_locked();
         continue;
       }
@@ -508,14 +510,16 @@ void QueuePair::enter_error_locked() {
 }
 
 void QueuePair::flush_send_locked() {
-  for (uint32_t tail = sq_tail_.load(std::memory_order_relaxed); tail != sq_head_; tail = advance_tail_locked()) {
+  for (uint32_t tail = sq_tail_.load(std::memory_order_relaxed); tail != sq_head_;) {
     SendWqe& wqe = *sq_slot(tail);
+    const uint32_t position = tail;
+    tail = advance_tail_locked();  // before the completion: see complete_send_locked
     shm::Cqe cqe{};
     cqe.wr_id = wqe.wr_id;
     cqe.status = IBV_WC_WR_FLUSH_ERR;
     cqe.opcode = wc_opcode_for(wqe.opcode);
     cqe.qp_num = qpn_;
-    cqe.src_qp = tail;
+    cqe.src_qp = position;
     cqe.flags = shm::kCqeSendPosition;
     init_.send_cq->push(cqe);
   }
