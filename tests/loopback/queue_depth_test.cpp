@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -278,54 +279,71 @@ TEST(QueueDepth, ReceiveQueueFillsUntilReceiveCompletionsArePolled) {
   EXPECT_EQ(poll_n(pair.b_recv_cq, 3).size(), 3u);
 }
 
-TEST(QueueDepth, SrqFillsUntilReceiveCompletionsArePolled) {
-  Device dev;
-  ASSERT_TRUE(dev.ok());
-  ibv_srq_init_attr sattr{};
-  sattr.attr.max_wr = 3;
-  sattr.attr.max_sge = 1;
-  ibv_srq* srq = ibv_create_srq(dev.pd, &sattr);
-  ASSERT_NE(srq, nullptr);
-  EXPECT_EQ(sattr.attr.max_wr, 3u) << "3 + 1 spare is already a power of two";
-  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
-  ASSERT_NE(cq, nullptr);
-  QpConfig cfg;
-  ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
-  ibv_qp* b = create_qp(dev.pd, cq, cq, cfg, srq);
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
-  ASSERT_EQ(bring_up(a, b->qp_num, dev.gid, cfg), 0);
-  ASSERT_EQ(bring_up(b, a->qp_num, dev.gid, cfg), 0);
-  {
-    Buffer buf(dev.pd, 1024);
-    auto post_srq = [&](uint64_t wr_id) {
-      ibv_sge rsge = buf.sge(256, 64);
-      ibv_recv_wr wr{};
-      wr.wr_id = wr_id;
-      wr.sg_list = &rsge;
-      wr.num_sge = 1;
-      ibv_recv_wr* bad = nullptr;
-      return ibv_post_srq_recv(srq, &wr, &bad);
-    };
-    for (int i = 0; i < 3; ++i) ASSERT_EQ(post_srq(10 + i), 0);
-    EXPECT_EQ(post_srq(19), ENOMEM);
-    ibv_sge sge = buf.sge(0, 8);
-    for (int i = 0; i < 3; ++i) {
-      ibv_send_wr wr = make_wr(i, IBV_WR_SEND, &sge, 1, 0);
+// An SRQ of 3 WQEs (3 + 1 spare is a power of two), and two connected RC
+// QPs on one CQ: `a` sends, `b` receives from the SRQ.
+struct SrqPair {
+  SrqPair() {
+    ibv_srq_init_attr sattr{};
+    sattr.attr.max_wr = 3;
+    sattr.attr.max_sge = 1;
+    srq = ibv_create_srq(dev.pd, &sattr);
+    granted = sattr.attr.max_wr;
+    cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+    if (!srq || !cq) return;
+    a = create_qp(dev.pd, cq, cq, cfg);
+    b = create_qp(dev.pd, cq, cq, cfg, srq);
+    up = a && b && bring_up(a, b->qp_num, dev.gid, cfg) == 0 && bring_up(b, a->qp_num, dev.gid, cfg) == 0;
+  }
+  ~SrqPair() {
+    buf.reset();
+    if (a) ibv_destroy_qp(a);
+    if (b) ibv_destroy_qp(b);
+    if (srq) ibv_destroy_srq(srq);
+    if (cq) ibv_destroy_cq(cq);
+  }
+  int post_srq(uint64_t wr_id) {
+    ibv_sge rsge = buf->sge(256, 64);
+    ibv_recv_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &rsge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_srq_recv(srq, &wr, &bad);
+  }
+  // `n` unsignaled 8-byte SENDs from a to b.
+  void send(int n) {
+    ibv_sge sge = buf->sge(0, 8);
+    for (int i = 0; i < n; ++i) {
+      ibv_send_wr wr = make_wr(static_cast<uint64_t>(i), IBV_WR_SEND, &sge, 1, 0);
       ASSERT_EQ(post_send(a, wr), 0);
     }
-    // Three receive completions wait in the CQ: the SRQ is still full.
-    EXPECT_EQ(post_srq(20), ENOMEM);
-    const auto wcs = poll_n(cq, 3);
-    ASSERT_EQ(wcs.size(), 3u);
-    for (const auto& wc : wcs) EXPECT_EQ(wc.opcode, IBV_WC_RECV);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(post_srq(30 + i), 0);
-    EXPECT_EQ(post_srq(39), ENOMEM);
   }
-  EXPECT_EQ(ibv_destroy_qp(a), 0);
-  EXPECT_EQ(ibv_destroy_qp(b), 0);
-  EXPECT_EQ(ibv_destroy_srq(srq), 0);
-  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+
+  Device dev;
+  QpConfig cfg;
+  ibv_srq* srq = nullptr;
+  uint32_t granted = 0;
+  ibv_cq* cq = nullptr;
+  ibv_qp* a = nullptr;
+  ibv_qp* b = nullptr;
+  bool up = false;
+  std::optional<Buffer> buf{std::in_place, dev.pd, 1024};
+};
+
+TEST(QueueDepth, SrqFillsUntilReceiveCompletionsArePolled) {
+  SrqPair s;
+  ASSERT_TRUE(s.up);
+  EXPECT_EQ(s.granted, 3u);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(s.post_srq(10 + i), 0);
+  EXPECT_EQ(s.post_srq(19), ENOMEM);
+  s.send(3);
+  // Three receive completions wait in the CQ: the SRQ is still full.
+  EXPECT_EQ(s.post_srq(20), ENOMEM);
+  const auto wcs = poll_n(s.cq, 3);
+  ASSERT_EQ(wcs.size(), 3u);
+  for (const auto& wc : wcs) EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(s.post_srq(30 + i), 0);
+  EXPECT_EQ(s.post_srq(39), ENOMEM);
 }
 
 // The SRQ WQEs that a QP's unpolled receive completions hold come back when
@@ -336,57 +354,21 @@ class SrqSlotsOfAGoneQp : public ::testing::TestWithParam<bool> {};
 
 TEST_P(SrqSlotsOfAGoneQp, ComeBack) {
   const bool destroy = GetParam();
-  Device dev;
-  ASSERT_TRUE(dev.ok());
-  ibv_srq_init_attr sattr{};
-  sattr.attr.max_wr = 3;
-  sattr.attr.max_sge = 1;
-  ibv_srq* srq = ibv_create_srq(dev.pd, &sattr);
-  ASSERT_NE(srq, nullptr);
-  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
-  ASSERT_NE(cq, nullptr);
-  QpConfig cfg;
-  ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
-  ibv_qp* b = create_qp(dev.pd, cq, cq, cfg, srq);
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
-  ASSERT_EQ(bring_up(a, b->qp_num, dev.gid, cfg), 0);
-  ASSERT_EQ(bring_up(b, a->qp_num, dev.gid, cfg), 0);
-  {
-    Buffer buf(dev.pd, 1024);
-    auto post_srq = [&](uint64_t wr_id) {
-      ibv_sge rsge = buf.sge(256, 64);
-      ibv_recv_wr wr{};
-      wr.wr_id = wr_id;
-      wr.sg_list = &rsge;
-      wr.num_sge = 1;
-      ibv_recv_wr* bad = nullptr;
-      return ibv_post_srq_recv(srq, &wr, &bad);
-    };
-    for (int i = 0; i < 3; ++i) ASSERT_EQ(post_srq(10 + i), 0);
-    ibv_sge sge = buf.sge(0, 8);
-    for (int i = 0; i < 3; ++i) {
-      ibv_send_wr wr = make_wr(i, IBV_WR_SEND, &sge, 1, 0);
-      ASSERT_EQ(post_send(a, wr), 0);
-    }
-    ASSERT_EQ(post_srq(19), ENOMEM) << "three receive completions unpolled: the SRQ is full";
-    if (destroy) {
-      ASSERT_EQ(ibv_destroy_qp(b), 0);
-      b = nullptr;
-    } else {
-      ibv_qp_attr attr{};
-      attr.qp_state = IBV_QPS_RESET;
-      ASSERT_EQ(ibv_modify_qp(b, &attr, IBV_QP_STATE), 0);
-    }
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(post_srq(20 + i), 0) << "slot " << i << " did not come back";
-    EXPECT_EQ(post_srq(29), ENOMEM);
+  SrqPair s;
+  ASSERT_TRUE(s.up);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(s.post_srq(10 + i), 0);
+  s.send(3);
+  ASSERT_EQ(s.post_srq(19), ENOMEM) << "three receive completions unpolled: the SRQ is full";
+  if (destroy) {
+    ASSERT_EQ(ibv_destroy_qp(s.b), 0);
+    s.b = nullptr;
+  } else {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(s.b, &attr, IBV_QP_STATE), 0);
   }
-  EXPECT_EQ(ibv_destroy_qp(a), 0);
-  if (b) {
-    EXPECT_EQ(ibv_destroy_qp(b), 0);
-  }
-  EXPECT_EQ(ibv_destroy_srq(srq), 0);
-  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(s.post_srq(20 + i), 0) << "slot " << i << " did not come back";
+  EXPECT_EQ(s.post_srq(29), ENOMEM);
 }
 
 INSTANTIATE_TEST_SUITE_P(When, SrqSlotsOfAGoneQp, ::testing::Values(false, true),
