@@ -64,25 +64,35 @@ ibv_send_wr remote_wr(uint64_t wr_id, ibv_wr_opcode opcode, ibv_sge* sge, uint64
   return wr;
 }
 
+// Every case on a fresh connected RC pair of its own device: a refused
+// operation leaves the QPs in ERROR.
+class PairTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dev.ok());
+    ASSERT_TRUE(pair.ok());
+  }
+  // Posts `wr` on QP a and takes its completion; false if either fails.
+  bool run(ibv_send_wr& wr, ibv_wc& wc) { return post_send(pair.a, wr) == 0 && poll_one(pair.a_send_cq, &wc); }
+
+  Device dev;
+  QpPair pair{dev, QpConfig{}};
+};
+
 // ---------------------------------------------------------------------------
 // The remote range under an rkey.
 
-class RemoteEdge : public ::testing::TestWithParam<Edge> {};
+class RemoteEdge : public PairTest, public ::testing::WithParamInterface<Edge> {};
 
 TEST_P(RemoteEdge, ExactlyInsideWorksOnePastFails) {
   const Edge e = GetParam();
-  Device dev;
-  ASSERT_TRUE(dev.ok());
-  QpPair pair(dev, QpConfig{});
-  ASSERT_TRUE(pair.ok());
   Region remote(dev.pd, kSentinel);
   ASSERT_NE(remote.mr, nullptr);
   Buffer local(dev.pd, 512, Buffer::kAllAccess, kPayload);
   ibv_sge sge = local.sge(0, e.length);
   ibv_send_wr wr = remote_wr(7, e.opcode, &sge, remote.at(e.offset), remote.mr->rkey);
-  ASSERT_EQ(post_send(pair.a, wr), 0);
   ibv_wc wc{};
-  ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+  ASSERT_TRUE(run(wr, wc));
   EXPECT_EQ(wc.status, e.allowed ? IBV_WC_SUCCESS : IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
   EXPECT_EQ(first_not(remote.before(), kSentinel), -1) << "a byte before the MR changed";
   EXPECT_EQ(first_not(remote.after(), kSentinel), -1) << "a byte after the MR changed";
@@ -118,14 +128,10 @@ INSTANTIATE_TEST_SUITE_P(
 // The local SGEs under an lkey: what a SEND or WRITE gathers, where a READ or
 // an atomic scatters its result.
 
-class LocalSgeEdge : public ::testing::TestWithParam<Edge> {};
+class LocalSgeEdge : public PairTest, public ::testing::WithParamInterface<Edge> {};
 
 TEST_P(LocalSgeEdge, ExactlyInsideWorksOnePastFails) {
   const Edge e = GetParam();
-  Device dev;
-  ASSERT_TRUE(dev.ok());
-  QpPair pair(dev, QpConfig{});
-  ASSERT_TRUE(pair.ok());
   Region local(dev.pd, kPayload);
   ASSERT_NE(local.mr, nullptr);
   Buffer remote(dev.pd, 1024, Buffer::kAllAccess, kSentinel);
@@ -134,9 +140,8 @@ TEST_P(LocalSgeEdge, ExactlyInsideWorksOnePastFails) {
   ASSERT_EQ(post_recv(pair.b, 1, &rsge, 1), 0);
   ibv_sge sge{local.at(e.offset), e.length, local.mr->lkey};
   ibv_send_wr wr = remote_wr(7, e.opcode, &sge, remote.addr(0), remote.rkey());
-  ASSERT_EQ(post_send(pair.a, wr), 0);
   ibv_wc wc{};
-  ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+  ASSERT_TRUE(run(wr, wc));
   EXPECT_EQ(wc.status, e.allowed ? IBV_WC_SUCCESS : IBV_WC_LOC_PROT_ERR) << wc_str(wc);
   // A READ or atomic result never lands outside the local MR.
   EXPECT_EQ(first_not(local.before(), kPayload), -1);
@@ -166,14 +171,10 @@ INSTANTIATE_TEST_SUITE_P(
 // end takes the message; one that ends one byte past it completes in
 // LOC_PROT_ERR at the responder and REM_OP_ERR at the requester.
 
-class ReceiveEdge : public ::testing::TestWithParam<bool> {};
+class ReceiveEdge : public PairTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(ReceiveEdge, ScatterUpToTheEndOnly) {
   const bool one_past = GetParam();
-  Device dev;
-  ASSERT_TRUE(dev.ok());
-  QpPair pair(dev, QpConfig{});
-  ASSERT_TRUE(pair.ok());
   Region target(dev.pd, kSentinel);
   ASSERT_NE(target.mr, nullptr);
   const uint32_t length = 64;
@@ -208,14 +209,10 @@ INSTANTIATE_TEST_SUITE_P(Edges, ReceiveEdge, ::testing::Values(false, true),
 // IBV_ACCESS_LOCAL_WRITE, or the WR completes in LOC_PROT_ERR and the memory
 // stays as it was. A SEND only reads its local memory and needs nothing.
 
-class LocalWriteAccess : public ::testing::TestWithParam<ibv_wr_opcode> {};
+class LocalWriteAccess : public PairTest, public ::testing::WithParamInterface<ibv_wr_opcode> {};
 
 TEST_P(LocalWriteAccess, ResultNeedsLocalWrite) {
   const ibv_wr_opcode opcode = GetParam();
-  Device dev;
-  ASSERT_TRUE(dev.ok());
-  QpPair pair(dev, QpConfig{});
-  ASSERT_TRUE(pair.ok());
   Buffer remote(dev.pd, 64, Buffer::kAllAccess, kSentinel);
   Buffer rbuf(dev.pd, 64, Buffer::kAllAccess, 0);
   ibv_sge rsge = rbuf.sge(0, 64);
@@ -224,9 +221,8 @@ TEST_P(LocalWriteAccess, ResultNeedsLocalWrite) {
   ASSERT_NE(local.mr(), nullptr);
   ibv_sge sge = local.sge(0, 8);
   ibv_send_wr wr = remote_wr(4, opcode, &sge, remote.addr(0), remote.rkey());
-  ASSERT_EQ(post_send(pair.a, wr), 0);
   ibv_wc wc{};
-  ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+  ASSERT_TRUE(run(wr, wc));
   if (opcode == IBV_WR_SEND) {
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   } else {
@@ -247,11 +243,9 @@ INSTANTIATE_TEST_SUITE_P(Opcodes, LocalWriteAccess,
 // ---------------------------------------------------------------------------
 // Keys of another protection domain: an lkey is valid only on a QP of its own PD.
 
-TEST(OtherPd, LocalSgeLkeyIsLocalProtectionError) {
-  Device dev;
-  ASSERT_TRUE(dev.ok());
-  QpPair pair(dev, QpConfig{});
-  ASSERT_TRUE(pair.ok());
+class OtherPd : public PairTest {};
+
+TEST_F(OtherPd, LocalSgeLkeyIsLocalProtectionError) {
   ibv_pd* other = ibv_alloc_pd(dev.ctx);
   ASSERT_NE(other, nullptr);
   {
@@ -261,20 +255,15 @@ TEST(OtherPd, LocalSgeLkeyIsLocalProtectionError) {
     ibv_send_wr wr = make_wr(1, IBV_WR_RDMA_WRITE, &sge, 1);
     wr.wr.rdma.remote_addr = remote.addr(0);
     wr.wr.rdma.rkey = remote.rkey();
-    ASSERT_EQ(post_send(pair.a, wr), 0);
     ibv_wc wc{};
-    ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+    ASSERT_TRUE(run(wr, wc));
     EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << wc_str(wc);
     EXPECT_EQ(first_not(remote.span(0, 64), kSentinel), -1);
   }
   EXPECT_EQ(ibv_dealloc_pd(other), 0);
 }
 
-TEST(OtherPd, ReceiveSgeLkeyIsLocalProtectionErrorAtTheResponder) {
-  Device dev;
-  ASSERT_TRUE(dev.ok());
-  QpPair pair(dev, QpConfig{});
-  ASSERT_TRUE(pair.ok());
+TEST_F(OtherPd, ReceiveSgeLkeyIsLocalProtectionErrorAtTheResponder) {
   ibv_pd* other = ibv_alloc_pd(dev.ctx);
   ASSERT_NE(other, nullptr);
   {
