@@ -65,22 +65,20 @@ CompletionQueue::~CompletionQueue() {
 
 void CompletionQueue::attach(QueuePair* qp) {
   std::lock_guard guard(users_mutex_);
-  users_.push_back(qp);
-  users_by_qpn_[qp->qpn()] = qp;
+  users_[qp->qpn()] = qp;
 }
 
 void CompletionQueue::detach(QueuePair* qp) {
   std::lock_guard guard(users_mutex_);
-  users_.erase(std::remove(users_.begin(), users_.end(), qp), users_.end());
-  if (auto it = users_by_qpn_.find(qp->qpn()); it != users_by_qpn_.end() && it->second == qp) users_by_qpn_.erase(it);
+  if (auto it = users_.find(qp->qpn()); it != users_.end() && it->second == qp) users_.erase(it);
 }
 
 void CompletionQueue::retire_locked(shm::Cqe& cqe) {
   const bool send = (cqe.flags & shm::kCqeSendPosition) != 0;
   const uint32_t position = cqe.src_qp;
   if (send) cqe.src_qp = 0;  // not a field of send completions
-  auto it = users_by_qpn_.find(cqe.qp_num);
-  if (it == users_by_qpn_.end()) return;  // the QP is gone
+  auto it = users_.find(cqe.qp_num);
+  if (it == users_.end()) return;  // the QP is gone
   if (send) {
     it->second->retire_send(position);
   } else if (cqe.opcode & IBV_WC_RECV) {
@@ -93,10 +91,6 @@ bool CompletionQueue::in_use() {
   return !users_.empty();
 }
 
-std::vector<QueuePair*> CompletionQueue::users() {
-  std::lock_guard guard(users_mutex_);
-  return users_;
-}
 
 namespace {
 

@@ -66,8 +66,6 @@ class CompletionQueue {
   // that no completion is counted and retired both.
   uint32_t detach_counting_receives(QueuePair* qp);
   bool in_use();
-  // QPs feeding this CQ, for progress on poll.
-  std::vector<QueuePair*> users();
 
  private:
   CompletionQueue(Context& context, int cqe, CompletionChannel* channel)
@@ -107,8 +105,7 @@ class CompletionQueue {
   SpinLock poll_lock_;
   std::vector<Purge> purges_;  // guarded by poll_lock_
   std::mutex users_mutex_;
-  std::vector<QueuePair*> users_;
-  std::unordered_map<uint32_t, QueuePair*> users_by_qpn_;  // guarded by users_mutex_
+  std::unordered_map<uint32_t, QueuePair*> users_;  // the QPs feeding this CQ, by QPN; guarded by users_mutex_
   std::atomic<bool> error_raised_{false};
 };
 

@@ -1,6 +1,5 @@
 #include "engine/shared_receive_queue.hpp"
 
-#include <algorithm>
 #include <bit>
 
 #include "engine/limits.hpp"
@@ -82,19 +81,7 @@ void SharedReceiveQueue::query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& li
   limit = shared_->limit.load(std::memory_order_acquire);
 }
 
-void SharedReceiveQueue::retire(uint32_t count) {
-  uint64_t retired = retired_.load(std::memory_order_acquire);
-  while (count > 0) {
-    // Never past what initiators took: a stale completion frees nothing.
-    const uint64_t taken = shared_->tail.load(std::memory_order_acquire);
-    if (retired == taken) return;
-    const uint64_t next = retired + std::min<uint64_t>(count, taken - retired);
-    if (retired_.compare_exchange_weak(retired, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
-      count -= static_cast<uint32_t>(next - retired);
-      retired = next;
-    }
-  }
-}
+void SharedReceiveQueue::retire(uint32_t count) { shm::SharedRq::retire(retired_, shared_->tail, count); }
 
 void SharedReceiveQueue::on_limit_reached() {
   pd_.context().raise_async_event(AsyncEvent{IBV_EVENT_SRQ_LIMIT_REACHED, handle, 0});

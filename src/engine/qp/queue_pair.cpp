@@ -400,15 +400,19 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
+  if (status != IBV_WC_SUCCESS)
+    SOFTHCA_INFO("qp 0x%x: send wr 0x%llx (opcode %u) completes with status %d; the qp goes to ERROR", qpn_,
+                 static_cast<unsigned long long>(wqe.wr_id), wqe.opcode, static_cast<int>(status));
+  finish_send_locked(wqe, status);
+}
+
+void QueuePair::finish_send_locked(const SendWqe& wqe, ibv_wc_status status) {
   // The tail moves past the WQE before its completion is written: a poller
   // in another thread that sees the completion must find the WQE executed,
   // or retire_send() would take it for a stale one and never free its slot.
   // (The slot itself stays intact until that completion is polled.)
   const uint32_t position = sq_tail_.load(std::memory_order_relaxed);
-  advance_tail_locked();
-  if (status != IBV_WC_SUCCESS)
-    SOFTHCA_INFO("qp 0x%x: send wr 0x%llx (opcode %u) completes with status %d; the qp goes to ERROR", qpn_,
-                 static_cast<unsigned long long>(wqe.wr_id), wqe.opcode, static_cast<int>(status));
+  sq_tail_.store(position + 1, std::memory_order_release);
   if (status == IBV_WC_SUCCESS && !signaled(wqe)) return;
   shm::Cqe cqe{};
   cqe.wr_id = wqe.wr_id;
@@ -510,19 +514,8 @@ void QueuePair::enter_error_locked() {
 }
 
 void QueuePair::flush_send_locked() {
-  for (uint32_t tail = sq_tail_.load(std::memory_order_relaxed); tail != sq_head_;) {
-    SendWqe& wqe = *sq_slot(tail);
-    const uint32_t position = tail;
-    tail = advance_tail_locked();  // before the completion: see complete_send_locked
-    shm::Cqe cqe{};
-    cqe.wr_id = wqe.wr_id;
-    cqe.status = IBV_WC_WR_FLUSH_ERR;
-    cqe.opcode = wc_opcode_for(wqe.opcode);
-    cqe.qp_num = qpn_;
-    cqe.src_qp = position;
-    cqe.flags = shm::kCqeSendPosition;
-    init_.send_cq->push(cqe);
-  }
+  while (sq_tail_.load(std::memory_order_relaxed) != sq_head_)
+    finish_send_locked(*sq_slot(sq_tail_.load(std::memory_order_relaxed)), IBV_WC_WR_FLUSH_ERR);
 }
 
 void QueuePair::flush_recv() {
@@ -554,12 +547,6 @@ void QueuePair::reset_queues_locked() {
   peer_incarnation_ = 0;
 }
 
-uint32_t QueuePair::advance_tail_locked() {
-  const uint32_t next = sq_tail_.load(std::memory_order_relaxed) + 1;
-  sq_tail_.store(next, std::memory_order_release);
-  return next;
-}
-
 void QueuePair::retire_send(uint32_t position) {
   const uint32_t next = position + 1;
   uint32_t retired = sq_retired_.load(std::memory_order_acquire);
@@ -576,14 +563,7 @@ void QueuePair::retire_recv() {
     init_.srq->retire();
     return;
   }
-  if (rq_ == nullptr) return;
-  uint64_t retired = rq_retired_.load(std::memory_order_acquire);
-  for (;;) {
-    // Never past what initiators took: a stale completion frees nothing.
-    if (retired == rq_->tail.load(std::memory_order_acquire)) return;
-    if (rq_retired_.compare_exchange_weak(retired, retired + 1, std::memory_order_acq_rel, std::memory_order_acquire))
-      return;
-  }
+  if (rq_ != nullptr) shm::SharedRq::retire(rq_retired_, rq_->tail, 1);
 }
 
 void QueuePair::on_remote_event(uint32_t detail) {

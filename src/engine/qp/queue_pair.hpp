@@ -103,8 +103,10 @@ class QueuePair {
   void complete_send_locked(const SendWqe& wqe, ibv_wc_status status);
   void enter_error_locked();
   void flush_send_locked();
-  // Moves sq_tail_ past the WQE just completed; returns the new tail.
-  uint32_t advance_tail_locked();
+  // The WQE at the tail is done with `status`: moves the tail past it and
+  // writes its completion if it needs one (always, unless it succeeded
+  // unsignaled). complete_send_locked also logs an error status.
+  void finish_send_locked(const SendWqe& wqe, ibv_wc_status status);
   void flush_recv();
   void reset_queues_locked();
   void publish_responder_state();

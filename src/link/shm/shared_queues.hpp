@@ -204,6 +204,22 @@ struct SharedRq {
   }
   RecvWqe* slot(uint64_t index) { return reinterpret_cast<RecvWqe*>(wqes + (index & (capacity - 1)) * stride); }
 
+  // Thread: the owner. Advances its count of retired WQEs (`retired`, kept by
+  // the owner) by up to `count`, never past what initiators took: a
+  // completion that names no taken WQE (a stale one) frees nothing.
+  static void retire(std::atomic<uint64_t>& retired, const std::atomic<uint64_t>& taken, uint64_t count) {
+    uint64_t r = retired.load(std::memory_order_acquire);
+    while (count > 0) {
+      const uint64_t t = taken.load(std::memory_order_acquire);
+      if (r == t) return;
+      const uint64_t next = r + (count < t - r ? count : t - r);
+      if (retired.compare_exchange_weak(r, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        count -= next - r;
+        r = next;
+      }
+    }
+  }
+
   uint64_t outstanding() const {
     return head.load(std::memory_order_acquire) - tail.load(std::memory_order_acquire);
   }
