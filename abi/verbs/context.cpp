@@ -12,7 +12,7 @@
 #include "device_query.hpp"
 #include "engine/completion_queue.hpp"
 #include "engine/context.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "engine/shared_receive_queue.hpp"
 #include "handles.hpp"

@@ -6,7 +6,7 @@
 #include "engine/completion_channel.hpp"
 #include "engine/completion_queue.hpp"
 #include "engine/context.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "ext_verbs.hpp"
 #include "handles.hpp"
 #include "verbs_ops.hpp"

@@ -21,7 +21,7 @@
 #include <cstring>
 
 #include "engine/completion_queue.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "ext_verbs.hpp"
 #include "handles.hpp"
 #include "verbs_ops.hpp"

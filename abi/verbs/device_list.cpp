@@ -16,7 +16,7 @@
 #include <string_view>
 
 #include "engine/device/device_info.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 
 namespace softhca::abi {
 namespace {

@@ -16,9 +16,9 @@
 
 #include "device_list.hpp"
 #include "engine/device/device_info.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "handles.hpp"
-#include "link/shm/shared_queues.hpp"
+#include "engine/completion_queue.hpp"
 
 // The header turns ibv_query_port into the inline wrapper; we define the real one.
 #undef ibv_query_port
@@ -203,7 +203,7 @@ int query_rt_values_op(ibv_context* context, ibv_values_ex* values) {
     const uint32_t asked = values->comp_mask;
     values->comp_mask = 0;
     if ((asked & IBV_VALUES_MASK_RAW_CLOCK) != 0) {
-      const uint64_t now = shm::completion_clock_ns();
+      const uint64_t now = engine::completion_clock_ns();
       values->raw_clock.tv_sec = static_cast<time_t>(now / 1'000'000'000ULL);
       values->raw_clock.tv_nsec = static_cast<long>(now % 1'000'000'000ULL);
       values->comp_mask |= IBV_VALUES_MASK_RAW_CLOCK;

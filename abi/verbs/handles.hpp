@@ -17,7 +17,7 @@
 #include <type_traits>
 
 #include "common/spinlock.hpp"
-#include "link/shm/shared_queues.hpp"
+#include "engine/completion_queue.hpp"
 
 namespace softhca::engine {
 class Context;
@@ -78,7 +78,7 @@ struct MrHandle {
 struct CqHandle {
   ibv_cq_ex cq;
   engine::CompletionQueue* impl;
-  shm::Cqe current{};      // the completion start_poll/next_poll gave out
+  engine::Completion current{};      // the completion start_poll/next_poll gave out
   uint64_t wc_flags = 0;   // ibv_create_cq_wc_flags asked at creation
   bool single_threaded = false;
   bool polling = false;    // between a successful start_poll and end_poll

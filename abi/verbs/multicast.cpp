@@ -8,11 +8,10 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "engine/node.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "handles.hpp"
-#include "host/host_registry.hpp"
 
 using namespace softhca;
 using namespace softhca::abi;
@@ -43,8 +42,7 @@ int ibv_attach_mcast(struct ibv_qp* qp, const union ibv_gid* gid, uint16_t /*lid
   return int_verb([&] {
     engine::QueuePair* impl = checked_ud_qp(qp, gid);
     if (impl == nullptr) return EINVAL;
-    if (auto ok = impl->node().registry().attach_mcast(gid->raw, impl->qpn(), impl->node().proc()); !ok)
-      return to_errno(ok.error());
+    if (auto ok = impl->attach_multicast(gid->raw); !ok) return to_errno(ok.error());
     return 0;
   });
 }
@@ -53,7 +51,7 @@ int ibv_detach_mcast(struct ibv_qp* qp, const union ibv_gid* gid, uint16_t /*lid
   return int_verb([&] {
     engine::QueuePair* impl = checked_ud_qp(qp, gid);
     if (impl == nullptr) return EINVAL;
-    if (auto ok = impl->node().registry().detach_mcast(gid->raw, impl->qpn()); !ok) return to_errno(ok.error());
+    if (auto ok = impl->detach_multicast(gid->raw); !ok) return to_errno(ok.error());
     return 0;
   });
 }

@@ -20,7 +20,7 @@ int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
       *bad_wr = wr;
       return EINVAL;
     }
-    auto ok = impl->post(wr->wr_id, reinterpret_cast<const shm::RecvSge*>(wr->sg_list),
+    auto ok = impl->post(wr->wr_id, reinterpret_cast<const host::RecvSge*>(wr->sg_list),
                          static_cast<uint32_t>(wr->num_sge));
     if (!ok) {
       *bad_wr = wr;

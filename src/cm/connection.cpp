@@ -4,7 +4,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 
 namespace softhca::cm {
 namespace {

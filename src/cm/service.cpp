@@ -20,7 +20,7 @@
 
 #include "common/log.hpp"
 #include "engine/device/device_info.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "host/host_registry.hpp"
 
 namespace softhca::cm {

@@ -3,20 +3,21 @@
 #include <algorithm>
 #include <bit>
 
+#include "common/clock.hpp"
 #include "common/log.hpp"
 #include "engine/completion_channel.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "engine/queue_sizes.hpp"
 
 namespace softhca::engine {
 
-shm::CqRing* CompletionQueue::allocate_ring(uint32_t capacity, uint64_t& offset, uint64_t& bytes) {
+host::CqRing* CompletionQueue::allocate_ring(uint32_t capacity, uint64_t& offset, uint64_t& bytes) {
   host::ProcessSegment& segment = context_.node().segment();
-  bytes = shm::CqRing::bytes_for(capacity);
+  bytes = host::CqRing::bytes_for(capacity);
   offset = segment.allocate(bytes);
   if (offset == 0) return nullptr;
-  auto* ring = segment.at<shm::CqRing>(offset);
+  auto* ring = segment.at<host::CqRing>(offset);
   ring->capacity = capacity;
   return ring;
 }
@@ -29,17 +30,17 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
   const CqSize size = cq_size_for(static_cast<uint32_t>(cqe));
   auto* cq = new CompletionQueue(context, static_cast<int>(size.reported), channel);
   cq->counted_ = true;
-  cq->shared_offset_ = node.segment().allocate(sizeof(shm::SharedCq));
+  cq->shared_offset_ = node.segment().allocate(sizeof(host::SharedCq));
   // The ring holds `slots` entries and overruns past that.
   uint64_t ring_offset = 0, ring_bytes = 0;
-  shm::CqRing* ring = cq->shared_offset_ ? cq->allocate_ring(size.slots, ring_offset, ring_bytes) : nullptr;
+  host::CqRing* ring = cq->shared_offset_ ? cq->allocate_ring(size.slots, ring_offset, ring_bytes) : nullptr;
   if (ring == nullptr) {
     delete cq;
     return fail(std::errc::not_enough_memory);
   }
   cq->ring_block_ = RingBlock{ring_offset, ring_bytes};
   cq->ring_ = ring;
-  cq->shared_ = node.segment().at<shm::SharedCq>(cq->shared_offset_);
+  cq->shared_ = node.segment().at<host::SharedCq>(cq->shared_offset_);
   cq->shared_->owner_proc = node.proc();
   cq->shared_->stamp_completions = timestamps ? 1 : 0;
   cq->id_ = node.cqs().add(cq);
@@ -59,7 +60,7 @@ CompletionQueue::~CompletionQueue() {
   // No QP feeds a CQ that is being destroyed, so no producer is left in any ring.
   for (const RingBlock& block : retired_rings_) node.segment().release(block.offset, block.bytes);
   if (ring_block_.bytes) node.segment().release(ring_block_.offset, ring_block_.bytes);
-  if (shared_offset_) node.segment().release(shared_offset_, sizeof(shm::SharedCq));
+  if (shared_offset_) node.segment().release(shared_offset_, sizeof(host::SharedCq));
   if (counted_) node.cq_quota().give_back();
 }
 
@@ -73,8 +74,8 @@ void CompletionQueue::detach(QueuePair* qp) {
   if (auto it = users_.find(qp->qpn()); it != users_.end() && it->second == qp) users_.erase(it);
 }
 
-void CompletionQueue::retire_locked(shm::Cqe& cqe) {
-  const bool send = (cqe.flags & shm::kCqeSendPosition) != 0;
+void CompletionQueue::retire_locked(host::Cqe& cqe) {
+  const bool send = (cqe.flags & host::kCqeSendPosition) != 0;
   const uint32_t position = cqe.src_qp;
   if (send) cqe.src_qp = 0;  // not a field of send completions
   auto it = users_.find(cqe.qp_num);
@@ -94,7 +95,7 @@ bool CompletionQueue::in_use() {
 
 namespace {
 
-void to_wc(const shm::Cqe& c, ibv_wc& wc) {
+void to_wc(const host::Cqe& c, ibv_wc& wc) {
   wc.wr_id = c.wr_id;
   wc.status = static_cast<ibv_wc_status>(c.status);
   wc.opcode = static_cast<ibv_wc_opcode>(c.opcode);
@@ -112,7 +113,7 @@ void to_wc(const shm::Cqe& c, ibv_wc& wc) {
 
 }  // namespace
 
-bool CompletionQueue::pop_locked(shm::Cqe& out) {
+bool CompletionQueue::pop_locked(host::Cqe& out) {
   for (;;) {
     const uint64_t position = ring_->tail.load(std::memory_order_relaxed);
     if (!ring_->pop(out)) return false;
@@ -126,10 +127,10 @@ bool CompletionQueue::pop_locked(shm::Cqe& out) {
 
 uint32_t CompletionQueue::count_receives_locked(uint32_t qpn) {
   const uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
-  const uint64_t head = ring_->head.load(std::memory_order_acquire) & ~shm::CqRing::kClosed;
+  const uint64_t head = ring_->head.load(std::memory_order_acquire) & ~host::CqRing::kClosed;
   uint32_t count = 0;
   for (uint64_t position = tail; position < head; ++position) {
-    shm::CqSlot& slot = ring_->slot(position);
+    host::CqSlot& slot = ring_->slot(position);
     if (slot.seq.load(std::memory_order_acquire) != position + 1) continue;
     if (slot.cqe.qp_num != qpn || !(slot.cqe.opcode & IBV_WC_RECV)) continue;
     bool purged = false;
@@ -142,7 +143,7 @@ uint32_t CompletionQueue::count_receives_locked(uint32_t qpn) {
 uint32_t CompletionQueue::purge_qp(uint32_t qpn) {
   std::lock_guard guard(poll_lock_);
   const uint32_t receives = count_receives_locked(qpn);
-  const uint64_t until = ring_->head.load(std::memory_order_acquire) & ~shm::CqRing::kClosed;
+  const uint64_t until = ring_->head.load(std::memory_order_acquire) & ~host::CqRing::kClosed;
   if (until != ring_->tail.load(std::memory_order_relaxed)) purges_.push_back(Purge{qpn, until});
   return receives;
 }
@@ -156,10 +157,10 @@ uint32_t CompletionQueue::detach_counting_receives(QueuePair* qp) {
 int CompletionQueue::poll(int n, ibv_wc* wc) {
   if (n < 0) return -1;
   Node& node = context_.node();
-  if (node.has_waiting()) node.run_timers(Node::now_ns());
+  if (node.has_waiting()) node.run_timers(monotonic_ns());
   std::lock_guard guard(poll_lock_);
   int got = 0;
-  shm::Cqe cqe;
+  host::Cqe cqe;
   if (n == 0 || ring_->empty()) return 0;
   std::lock_guard users(users_mutex_);  // once per poll, not per completion
   while (got < n && pop_locked(cqe)) {
@@ -169,9 +170,9 @@ int CompletionQueue::poll(int n, ibv_wc* wc) {
   return got;
 }
 
-bool CompletionQueue::poll_one(shm::Cqe& out) {
+bool CompletionQueue::poll_one(host::Cqe& out) {
   Node& node = context_.node();
-  if (node.has_waiting()) node.run_timers(Node::now_ns());
+  if (node.has_waiting()) node.run_timers(monotonic_ns());
   std::lock_guard guard(poll_lock_);
   if (!pop_locked(out)) return false;
   std::lock_guard users(users_mutex_);
@@ -180,7 +181,7 @@ bool CompletionQueue::poll_one(shm::Cqe& out) {
 }
 
 void CompletionQueue::arm(bool solicited_only) {
-  shared_->armed.store(solicited_only ? shm::SharedCq::kArmSolicited : shm::SharedCq::kArmNext,
+  shared_->armed.store(solicited_only ? host::SharedCq::kArmSolicited : host::SharedCq::kArmNext,
                        std::memory_order_seq_cst);
 }
 
@@ -197,23 +198,23 @@ Result<void> CompletionQueue::resize(int cqe) {
     return {};
   }
   uint64_t offset = 0, bytes = 0;
-  shm::CqRing* next = allocate_ring(capacity, offset, bytes);
+  host::CqRing* next = allocate_ring(capacity, offset, bytes);
   if (next == nullptr) return fail(std::errc::not_enough_memory);
   // Close the old ring: from here no producer can reserve in it; those that
   // already did publish within moments (they hold no lock and never block).
-  const uint64_t head = ring_->head.fetch_or(shm::CqRing::kClosed, std::memory_order_acq_rel);
+  const uint64_t head = ring_->head.fetch_or(host::CqRing::kClosed, std::memory_order_acq_rel);
   const uint64_t held = head - tail;
   if (held > capacity || held > static_cast<uint64_t>(cqe)) {
     // It would not fit: reopen the old ring and refuse, as the verbs do.
-    ring_->head.fetch_and(~shm::CqRing::kClosed, std::memory_order_acq_rel);
+    ring_->head.fetch_and(~host::CqRing::kClosed, std::memory_order_acq_rel);
     context_.node().segment().release(offset, bytes);
     return fail(std::errc::invalid_argument);
   }
   uint64_t copied = 0;
   for (uint64_t position = tail; position < head; ++position) {
-    shm::CqSlot& from = ring_->slot(position);
-    const uint64_t deadline = Node::now_ns() + 100'000'000;
-    while (from.seq.load(std::memory_order_acquire) != position + 1 && Node::now_ns() < deadline)
+    host::CqSlot& from = ring_->slot(position);
+    const uint64_t deadline = monotonic_ns() + 100'000'000;
+    while (from.seq.load(std::memory_order_acquire) != position + 1 && monotonic_ns() < deadline)
       __builtin_ia32_pause();
     if (from.seq.load(std::memory_order_acquire) != position + 1) {
       // Reserved and never published: its producer died inside push (or
@@ -222,7 +223,7 @@ Result<void> CompletionQueue::resize(int cqe) {
       SOFTHCA_WARN("cq resize: a completion reserved by a producer that never published it is dropped");
       continue;
     }
-    shm::CqSlot& to = next->slot(copied);
+    host::CqSlot& to = next->slot(copied);
     to.cqe = from.cqe;
     to.seq.store(copied + 1, std::memory_order_relaxed);
     ++copied;
@@ -241,9 +242,9 @@ Result<void> CompletionQueue::resize(int cqe) {
 void CompletionQueue::free_retired_rings_locked() {
   // Producers leave push() within moments (they never block), unless one
   // died inside it: then the rings stay until the CQ is destroyed.
-  const uint64_t deadline = Node::now_ns() + 1'000'000;
+  const uint64_t deadline = monotonic_ns() + 1'000'000;
   while (!shared_->quiescent()) {
-    if (Node::now_ns() > deadline) return;
+    if (monotonic_ns() > deadline) return;
     __builtin_ia32_pause();
   }
   for (const RingBlock& block : retired_rings_) context_.node().segment().release(block.offset, block.bytes);
@@ -255,14 +256,14 @@ void CompletionQueue::signal_channel() {
   channel_->signal(*this);
 }
 
-void CompletionQueue::push(const shm::Cqe& cqe) {
+void CompletionQueue::push(const host::Cqe& cqe) {
   switch (shared_->push(context_.node().segment().base(), cqe)) {
-    case shm::SharedCq::Push::kOk:
+    case host::SharedCq::Push::kOk:
       break;
-    case shm::SharedCq::Push::kOkNotify:
+    case host::SharedCq::Push::kOkNotify:
       signal_channel();
       break;
-    case shm::SharedCq::Push::kOverrun:
+    case host::SharedCq::Push::kOverrun:
       on_overrun();
       break;
   }

@@ -1,4 +1,4 @@
-// A completion queue. Its ring lives in the process segment (shm::SharedCq) so
+// A completion queue. Its ring lives in the process segment (host::SharedCq) so
 // that initiators in any process post receive completions into it directly;
 // this object is the owner's side: polling, arming, events, resize.
 #pragma once
@@ -14,9 +14,14 @@
 #include "common/result.hpp"
 #include "common/spinlock.hpp"
 #include "engine/context.hpp"
-#include "link/shm/shared_queues.hpp"
+#include "host/shared_queues.hpp"
 
 namespace softhca::engine {
+
+// A completion as the engine hands it to the ABI (one CQ slot's entry).
+using Completion = host::Cqe;
+// The device's completion clock (hca_core_clock), in ns.
+inline uint64_t completion_clock_ns() { return host::completion_clock_ns(); }
 
 class CompletionChannel;
 class QueuePair;
@@ -24,7 +29,7 @@ class QueuePair;
 class CompletionQueue {
  public:
   // timestamps: every completion records the completion clock
-  // (shm::completion_clock_ns) when it is written to the CQ.
+  // (host::completion_clock_ns) when it is written to the CQ.
   static Result<CompletionQueue*> create(Context& context, int cqe, CompletionChannel* channel,
                                          bool timestamps = false);
   ~CompletionQueue();
@@ -32,12 +37,12 @@ class CompletionQueue {
   // Fills up to `n` work completions; returns how many (ibv_poll_cq).
   int poll(int n, ibv_wc* wc);
   // One completion in engine form, for the extended poll API.
-  bool poll_one(shm::Cqe& out);
+  bool poll_one(Completion& out);
   void arm(bool solicited_only);
   Result<void> resize(int cqe);
 
   // Posts a completion generated in this process (send completions, flushes).
-  void push(const shm::Cqe& cqe);
+  void push(const host::Cqe& cqe);
   // A QP moved to RESET: its completions still in the ring are discarded, as
   // hardware providers clean the CQ on reset (mlx5 cq_clean, rxe reset).
   // Returns how many of them were receive completions (their SRQ WQEs are
@@ -52,7 +57,7 @@ class CompletionQueue {
   int cqe() const { return cqe_; }  // what the CQ reports (queue_sizes.hpp), not what was asked
   uint32_t id() const { return id_; }
   uint64_t shared_offset() const { return shared_offset_; }
-  shm::SharedCq* shared() const { return shared_; }
+  host::SharedCq* shared() const { return shared_; }
 
   void* handle = nullptr;          // the application's ibv_cq
   EventCounters comp_events;       // completion-channel events given out / acked
@@ -78,11 +83,11 @@ class CompletionQueue {
   uint32_t id_ = 0;
   bool counted_ = false;  // holds a unit of the node's cq_quota()
   // Allocates and zeroes a ring of `capacity` slots; nullptr when the segment is full.
-  shm::CqRing* allocate_ring(uint32_t capacity, uint64_t& offset, uint64_t& bytes);
+  host::CqRing* allocate_ring(uint32_t capacity, uint64_t& offset, uint64_t& bytes);
 
   uint64_t shared_offset_ = 0;
-  shm::SharedCq* shared_ = nullptr;
-  shm::CqRing* ring_ = nullptr;  // the current ring (consumer side)
+  host::SharedCq* shared_ = nullptr;
+  host::CqRing* ring_ = nullptr;  // the current ring (consumer side)
   struct RingBlock {
     uint64_t offset;
     uint64_t bytes;
@@ -92,10 +97,10 @@ class CompletionQueue {
   // the offset before the switch); freed once no producer is inside push().
   std::vector<RingBlock> retired_rings_;  // guarded by poll_lock_
   void free_retired_rings_locked();
-  bool pop_locked(shm::Cqe& out);
+  bool pop_locked(host::Cqe& out);
   // Frees the queue slot of a polled completion's WQE (QueuePair::retire_*).
   // Under users_mutex_, so that the QP cannot be destroyed meanwhile.
-  void retire_locked(shm::Cqe& cqe);
+  void retire_locked(host::Cqe& cqe);
   // Receive completions of `qpn` in the ring not yet polled nor purged (under poll_lock_).
   uint32_t count_receives_locked(uint32_t qpn);
   struct Purge {

@@ -4,6 +4,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <condition_variable>
 #include <deque>
 #include <mutex>
 

@@ -4,7 +4,7 @@
 
 #include "common/log.hpp"
 #include "engine/context.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "engine/protection_domain.hpp"
 #include "host/memory_check.hpp"
 

@@ -1,30 +1,28 @@
-// The node: this process's attachment to the host. It holds the host registry,
-// the process segment, the peers' segments mapped so far, the tables that turn
-// ids carried in shared events back into objects, and the one progress thread
-// that does what no application call can: signal completion channels and async
-// events raised by other processes, and drive timed retries (RNR, transport
-// timeout) while the application sleeps. The thread sleeps on a futex in the
-// segment when there is nothing to do.
+// The node: this process's softhca instance. It holds the attachment to the
+// host (registry, segments: host/attachment.hpp), the links that reach peer
+// QPs (link/link.hpp), the tables that turn ids carried in shared events back
+// into objects, the QPs with retries waiting for a deadline, and the progress
+// thread (engine/progress_thread.hpp) that relays other processes' events and
+// runs those retries while the application sleeps.
 //
 // Created at the first ibv_open_device, released with the last context. This is
 // the device registry: the only process-wide mutable state.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <set>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/limits.hpp"
 #include "common/result.hpp"
-#include "engine/limits.hpp"
 #include "engine/object_quota.hpp"
-#include "host/host_registry.hpp"
-#include "host/process_segment.hpp"
-#include "link/shm/shared_queues.hpp"
+#include "engine/progress_thread.hpp"
+#include "host/attachment.hpp"
+#include "link/link.hpp"
 
 namespace softhca::engine {
 
@@ -65,25 +63,20 @@ class ObjectTable {
   std::vector<uint32_t> free_;
 };
 
-class Node {
+class Node final : private ProgressThread::Work {
  public:
   // The node of this process, created on first use; every acquire() is paired with release().
   static Result<Node*> acquire();
   static void release();
 
-  host::HostRegistry& registry() { return *registry_; }
-  host::ProcessSegment& segment() { return *segment_; }
-  uint32_t proc() const { return proc_; }
-  uint32_t pid() const { return pid_; }
+  host::Attachment& host() { return *host_; }
+  host::HostRegistry& registry() { return host_->registry(); }
+  host::ProcessSegment& segment() { return host_->segment(); }
+  uint32_t proc() const { return host_->proc(); }
+  uint32_t pid() const { return host_->pid(); }
 
-  // The base of the segment of registry process `proc` (ours or a peer's), or nullptr.
-  char* segment_base(uint32_t proc);
-  uint32_t pid_of(uint32_t proc) const { return registry_->proc(proc).pid.load(std::memory_order_acquire); }
-
-  // Queues an event for the owner of `proc` and rings its doorbell.
-  // Only while process `pid` still holds registry slot `proc`: a reclaimed
-  // slot may belong to a newcomer that knows nothing of the event's object.
-  void notify(uint32_t proc, uint32_t pid, const shm::Event& event);
+  // The link to peers on this host.
+  link::Link& shm_link() { return *shm_link_; }
 
   ObjectTable<CompletionQueue>& cqs() { return cqs_; }
   ObjectTable<QueuePair>& qps() { return qps_; }
@@ -98,25 +91,22 @@ class Node {
   void add_waiting(QueuePair* qp);
   void remove_waiting(QueuePair* qp);
   bool has_waiting() const { return waiting_count_.load(std::memory_order_relaxed) != 0; }
-  // Progresses waiting QPs whose deadline passed (called from poll paths too).
-  void run_timers(uint64_t now_ns);
-
-  static uint64_t now_ns();
+  // Progresses waiting QPs whose deadline passed (called from poll paths
+  // too); returns the earliest deadline still pending, 0 for none.
+  uint64_t run_timers(uint64_t now_ns);
 
  private:
   Node() = default;
+  ~Node();
   Result<void> start();
-  void stop();
-  void progress_loop();
-  void dispatch(const shm::Event& event);
+  // ProgressThread::Work
+  void on_event(const host::Event& event) override;
+  uint64_t run_due(uint64_t now_ns) override;
   // The waiting QPs with their object-table ids (read under the lock).
   std::vector<std::pair<QueuePair*, uint32_t>> waiting_snapshot();
 
-  host::HostRegistry* registry_ = nullptr;
-  host::ProcessSegment* segment_ = nullptr;
-  host::PeerSegments peers_;
-  uint32_t proc_ = 0;
-  uint32_t pid_ = 0;
+  host::Attachment* host_ = nullptr;
+  std::unique_ptr<link::Link> shm_link_;
   ObjectTable<CompletionQueue> cqs_;
   ObjectTable<QueuePair> qps_;
   ObjectTable<SharedReceiveQueue> srqs_;
@@ -127,8 +117,7 @@ class Node {
   std::mutex waiting_mutex_;
   std::set<QueuePair*> waiting_;
   std::atomic<uint32_t> waiting_count_{0};
-  std::atomic<bool> stopping_{false};
-  std::thread thread_;
+  ProgressThread progress_;
 };
 
 }  // namespace softhca::engine

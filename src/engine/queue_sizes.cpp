@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 
 namespace softhca::engine {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <bit>
 
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "engine/protection_domain.hpp"
 #include "engine/queue_sizes.hpp"
 
@@ -20,16 +20,16 @@ Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uin
   srq->max_wr_ = srq_size_for(max_wr);
   srq->max_sge_ = max_sge;
   const uint32_t capacity = std::bit_ceil(srq->max_wr_);
-  srq->shared_bytes_ = shm::SharedRq::bytes_for(capacity, max_sge);
+  srq->shared_bytes_ = host::SharedRq::bytes_for(capacity, max_sge);
   srq->shared_offset_ = node.segment().allocate(srq->shared_bytes_);
   if (srq->shared_offset_ == 0) {
     delete srq;
     return fail(std::errc::not_enough_memory);
   }
-  srq->shared_ = node.segment().at<shm::SharedRq>(srq->shared_offset_);
+  srq->shared_ = node.segment().at<host::SharedRq>(srq->shared_offset_);
   srq->shared_->capacity = capacity;
   srq->shared_->max_sge = max_sge;
-  srq->shared_->stride = shm::SharedRq::stride_for(max_sge);
+  srq->shared_->stride = host::SharedRq::stride_for(max_sge);
   srq->shared_->owner_proc = node.proc();
   srq->shared_->pd_id = pd.id();
   srq->id_ = node.srqs().add(srq);
@@ -47,10 +47,10 @@ SharedReceiveQueue::~SharedReceiveQueue() {
   if (shared_) pd_.detach();
 }
 
-Result<void> SharedReceiveQueue::post(uint64_t wr_id, const shm::RecvSge* sges, uint32_t num_sge) {
+Result<void> SharedReceiveQueue::post(uint64_t wr_id, const host::RecvSge* sges, uint32_t num_sge) {
   if (num_sge > max_sge_) return fail(std::errc::invalid_argument);
   // sg_list may be nullptr when num_sge is 0; push memcpys from it (undefined for nullptr).
-  static constexpr shm::RecvSge kNoSge{};
+  static constexpr host::RecvSge kNoSge{};
   if (num_sge == 0) sges = &kNoSge;
   std::lock_guard guard(post_mutex_);
   // A slot is taken from post until its completion is polled.
@@ -81,7 +81,7 @@ void SharedReceiveQueue::query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& li
   limit = shared_->limit.load(std::memory_order_acquire);
 }
 
-void SharedReceiveQueue::retire(uint32_t count) { shm::SharedRq::retire(retired_, shared_->tail, count); }
+void SharedReceiveQueue::retire(uint32_t count) { host::SharedRq::retire(retired_, shared_->tail, count); }
 
 void SharedReceiveQueue::on_limit_reached() {
   pd_.context().raise_async_event(AsyncEvent{IBV_EVENT_SRQ_LIMIT_REACHED, handle, 0});

@@ -1,4 +1,4 @@
-// A shared receive queue: a shm::SharedRq in the process segment that initiators
+// A shared receive queue: a host::SharedRq in the process segment that initiators
 // take receive WQEs from directly, plus the limit event.
 #pragma once
 
@@ -9,7 +9,7 @@
 
 #include "common/result.hpp"
 #include "engine/context.hpp"
-#include "link/shm/shared_queues.hpp"
+#include "host/shared_queues.hpp"
 
 namespace softhca::engine {
 
@@ -22,7 +22,7 @@ class SharedReceiveQueue {
   ~SharedReceiveQueue();
 
   // Posts receive WQEs; on failure *bad is the index of the first one not posted.
-  Result<void> post(uint64_t wr_id, const shm::RecvSge* sges, uint32_t num_sge);
+  Result<void> post(uint64_t wr_id, const host::RecvSge* sges, uint32_t num_sge);
   Result<void> modify(uint32_t max_wr, uint32_t limit, int mask);
   void query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit) const;
   void on_limit_reached();
@@ -34,7 +34,7 @@ class SharedReceiveQueue {
   uint32_t max_sge() const { return max_sge_; }
   uint32_t max_wr() const { return max_wr_; }
   uint64_t shared_offset() const { return shared_offset_; }
-  shm::SharedRq* shared() const { return shared_; }
+  host::SharedRq* shared() const { return shared_; }
   uint32_t id() const { return id_; }
 
   void* handle = nullptr;
@@ -52,7 +52,7 @@ class SharedReceiveQueue {
   bool counted_ = false;  // holds a unit of the node's srq_quota()
   uint64_t shared_offset_ = 0;
   uint64_t shared_bytes_ = 0;
-  shm::SharedRq* shared_ = nullptr;
+  host::SharedRq* shared_ = nullptr;
   std::mutex post_mutex_;
   std::atomic<uint32_t> users_{0};
   std::atomic<uint64_t> retired_{0};  // WQEs whose completion was polled

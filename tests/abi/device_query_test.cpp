@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/limits.hpp"  // constants only: what ibv_query_device must report
+#include "common/limits.hpp"  // constants only: what ibv_query_device must report
 
 // Exported by libibverbs but declared only in rdma-core's private driver.h.
 extern "C" int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size);

@@ -7,7 +7,7 @@
 #include <set>
 #include <thread>
 
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "loopback.hpp"
 
 namespace loopback {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "loopback.hpp"
 
 namespace loopback {

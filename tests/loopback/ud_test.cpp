@@ -1,7 +1,7 @@
 // UD between two QPs of one process: the 40-byte GRH at the head of every
 // receive buffer, IBV_WC_GRH and src_qp in the completion, Q_Key filtering
 // (silent drop), the MTU limit, and replying through ibv_create_ah_from_wc.
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "loopback.hpp"
 
 namespace loopback {

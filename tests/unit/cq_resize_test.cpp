@@ -13,8 +13,8 @@
 namespace softhca::engine {
 namespace {
 
-shm::Cqe completion(uint64_t wr_id) {
-  shm::Cqe c{};
+host::Cqe completion(uint64_t wr_id) {
+  host::Cqe c{};
   c.wr_id = wr_id;
   c.opcode = IBV_WC_RDMA_WRITE;
   return c;
@@ -35,8 +35,8 @@ TEST(CqResize, AReservedButUnpublishedSlotIsDroppedNotCopiedStale) {
     ibv_wc wc[8];
     ASSERT_EQ(cq->poll(8, wc), 4);
     // A producer reserves the next slot and dies before publishing it.
-    shm::SharedCq* shared = cq->shared();
-    auto* ring = reinterpret_cast<shm::CqRing*>((*context)->node().segment().base() +
+    host::SharedCq* shared = cq->shared();
+    auto* ring = reinterpret_cast<host::CqRing*>((*context)->node().segment().base() +
                                                 shared->ring_offset.load());
     ring->head.fetch_add(1);
     cq->push(completion(200));  // a live producer after it

@@ -11,8 +11,8 @@
 #include <set>
 #include <string>
 
-#include "engine/limits.hpp"
-#include "engine/qp/shm_execute.hpp"
+#include "common/limits.hpp"
+#include "transport/ibta_timers.hpp"
 
 namespace softhca::host {
 namespace {
@@ -199,16 +199,16 @@ TEST_F(HostRegistryTest, ReleasedQpsAndDeadProcessesLeaveTheirGroups) {
 }
 
 TEST(IbtaTimers, RnrTimerTableEndpoints) {
-  EXPECT_EQ(engine::rnr_timer_ns(0), 655'360'000u);  // code 0 is the longest, 655.36 ms
-  EXPECT_EQ(engine::rnr_timer_ns(1), 10'000u);
-  EXPECT_EQ(engine::rnr_timer_ns(12), 640'000u);
-  EXPECT_EQ(engine::rnr_timer_ns(31), 491'520'000u);
+  EXPECT_EQ(transport::rnr_timer_ns(0), 655'360'000u);  // code 0 is the longest, 655.36 ms
+  EXPECT_EQ(transport::rnr_timer_ns(1), 10'000u);
+  EXPECT_EQ(transport::rnr_timer_ns(12), 640'000u);
+  EXPECT_EQ(transport::rnr_timer_ns(31), 491'520'000u);
 }
 
 TEST(IbtaTimers, AckTimeoutDoublesAndZeroIsInfinite) {
-  EXPECT_EQ(engine::ack_timeout_ns(0), 0u);
-  EXPECT_EQ(engine::ack_timeout_ns(1), 8192u);
-  EXPECT_EQ(engine::ack_timeout_ns(14), 4096ull << 14);
+  EXPECT_EQ(transport::ack_timeout_ns(0), 0u);
+  EXPECT_EQ(transport::ack_timeout_ns(1), 8192u);
+  EXPECT_EQ(transport::ack_timeout_ns(14), 4096ull << 14);
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 
 namespace softhca::engine {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 
 namespace softhca::engine {
 namespace {

@@ -1,9 +1,9 @@
-// The requester's retry budget, by count (engine/qp/retry_policy.hpp).
-#include "engine/qp/retry_policy.hpp"
+// The requester's retry budget, by count (transport/retry_policy.hpp).
+#include "transport/retry_policy.hpp"
 
 #include <gtest/gtest.h>
 
-namespace softhca::engine {
+namespace softhca::transport {
 namespace {
 
 // RNR NAKs a WQE meets before it gives up; each NAK but the last is followed by a retry.
@@ -30,4 +30,4 @@ TEST(RetryPolicy, RetryCntNRetransmitsExactlyNTimes) {
 }
 
 }  // namespace
-}  // namespace softhca::engine
+}  // namespace softhca::transport

@@ -1,6 +1,6 @@
 // The shared rings of the shm link, single-threaded: ordering, capacity,
 // overrun, arming rules and the SRQ limit bookkeeping.
-#include "link/shm/shared_queues.hpp"
+#include "host/shared_queues.hpp"
 
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-namespace softhca::shm {
+namespace softhca::host {
 namespace {
 
 struct FreeDeleter {
@@ -184,4 +184,4 @@ TEST(SegmentHeaderEvents, RingKeepsOrderAndRefusesWhenFull) {
 }
 
 }  // namespace
-}  // namespace softhca::shm
+}  // namespace softhca::host

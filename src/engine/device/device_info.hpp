@@ -24,7 +24,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 
 namespace softhca::engine {
 

@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "common/result.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 
 namespace softhca::engine {
 

@@ -3,14 +3,13 @@
 #include <bit>
 #include <cstring>
 
+#include "common/clock.hpp"
 #include "common/log.hpp"
 #include "engine/address_handle.hpp"
 #include "engine/completion_queue.hpp"
 #include "engine/device/device_info.hpp"
-#include "engine/limits.hpp"
+#include "common/limits.hpp"
 #include "engine/protection_domain.hpp"
-#include "engine/qp/retry_policy.hpp"
-#include "engine/qp/shm_execute.hpp"
 #include "engine/queue_sizes.hpp"
 #include "engine/shared_receive_queue.hpp"
 
@@ -22,7 +21,7 @@ uint32_t ring_capacity(uint32_t wanted) { return std::bit_ceil(wanted < 1 ? 1u :
 
 // A start for a QP's send queue positions that differs from one QP to the next.
 uint32_t random_start(uint32_t qpn) {
-  uint64_t x = Node::now_ns() ^ (uint64_t{qpn} << 32);
+  uint64_t x = monotonic_ns() ^ (uint64_t{qpn} << 32);
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
   return static_cast<uint32_t>(x ^ (x >> 31));
@@ -103,24 +102,24 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   qp->sq_.assign(uint64_t{qp->sq_capacity_} * qp->sq_stride_, 0);
 
   host::ProcessSegment& segment = node.segment();
-  qp->shared_offset_ = segment.allocate(sizeof(shm::SharedQp));
+  qp->shared_offset_ = segment.allocate(sizeof(host::SharedQp));
   if (qp->shared_offset_ == 0) {
     delete qp;
     return fail(std::errc::not_enough_memory);
   }
-  qp->shared_ = segment.at<shm::SharedQp>(qp->shared_offset_);
+  qp->shared_ = segment.at<host::SharedQp>(qp->shared_offset_);
   if (init.srq == nullptr) {
     const uint32_t capacity = ring_capacity(init.max_recv_wr);
-    qp->rq_bytes_ = shm::SharedRq::bytes_for(capacity, init.max_recv_sge);
+    qp->rq_bytes_ = host::SharedRq::bytes_for(capacity, init.max_recv_sge);
     qp->rq_offset_ = segment.allocate(qp->rq_bytes_);
     if (qp->rq_offset_ == 0) {
       delete qp;  // the destructor gives back what was allocated
       return fail(std::errc::not_enough_memory);
     }
-    qp->rq_ = segment.at<shm::SharedRq>(qp->rq_offset_);
+    qp->rq_ = segment.at<host::SharedRq>(qp->rq_offset_);
     qp->rq_->capacity = capacity;
     qp->rq_->max_sge = init.max_recv_sge;
-    qp->rq_->stride = shm::SharedRq::stride_for(init.max_recv_sge);
+    qp->rq_->stride = host::SharedRq::stride_for(init.max_recv_sge);
     qp->rq_->owner_proc = node.proc();
     qp->rq_->pd_id = pd.id();
   }
@@ -134,7 +133,7 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   qp->sq_tail_.store(qp->sq_head_, std::memory_order_relaxed);
   qp->sq_retired_.store(qp->sq_head_, std::memory_order_relaxed);
   qp->id_ = node.qps().add(qp);
-  shm::SharedQp& shared = *qp->shared_;
+  host::SharedQp& shared = *qp->shared_;
   shared.incarnation.store(node.registry().new_incarnation(), std::memory_order_relaxed);
   shared.qpn = qp->qpn_;
   shared.qp_type = init.type;
@@ -158,10 +157,10 @@ QueuePair::~QueuePair() {
   Node& node = node_;
   // Unpublish first, then wait for initiators working on us to leave.
   if (shared_ != nullptr && qpn_ != 0) {
-    shared_->state.store(shm::SharedQp::kDestroyed, std::memory_order_release);
+    shared_->state.store(host::SharedQp::kDestroyed, std::memory_order_release);
     node.registry().release_qpn(qpn_);
-    const uint64_t deadline = Node::now_ns() + 100'000'000;
-    while (shared_->users.load(std::memory_order_acquire) != 0 && Node::now_ns() < deadline) __builtin_ia32_pause();
+    const uint64_t deadline = monotonic_ns() + 100'000'000;
+    while (shared_->users.load(std::memory_order_acquire) != 0 && monotonic_ns() < deadline) __builtin_ia32_pause();
   }
   // Leave the object table first: remove() waits out a timer run that is
   // progressing us right now, and after it no timer can reach us and park us
@@ -185,11 +184,11 @@ QueuePair::~QueuePair() {
   }
   host::ProcessSegment& segment = node.segment();
   if (rq_offset_) segment.release(rq_offset_, rq_bytes_);
-  if (shared_offset_) segment.release(shared_offset_, sizeof(shm::SharedQp));
+  if (shared_offset_) segment.release(shared_offset_, sizeof(host::SharedQp));
 }
 
 void QueuePair::publish_responder_state() {
-  shm::SharedQp& s = *shared_;
+  host::SharedQp& s = *shared_;
   s.access.store(attrs_.access_flags, std::memory_order_relaxed);
   s.qkey.store(attrs_.qkey, std::memory_order_relaxed);
   s.dest_qpn.store(attrs_.dest_qpn, std::memory_order_relaxed);
@@ -214,12 +213,11 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   apply_modify_qp(attrs_, attr, mask, init_.type);
   const ibv_qp_state to = attrs_.state;
   publish_responder_state();
-  if ((mask & IBV_QP_DEST_QPN) != 0) {
-    target_ = TargetQp{};
-    peer_incarnation_ = 0;
-  }
+  if ((mask & IBV_QP_DEST_QPN) != 0) channel_.reset();
+  // A connected QP binds to its peer when it reaches RTR (the shm link takes
+  // the peer's incarnation then, so a later QP with the same number is not it).
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD)
-    peer_incarnation_ = peer_incarnation_of(node_, attrs_.dest_qpn);
+    channel_ = node_.shm_link().open_channel(qpn_, init_.type, attrs_.dest_qpn);
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
     reset_queues_locked();
     const uint32_t purged_receives = init_.recv_cq->purge_qp(qpn_);
@@ -237,7 +235,7 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
     mark_sq_drained(attrs_);
     if (attrs_.en_sqd_async_notify) raise_event(IBV_EVENT_SQ_DRAINED);
   }
-  if (to == IBV_QPS_RTS) progress_locked(Node::now_ns());
+  if (to == IBV_QPS_RTS) progress_locked(monotonic_ns());
   return {};
 }
 
@@ -293,11 +291,8 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
   wqe->send_flags = wr.send_flags;
   wqe->imm_data = wr.imm_data;
   wqe->num_sge = static_cast<uint32_t>(wr.num_sge);
-  wqe->started = 0;
-  wqe->deadline_ns = 0;
   wqe->length = 0;
-  wqe->rnr_left = attrs_.rnr_retry;
-  wqe->retry_left = attrs_.retry_cnt;
+  wqe->retry = transport::RetryState::start(attrs_.rnr_retry, attrs_.retry_cnt);
   wqe->ah = nullptr;
   switch (wr.opcode) {
     case IBV_WR_ATOMIC_CMP_AND_SWP:
@@ -357,7 +352,7 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     enqueue_send_locked(*wr);
   }
   if (err) *bad_wr = wr;
-  progress_locked(Node::now_ns());
+  progress_locked(monotonic_ns());
   return err;
 }
 
@@ -384,11 +379,11 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
       err = ENOMEM;
       break;
     }
-    static_assert(sizeof(shm::RecvSge) == sizeof(ibv_sge));
+    static_assert(sizeof(host::RecvSge) == sizeof(ibv_sge));
     // A receive without SGEs (for WRITE_WITH_IMM or zero-byte SENDs) may have
     // sg_list == nullptr; push memcpys from it, so hand it a real (empty) array.
-    static constexpr shm::RecvSge kNoSge{};
-    const auto* sges = wr->num_sge > 0 ? reinterpret_cast<const shm::RecvSge*>(wr->sg_list) : &kNoSge;
+    static constexpr host::RecvSge kNoSge{};
+    const auto* sges = wr->num_sge > 0 ? reinterpret_cast<const host::RecvSge*>(wr->sg_list) : &kNoSge;
     if (!rq_->push(wr->wr_id, sges, static_cast<uint32_t>(wr->num_sge))) {
       err = ENOMEM;
       break;
@@ -414,13 +409,13 @@ void QueuePair::finish_send_locked(const SendWqe& wqe, ibv_wc_status status) {
   const uint32_t position = sq_tail_.load(std::memory_order_relaxed);
   sq_tail_.store(position + 1, std::memory_order_release);
   if (status == IBV_WC_SUCCESS && !signaled(wqe)) return;
-  shm::Cqe cqe{};
+  host::Cqe cqe{};
   cqe.wr_id = wqe.wr_id;
   cqe.status = status;
   cqe.opcode = wc_opcode_for(wqe.opcode);
   cqe.qp_num = qpn_;
   cqe.src_qp = position;
-  cqe.flags = shm::kCqeSendPosition;
+  cqe.flags = host::kCqeSendPosition;
   if (status == IBV_WC_SUCCESS) {
     if (wqe.opcode == IBV_WR_RDMA_READ) cqe.byte_len = static_cast<uint32_t>(wqe.length);
     if (wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
@@ -440,7 +435,7 @@ void QueuePair::progress_locked(uint64_t now_ns) {
     const uint32_t tail = sq_tail_.load(std::memory_order_relaxed);
     if (tail == sq_head_ || st != IBV_QPS_RTS) break;
     SendWqe& wqe = *sq_slot(tail);
-    if (wqe.deadline_ns != 0 && now_ns < wqe.deadline_ns) {
+    if (wqe.retry.deadline_ns != 0 && now_ns < wqe.retry.deadline_ns) {
       // Parked and not yet due: stay on the node's waiting list. (Breaking out
       // here used to fall into the un-park below, so a poll before the deadline
       // dropped the QP from the list and its RNR/timeout retry never ran.)
@@ -450,35 +445,12 @@ void QueuePair::progress_locked(uint64_t now_ns) {
       }
       return;
     }
-    if (!wqe.started) {
-      wqe.started = 1;
-      wqe.first_try_ns = now_ns;
-    }
-    const ExecOutcome outcome = shm_execute(*this, wqe);
-    if (outcome.kind == ExecOutcome::Kind::kDone) {
-      wqe.deadline_ns = 0;
-      complete_send_locked(wqe, outcome.status);
-      if (outcome.status != IBV_WC_SUCCESS) enter_error_locked();
+    const transport::Verdict verdict = execute_locked(wqe, now_ns);
+    if (verdict.kind == transport::Verdict::Kind::kComplete) {
+      wqe.retry.deadline_ns = 0;
+      complete_send_locked(wqe, verdict.status);
+      if (verdict.status != IBV_WC_SUCCESS) enter_error_locked();
       continue;
-    }
-    if (outcome.kind == ExecOutcome::Kind::kRnr) {
-      if (after_rnr_nak(attrs_.rnr_retry, wqe.rnr_left) == RetryVerdict::kGiveUp) {
-        complete_send_locked(wqe, IBV_WC_RNR_RETRY_EXC_ERR);
-        enter_error_locked();
-        continue;
-      }
-      wqe.deadline_ns = now_ns + outcome.rnr_delay_ns;
-    } else {
-      // No response: retransmit after the local ACK timeout, retry_cnt times
-      // (a first attempt has no deadline yet: its timeout starts now).
-      const uint64_t timeout = ack_timeout_ns(attrs_.timeout);
-      if (timeout != 0 && wqe.deadline_ns != 0 && after_ack_timeout(wqe.retry_left) == RetryVerdict::kGiveUp) {
-        complete_send_locked(wqe, IBV_WC_RETRY_EXC_ERR);
-        enter_error_locked();
-        continue;
-      }
-      // timeout 0 is "wait forever": poll again now and then.
-      wqe.deadline_ns = now_ns + (timeout != 0 ? timeout : 10'000'000);
     }
     if (!parked_) {
       parked_ = true;
@@ -501,7 +473,7 @@ uint64_t QueuePair::next_deadline() {
   std::lock_guard guard(sq_lock_);
   const uint32_t tail = sq_tail_.load(std::memory_order_relaxed);
   if (tail == sq_head_) return 0;
-  return sq_slot(tail)->deadline_ns;
+  return sq_slot(tail)->retry.deadline_ns;
 }
 
 void QueuePair::enter_error_locked() {
@@ -520,10 +492,10 @@ void QueuePair::flush_send_locked() {
 
 void QueuePair::flush_recv() {
   if (rq_ == nullptr) return;  // an SRQ's WQEs belong to the SRQ, not to this QP
-  alignas(16) unsigned char storage[sizeof(shm::RecvWqe) + limits::kMaxSge * sizeof(shm::RecvSge)];
-  auto* wqe = reinterpret_cast<shm::RecvWqe*>(storage);
+  alignas(16) unsigned char storage[sizeof(host::RecvWqe) + limits::kMaxSge * sizeof(host::RecvSge)];
+  auto* wqe = reinterpret_cast<host::RecvWqe*>(storage);
   while (rq_->take(wqe, nullptr)) {
-    shm::Cqe cqe{};
+    host::Cqe cqe{};
     cqe.wr_id = wqe->wr_id;
     cqe.status = IBV_WC_WR_FLUSH_ERR;
     cqe.opcode = IBV_WC_RECV;
@@ -543,8 +515,7 @@ void QueuePair::reset_queues_locked() {
     rq_->tail.store(head, std::memory_order_release);
     rq_retired_.store(head, std::memory_order_release);
   }
-  target_ = TargetQp{};
-  peer_incarnation_ = 0;
+  channel_.reset();
 }
 
 void QueuePair::retire_send(uint32_t position) {
@@ -563,7 +534,7 @@ void QueuePair::retire_recv() {
     init_.srq->retire();
     return;
   }
-  if (rq_ != nullptr) shm::SharedRq::retire(rq_retired_, rq_->tail, 1);
+  if (rq_ != nullptr) host::SharedRq::retire(rq_retired_, rq_->tail, 1);
 }
 
 void QueuePair::on_remote_event(uint32_t detail) {
@@ -581,5 +552,11 @@ void QueuePair::on_remote_event(uint32_t detail) {
   }
   raise_event(event);
 }
+
+Result<void> QueuePair::attach_multicast(const uint8_t* mgid) {
+  return node_.registry().attach_mcast(mgid, qpn_, node_.proc());
+}
+
+Result<void> QueuePair::detach_multicast(const uint8_t* mgid) { return node_.registry().detach_mcast(mgid, qpn_); }
 
 }  // namespace softhca::engine

@@ -1,9 +1,10 @@
 // A queue pair (RC, UC, UD). The send queue is local to this process: post_send
 // copies each work request into it and the send queue executes them in order,
-// right away, through the shm transport (the initiator performs the whole
-// operation on the target's shared state). A WQE that cannot finish now (RNR,
-// no response) is parked until its deadline; poll_cq, later posts and the
-// node's progress thread retry it. The receive queue and the responder-visible
+// right away, through its link (link/link.hpp; on the shm link the initiator
+// performs the whole operation on the target's shared state), and the
+// completer (transport/completer.hpp) decides what the answer means. A WQE
+// that cannot finish now (RNR, no response) is parked until its deadline;
+// poll_cq, later posts and the node's progress thread retry it. The receive queue and the responder-visible
 // state live in the process segment so initiators elsewhere can use them.
 #pragma once
 
@@ -11,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/result.hpp"
@@ -18,7 +20,9 @@
 #include "engine/context.hpp"
 #include "engine/qp/qp_state.hpp"
 #include "engine/qp/send_wqe.hpp"
-#include "link/shm/shared_queues.hpp"
+#include "host/shared_queues.hpp"
+#include "link/link.hpp"
+#include "transport/completer.hpp"
 
 namespace softhca::engine {
 
@@ -40,15 +44,6 @@ struct QpInitAttr {
   // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (UD): the QP's own multicast sends do
   // not come back to it even when it is attached to the group.
   bool block_self_multicast = false;
-};
-
-// The target a WQE goes to, resolved from a QPN.
-struct TargetQp {
-  shm::SharedQp* qp = nullptr;
-  char* base = nullptr;  // the target's segment in our address space
-  uint32_t pid = 0;
-  uint32_t proc = 0;
-  uint32_t qpn = 0;
 };
 
 class QueuePair {
@@ -76,6 +71,10 @@ class QueuePair {
   const QpAttributes& attrs() const { return attrs_; }
   uint32_t id() const { return id_; }
 
+  // ibv_attach_mcast / ibv_detach_mcast of a UD QP: `mgid` is 16 bytes.
+  Result<void> attach_multicast(const uint8_t* mgid);
+  Result<void> detach_multicast(const uint8_t* mgid);
+
   void* handle = nullptr;  // the application's ibv_qp
   EventCounters async_events;
 
@@ -86,13 +85,7 @@ class QueuePair {
   void retire_send(uint32_t position);
   void retire_recv();
 
-  // Used by the shm transport.
   Node& node() { return node_; }
-  TargetQp& connected_target() { return target_; }
-  // The incarnation of the QP this one is connected to (RC/UC), taken when it
-  // moved to RTR, or at its first send if the peer did not exist then; 0 = not yet.
-  uint64_t peer_incarnation() const { return peer_incarnation_; }
-  void bind_peer(uint64_t incarnation) { peer_incarnation_ = incarnation; }
 
  private:
   QueuePair(ProtectionDomain& pd, Context& context, const QpInitAttr& init);
@@ -100,6 +93,9 @@ class QueuePair {
   int validate_send(const ibv_send_wr& wr) const;
   void enqueue_send_locked(const ibv_send_wr& wr);
   void progress_locked(uint64_t now_ns);
+  // Sends the WQE at the tail through its link (requester.cpp) and returns
+  // what the completer makes of the answer.
+  transport::Verdict execute_locked(SendWqe& wqe, uint64_t now_ns);
   void complete_send_locked(const SendWqe& wqe, ibv_wc_status status);
   void enter_error_locked();
   void flush_send_locked();
@@ -121,10 +117,10 @@ class QueuePair {
   uint32_t qpn_ = 0;
   uint32_t id_ = 0;
   uint64_t shared_offset_ = 0;
-  shm::SharedQp* shared_ = nullptr;
+  host::SharedQp* shared_ = nullptr;
   uint64_t rq_offset_ = 0;
   uint64_t rq_bytes_ = 0;
-  shm::SharedRq* rq_ = nullptr;
+  host::SharedRq* rq_ = nullptr;
 
   SpinLock sq_lock_;
   std::vector<unsigned char> sq_;
@@ -140,8 +136,8 @@ class QueuePair {
   std::atomic<uint64_t> rq_retired_{0};   // receive WQEs whose completion was polled
   bool parked_ = false;
   SpinLock rq_lock_;
-  TargetQp target_;
-  uint64_t peer_incarnation_ = 0;  // under sq_lock_
+  // RC/UC: the path to the peer QP, opened at RTR, dropped at RESET (under sq_lock_).
+  std::unique_ptr<link::Channel> channel_;
   bool attached_ = false;  // holds its PD, CQs and SRQ: creation completed
 };
 

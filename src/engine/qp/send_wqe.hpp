@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "transport/completer.hpp"
+
 namespace softhca::engine {
 
 class AddressHandle;
@@ -36,13 +38,7 @@ struct SendWqe {
   uint64_t swap;
   AddressHandle* ah;     // UD
   uint64_t length;       // total message length
-  // Retry state.
-  uint64_t deadline_ns;  // when a parked WQE is retried
-  uint64_t first_try_ns;
-  uint8_t rnr_left;
-  uint8_t retry_left;
-  uint8_t started;
-  uint8_t pad[5];
+  transport::RetryState retry;  // RNR and ACK-timeout retries so far, and when the next is due
   Sge sge[];             // num_sge entries, then inline data
 
   static uint32_t stride_for(uint32_t max_sge, uint32_t max_inline) {

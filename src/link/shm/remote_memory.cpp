@@ -1,5 +1,7 @@
 #include "link/shm/remote_memory.hpp"
 
+#include "host/process_identity.hpp"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -7,22 +9,6 @@
 #include <cstring>
 
 namespace softhca::shm {
-
-namespace {
-// getpid() is a syscall; the data path asks for it on every operation.
-std::atomic<uint32_t> g_self_pid{0};
-}  // namespace
-
-uint32_t self_pid() {
-  uint32_t pid = g_self_pid.load(std::memory_order_relaxed);
-  if (pid == 0) {
-    pid = static_cast<uint32_t>(::getpid());
-    g_self_pid.store(pid, std::memory_order_relaxed);
-  }
-  return pid;
-}
-
-void refresh_self_pid() { g_self_pid.store(static_cast<uint32_t>(::getpid()), std::memory_order_relaxed); }
 
 void copy_iovecs(const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes) {
   int di = 0, si = 0;
@@ -75,7 +61,7 @@ CopyResult from_errno(ssize_t done, size_t bytes) {
 
 CopyResult write_to(uint32_t pid, const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes) {
   if (bytes == 0) return CopyResult::kOk;
-  if (pid == self_pid()) {
+  if (pid == host::self_pid()) {
     copy_iovecs(dst, ndst, src, nsrc, bytes);
     return CopyResult::kOk;
   }
@@ -86,7 +72,7 @@ CopyResult write_to(uint32_t pid, const iovec* dst, int ndst, const iovec* src, 
 
 CopyResult read_from(uint32_t pid, const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes) {
   if (bytes == 0) return CopyResult::kOk;
-  if (pid == self_pid()) {
+  if (pid == host::self_pid()) {
     copy_iovecs(dst, ndst, src, nsrc, bytes);
     return CopyResult::kOk;
   }

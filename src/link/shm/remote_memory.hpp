@@ -24,8 +24,4 @@ int slice_iovecs(const iovec* in, int n, size_t offset, size_t bytes, iovec* out
 // memcpy between two iovec lists in this process.
 void copy_iovecs(const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes);
 
-uint32_t self_pid();
-// After fork(), in the child.
-void refresh_self_pid();
-
 }  // namespace softhca::shm

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace softhca::shm {
+namespace softhca::host {
 
 // One completion, laid out for a 64-byte cache line.
 struct Cqe {
@@ -339,4 +339,4 @@ struct SegmentHeader {
   }
 };
 
-}  // namespace softhca::shm
+}  // namespace softhca::host

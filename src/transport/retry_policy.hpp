@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace softhca::engine {
+namespace softhca::transport {
 
 enum class RetryVerdict { kRetry, kGiveUp };
 
@@ -30,4 +30,4 @@ inline RetryVerdict after_ack_timeout(uint8_t& retry_left) {
   return RetryVerdict::kRetry;
 }
 
-}  // namespace softhca::engine
+}  // namespace softhca::transport

@@ -1,0 +1,18 @@
+// The one clock of softhca's timers: CLOCK_MONOTONIC in nanoseconds. Read at
+// the edges (a verb call, a progress-thread wake-up) and passed inward as
+// `now`, so that the transport's logic runs on a virtual clock in tests.
+#pragma once
+
+#include <time.h>
+
+#include <cstdint>
+
+namespace softhca {
+
+inline uint64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace softhca

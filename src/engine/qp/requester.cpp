@@ -1,0 +1,158 @@
+// The requester side of a send WQE: the local checks (its SGEs against this
+// process's MRs, its length), the message handed to the QP's link, and the
+// answer handed to the completer.
+#include <cstring>
+
+#include "common/limits.hpp"
+#include "engine/address_handle.hpp"
+#include "engine/device/device_info.hpp"
+#include "engine/node.hpp"
+#include "engine/protection_domain.hpp"
+#include "engine/qp/queue_pair.hpp"
+#include "transport/memory_key.hpp"
+#include "wire/ud_grh.hpp"
+
+namespace softhca::engine {
+namespace {
+
+using transport::Operation;
+using transport::Verdict;
+
+Operation operation_of(uint32_t wr_opcode) {
+  switch (wr_opcode) {
+    case IBV_WR_SEND_WITH_IMM:
+      return Operation::kSendWithImm;
+    case IBV_WR_RDMA_WRITE:
+      return Operation::kWrite;
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return Operation::kWriteWithImm;
+    case IBV_WR_RDMA_READ:
+      return Operation::kRead;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return Operation::kCompareSwap;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return Operation::kFetchAdd;
+    case IBV_WR_ATOMIC_WRITE:
+      return Operation::kAtomicWrite;
+    default:
+      return Operation::kSend;
+  }
+}
+
+// The local SGEs, checked against this process's MRs (the QP's PD, `access`),
+// as iovecs; LOC_PROT_ERR for a bad one.
+ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t num_sge, uint32_t access,
+                           iovec* out, int* nout, uint64_t* total) {
+  int n = 0;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    const Sge& sge = sges[i];
+    if (sge.length == 0) continue;
+    host::MrRecord mr;
+    if (!node.registry().lookup_mr(sge.lkey, mr) || mr.proc != node.proc()) return IBV_WC_LOC_PROT_ERR;
+    const transport::MemoryKey key{mr.key, mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr};
+    if (!transport::key_allows(key, pd_id, access, sge.addr, sge.length)) return IBV_WC_LOC_PROT_ERR;
+    out[n++] = iovec{transport::owner_address(key, sge.addr), sge.length};
+    sum += sge.length;
+  }
+  *nout = n;
+  *total = sum;
+  return IBV_WC_SUCCESS;
+}
+
+// `bytes` from `from` into this process's iovecs.
+void scatter(const iovec* to, int nto, const void* from, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(from);
+  for (int i = 0; i < nto && bytes > 0; ++i) {
+    const size_t n = to[i].iov_len < bytes ? to[i].iov_len : bytes;
+    std::memcpy(to[i].iov_base, p, n);
+    p += n;
+    bytes -= n;
+  }
+}
+
+}  // namespace
+
+Verdict QueuePair::execute_locked(SendWqe& wqe, uint64_t now_ns) {
+  const Operation op = operation_of(wqe.opcode);
+  const bool reads_into_local = op == Operation::kRead || op == Operation::kCompareSwap || op == Operation::kFetchAdd;
+
+  // The local side: inline data, or SGEs checked against our MRs (an atomic
+  // write's value sits in the WQE itself).
+  iovec local[limits::kMaxSge + 1];
+  int nlocal = 0;
+  uint64_t length = 0;
+  if (op == Operation::kAtomicWrite) {
+    local[0] = {&wqe.compare_add, sizeof wqe.compare_add};
+    nlocal = 1;
+    length = sizeof wqe.compare_add;
+  } else if (wqe.send_flags & IBV_SEND_INLINE) {
+    local[0] = {wqe.inline_data(init_.max_send_sge), wqe.inline_len};
+    nlocal = wqe.inline_len ? 1 : 0;
+    length = wqe.inline_len;
+  } else {
+    const uint32_t access = reads_into_local ? IBV_ACCESS_LOCAL_WRITE : 0;
+    const ibv_wc_status checked =
+        local_iovecs(node_, pd_.id(), wqe.sge, wqe.num_sge, access, local, &nlocal, &length);
+    if (checked != IBV_WC_SUCCESS) return Verdict::complete(checked);
+  }
+  if (length > limits::kMaxMsgSize) return Verdict::complete(IBV_WC_LOC_LEN_ERR);
+  if ((op == Operation::kCompareSwap || op == Operation::kFetchAdd) && length != 8)
+    return Verdict::complete(IBV_WC_LOC_LEN_ERR);
+  wqe.length = length;
+
+  transport::Request request;
+  request.op = op;
+  request.qp_type = init_.type;
+  request.src_qpn = qpn_;
+  request.solicited = (wqe.send_flags & IBV_SEND_SOLICITED) != 0;
+  request.imm_data = wqe.imm_data;
+  request.remote_addr = wqe.remote_addr;
+  request.rkey = wqe.rkey;
+  request.compare_add = wqe.compare_add;
+  request.swap = wqe.swap;
+  request.data = local;
+  request.ndata = nlocal;
+  request.length = length;
+
+  if (init_.type == IBV_QPT_UD) {
+    if (length > limits::kMtuBytes) return Verdict::complete(IBV_WC_LOC_LEN_ERR);
+    const AddressVector& av = wqe.ah->av();
+    request.qkey = (wqe.remote_qkey & 0x80000000u) ? attrs_.qkey : wqe.remote_qkey;
+    request.sl = av.sl;
+    link::Datagram to;
+    to.dest_qpn = wqe.remote_qpn;
+    to.is_global = av.is_global != 0;
+    if (const GidEntry* sgid = device_info().gid_at(av.sgid_index)) std::memcpy(to.sgid, sgid->raw.data(), 16);
+    std::memcpy(to.dgid, av.dgid, 16);
+    to.traffic_class = av.traffic_class;
+    to.hop_limit = av.hop_limit;
+    to.flow_label = av.flow_label;
+    to.block_self_multicast = init_.block_self_multicast;
+    // Without a GRH, or to a unicast GID that is not on this host, the
+    // message leaves for a network softhca does not reach yet: it is lost,
+    // as UD allows. Multicast groups are delivered on this host.
+    const bool multicast = to.is_global && wire::is_multicast_gid(to.dgid);
+    if (to.is_global && (multicast || is_local_gid(std::span<const uint8_t, 16>(av.dgid, 16))))
+      node_.shm_link().send_datagram(to, request);
+    return Verdict::complete(IBV_WC_SUCCESS);
+  }
+
+  // RC and UC: the connected QP's channel, opened at RTR.
+  const bool reliable = init_.type == IBV_QPT_RC;
+  if (!channel_) return reliable ? transport::on_answer(transport::Syndrome::silence(), wqe.retry, attrs_.rnr_retry,
+                                                         attrs_.timeout, now_ns)
+                                 : Verdict::complete(IBV_WC_SUCCESS);
+  const transport::Response response = channel_->deliver(request);
+  // UC has no acknowledgements: the message is done once it is sent.
+  if (!reliable) return Verdict::complete(IBV_WC_SUCCESS);
+  const Verdict verdict = transport::on_answer(response.syndrome, wqe.retry, attrs_.rnr_retry, attrs_.timeout, now_ns);
+  if (verdict.kind == Verdict::Kind::kComplete && verdict.status == IBV_WC_SUCCESS &&
+      (op == Operation::kCompareSwap || op == Operation::kFetchAdd)) {
+    // The ACK carries the value the atomic replaced: it lands in the local SGE.
+    scatter(local, nlocal, &response.atomic_original, sizeof response.atomic_original);
+  }
+  return verdict;
+}
+
+}  // namespace softhca::engine

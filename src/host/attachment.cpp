@@ -1,0 +1,83 @@
+#include "host/attachment.hpp"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/log.hpp"
+#include "host/process_identity.hpp"
+
+namespace softhca::host {
+namespace {
+
+constexpr uint64_t kSegmentMagic = 0x736f667468736567ULL;
+
+}  // namespace
+
+void wake_doorbell(std::atomic<uint32_t>& word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+
+Result<Attachment*> Attachment::open() {
+  auto* self = new Attachment();
+  auto registry = HostRegistry::open();
+  if (!registry) {
+    delete self;
+    return fail(registry.error());
+  }
+  self->registry_ = *registry;
+  auto segment = ProcessSegment::create();
+  if (!segment) {
+    delete self;
+    return fail(segment.error());
+  }
+  self->segment_ = *segment;
+  self->pid_ = self_pid();
+  SegmentHeader& header = self->header();
+  header.pid = self->pid_;
+  header.magic = kSegmentMagic;
+  auto proc = self->registry_->register_process(self->pid_, static_cast<uint32_t>(self->segment_->fd()));
+  if (!proc) {
+    SOFTHCA_ERROR("too many softhca processes on this host");
+    delete self;
+    return fail(proc.error());
+  }
+  self->proc_ = *proc;
+  self->registered_ = true;
+  return self;
+}
+
+Attachment::~Attachment() {
+  if (registered_) registry_->unregister_process(proc_);
+  delete segment_;
+  delete registry_;
+}
+
+char* Attachment::segment_base(uint32_t proc) {
+  if (proc == proc_) return segment_->base();
+  const ProcSlot& slot = registry_->proc(proc);
+  const uint32_t pid = slot.pid.load(std::memory_order_acquire);
+  if (pid == 0) return nullptr;
+  return peers_.map(pid, slot.segment_fd, slot.start_time);
+}
+
+void Attachment::notify(uint32_t proc, uint32_t pid, const Event& event) {
+  if (proc != proc_ && registry_->proc(proc).pid.load(std::memory_order_acquire) != pid) return;
+  char* base = segment_base(proc);
+  if (base == nullptr) return;
+  auto* header = reinterpret_cast<SegmentHeader*>(base);
+  if (!header->push(event)) {
+    SOFTHCA_WARN("event ring of process %u is full; event dropped", header->pid);
+    return;
+  }
+  header->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (header->sleeping.load(std::memory_order_seq_cst)) wake_doorbell(header->doorbell);
+}
+
+void Attachment::ring_own_doorbell() {
+  SegmentHeader& h = header();
+  h.doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (h.sleeping.load(std::memory_order_seq_cst)) wake_doorbell(h.doorbell);
+}
+
+}  // namespace softhca::host

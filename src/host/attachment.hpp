@@ -1,0 +1,55 @@
+// This process's attachment to the host: the host registry, its own process
+// segment (whose header is its doorbell and event ring), the peers' segments
+// it has mapped, and the one way to raise an event in another process. The
+// engine's node holds one; the shm link reaches other processes through it.
+#pragma once
+
+#include <cstdint>
+
+#include "common/result.hpp"
+#include "host/host_registry.hpp"
+#include "host/process_segment.hpp"
+#include "host/shared_queues.hpp"
+
+namespace softhca::host {
+
+class Attachment {
+ public:
+  // Opens the registry, creates this process's segment and registers it.
+  static Result<Attachment*> open();
+  ~Attachment();
+  Attachment(const Attachment&) = delete;
+  Attachment& operator=(const Attachment&) = delete;
+
+  HostRegistry& registry() { return *registry_; }
+  ProcessSegment& segment() { return *segment_; }
+  SegmentHeader& header() { return *segment_->at<SegmentHeader>(0); }
+  uint32_t proc() const { return proc_; }
+  uint32_t pid() const { return pid_; }
+
+  // The base of the segment of registry process `proc` (ours or a peer's), or nullptr.
+  char* segment_base(uint32_t proc);
+  uint32_t pid_of(uint32_t proc) const { return registry_->proc(proc).pid.load(std::memory_order_acquire); }
+
+  // Queues an event for the owner of `proc` and rings its doorbell.
+  // Only while process `pid` still holds registry slot `proc`: a reclaimed
+  // slot may belong to a newcomer that knows nothing of the event's object.
+  void notify(uint32_t proc, uint32_t pid, const Event& event);
+  // Wakes this process's own progress thread.
+  void ring_own_doorbell();
+
+ private:
+  Attachment() = default;
+
+  HostRegistry* registry_ = nullptr;
+  ProcessSegment* segment_ = nullptr;
+  PeerSegments peers_;
+  uint32_t proc_ = 0;
+  uint32_t pid_ = 0;
+  bool registered_ = false;
+};
+
+// The doorbell's futex: wake one waiter of `word`.
+void wake_doorbell(std::atomic<uint32_t>& word);
+
+}  // namespace softhca::host

@@ -1,0 +1,102 @@
+// The shm link: the initiator executes the responder itself, on the target
+// QP's shared state, for peers on this host.
+#include <cstring>
+
+#include "host/attachment.hpp"
+#include "link/link.hpp"
+#include "link/shm/shm_port.hpp"
+#include "link/shm/target.hpp"
+#include "wire/ud_grh.hpp"
+
+namespace softhca::shm {
+namespace {
+
+class ShmChannel final : public link::Channel {
+ public:
+  ShmChannel(host::Attachment& host, uint32_t qp_type, uint32_t dest_qpn)
+      : host_(host), reliable_(qp_type == IBV_QPT_RC), dest_qpn_(dest_qpn) {
+    // Bind to the peer that has the QPN now; if there is none yet, to the
+    // one found at the first send.
+    TargetQp peer;
+    if (resolve(host_, dest_qpn_, peer)) peer_incarnation_ = peer.qp->incarnation.load(std::memory_order_relaxed);
+  }
+
+  transport::Response deliver(const transport::Request& request) override {
+    if (target_.qp == nullptr || target_.qp->qpn != dest_qpn_ ||
+        target_.qp->state.load(std::memory_order_acquire) == host::SharedQp::kDestroyed) {
+      target_ = TargetQp{};
+      if (!resolve(host_, dest_qpn_, target_)) {
+        target_ = TargetQp{};
+        return transport::Response{transport::Syndrome::silence(), 0};
+      }
+    }
+    TargetUse use(target_.qp);
+    // A QP that took over the QPN of the one we were connected to is not our
+    // peer: like a responder that drops packets of a PSN it does not expect,
+    // it answers nothing, and an RC requester ends in RETRY_EXC_ERR.
+    const uint64_t incarnation = target_.qp->incarnation.load(std::memory_order_relaxed);
+    if (peer_incarnation_ == 0) {
+      peer_incarnation_ = incarnation;
+    } else if (incarnation != peer_incarnation_) {
+      return transport::Response{transport::Syndrome::silence(), 0};
+    }
+    MemoryAccess access(host_, target_.proc);
+    ShmResponderPort port(host_, target_);
+    return transport::respond(request, port, reliable_);
+  }
+
+ private:
+  host::Attachment& host_;
+  const bool reliable_;
+  const uint32_t dest_qpn_;
+  TargetQp target_;
+  uint64_t peer_incarnation_ = 0;
+};
+
+class ShmLink final : public link::Link {
+ public:
+  explicit ShmLink(host::Attachment& host) : host_(host) {}
+
+  std::unique_ptr<link::Channel> open_channel(uint32_t, uint32_t qp_type, uint32_t dest_qpn) override {
+    return std::make_unique<ShmChannel>(host_, qp_type, dest_qpn);
+  }
+
+  void send_datagram(const link::Datagram& to, const transport::Request& request) override {
+    unsigned char grh[wire::kUdGrhBytes];
+    wire::build_ud_grh(grh, to.sgid, to.dgid, static_cast<uint32_t>(request.length), to.traffic_class,
+                       to.hop_limit, to.flow_label);
+    if (to.is_global && to.dest_qpn == wire::kMulticastQpn && wire::is_multicast_gid(to.dgid)) {
+      // Multicast: a copy to every QP attached to the group on this host, the
+      // sender's own QP included when it is attached (multicast loopback, as
+      // rxe and mlx5 do and mckey expects) unless it was created with
+      // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB.
+      uint32_t members[host::kMaxMcastMembers];
+      const uint32_t n = host_.registry().mcast_members(to.dgid, members);
+      for (uint32_t i = 0; i < n; ++i)
+        if (!to.block_self_multicast || members[i] != request.src_qpn) deliver(members[i], request, grh);
+      return;
+    }
+    deliver(to.dest_qpn, request, grh);
+  }
+
+ private:
+  void deliver(uint32_t qpn, const transport::Request& request, const unsigned char* grh) {
+    TargetQp target;
+    if (!resolve(host_, qpn, target)) return;
+    TargetUse use(target.qp);
+    MemoryAccess access(host_, target.proc);
+    ShmResponderPort port(host_, target);
+    transport::respond_datagram(request, std::span<const unsigned char>(grh, wire::kUdGrhBytes), port);
+  }
+
+  host::Attachment& host_;
+};
+
+}  // namespace
+}  // namespace softhca::shm
+
+namespace softhca::link {
+
+std::unique_ptr<Link> make_shm_link(host::Attachment& host) { return std::make_unique<shm::ShmLink>(host); }
+
+}  // namespace softhca::link

@@ -1,0 +1,208 @@
+#include "link/shm/shm_port.hpp"
+
+#include "link/shm/remote_memory.hpp"
+
+namespace softhca::shm {
+namespace {
+
+// Copies of this size or less run as one; longer ones in chunks of it, the
+// keys re-checked before each: the longest a deregistration waits.
+constexpr size_t kFenceChunk = 1 << 20;
+
+transport::CopyStatus status_of(CopyResult r) {
+  switch (r) {
+    case CopyResult::kOk:
+      return transport::CopyStatus::kOk;
+    case CopyResult::kFault:
+      return transport::CopyStatus::kFault;
+    case CopyResult::kGone:
+      return transport::CopyStatus::kGone;
+  }
+  return transport::CopyStatus::kFault;
+}
+
+}  // namespace
+
+bool ShmResponderPort::KeysInUse::still_valid(host::HostRegistry& registry) const {
+  for (int i = 0; i < n_; ++i) {
+    host::MrRecord now;
+    const host::MrRecord& then = records_[i];
+    if (!registry.lookup_mr(then.key, now) || now.proc != then.proc || now.pd_id != then.pd_id ||
+        now.access != then.access || now.iova != then.iova || now.length != then.length ||
+        now.host_addr != then.host_addr)
+      return false;
+  }
+  return true;
+}
+
+transport::ResponderQp ShmResponderPort::qp() {
+  const host::SharedQp& s = *target_.qp;
+  transport::ResponderQp v;
+  v.type = s.qp_type;
+  v.state = s.state.load(std::memory_order_acquire);
+  v.access = s.access.load(std::memory_order_acquire);
+  v.pd_id = s.pd_id;
+  v.receive_pd_id = s.srq_offset ? receive_queue()->pd_id : s.pd_id;
+  v.qkey = s.qkey.load(std::memory_order_acquire);
+  v.min_rnr_timer = s.min_rnr_timer.load(std::memory_order_relaxed);
+  v.max_dest_rd_atomic = s.max_dest_rd_atomic.load(std::memory_order_relaxed);
+  return v;
+}
+
+std::optional<transport::MemoryKey> ShmResponderPort::memory_key(uint32_t key) {
+  host::MrRecord mr;
+  if (!host_.registry().lookup_mr(key, mr) || mr.proc != target_.proc) return std::nullopt;
+  keys_.add(mr);
+  return transport::MemoryKey{mr.key, mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr};
+}
+
+host::SharedRq* ShmResponderPort::receive_queue() const {
+  const uint64_t offset = target_.qp->srq_offset ? target_.qp->srq_offset : target_.qp->rq_offset;
+  return reinterpret_cast<host::SharedRq*>(target_.base + offset);
+}
+
+bool ShmResponderPort::take_receive(transport::ReceiveWqe& out) {
+  static_assert(sizeof(host::RecvSge) == sizeof(transport::ReceiveSge));
+  alignas(16) unsigned char storage[sizeof(host::RecvWqe) + limits::kMaxSge * sizeof(host::RecvSge)];
+  auto* wqe = reinterpret_cast<host::RecvWqe*>(storage);
+  host::SharedRq* rq = receive_queue();
+  uint64_t remaining = 0;
+  if (!rq->take(wqe, &remaining)) return false;
+  out.wr_id = wqe->wr_id;
+  out.num_sge = wqe->num_sge < limits::kMaxSge ? wqe->num_sge : limits::kMaxSge;
+  for (uint32_t i = 0; i < out.num_sge; ++i)
+    out.sge[i] = transport::ReceiveSge{wqe->sge[i].addr, wqe->sge[i].length, wqe->sge[i].lkey};
+  // An SRQ that drops below its armed limit tells its owner, once.
+  uint32_t limit = rq->limit.load(std::memory_order_relaxed);
+  if (limit != 0 && remaining < limit && rq->owner_srq_id != 0 &&
+      rq->limit.compare_exchange_strong(limit, 0, std::memory_order_acq_rel))
+    host_.notify(target_.proc, target_.pid,
+                 host::Event{static_cast<uint32_t>(host::EventKind::kSrqLimit), rq->owner_srq_id, 0, 0});
+  return true;
+}
+
+transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from,
+                                                    int nfrom, uint64_t length) {
+  auto copy = into_target ? &write_to : &read_from;
+  if (length <= kFenceChunk) return status_of(copy(target_.pid, to, nto, from, nfrom, length));
+  iovec to_part[limits::kMaxSge + 1], from_part[limits::kMaxSge + 1];
+  for (uint64_t offset = 0; offset < length; offset += kFenceChunk) {
+    // A deregistration of a key under the copy stops it between chunks.
+    if (offset != 0 && !keys_.still_valid(host_.registry())) return transport::CopyStatus::kFault;
+    const uint64_t bytes = length - offset < kFenceChunk ? length - offset : kFenceChunk;
+    const int nt = slice_iovecs(to, nto, offset, bytes, to_part);
+    const int nf = slice_iovecs(from, nfrom, offset, bytes, from_part);
+    const CopyResult r = copy(target_.pid, to_part, nt, from_part, nf, bytes);
+    if (r != CopyResult::kOk) return status_of(r);
+  }
+  return transport::CopyStatus::kOk;
+}
+
+transport::CopyStatus ShmResponderPort::write(const iovec* to, int nto, const iovec* from, int nfrom,
+                                              uint64_t length) {
+  return fenced_copy(true, to, nto, from, nfrom, length);
+}
+
+transport::CopyStatus ShmResponderPort::read(const iovec* to, int nto, const iovec* from, int nfrom,
+                                             uint64_t length) {
+  return fenced_copy(false, to, nto, from, nfrom, length);
+}
+
+// Under the host's stripe lock for the word's address (IBV_ATOMIC_HCA: atomic
+// against every other atomic issued through softhca on this host), one
+// 8-byte read-modify-write, or for ATOMIC WRITE one 8-byte store that neither
+// side sees half of.
+transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp op, uint64_t compare_add,
+                                               uint64_t swap, uint64_t& original) {
+  const iovec where{word, sizeof(uint64_t)};
+  host::AtomicStripe& stripe = host_.registry().atomic_stripe(target_.pid, reinterpret_cast<uint64_t>(word));
+  while (stripe.locked.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
+  CopyResult r = CopyResult::kOk;
+  original = 0;
+  if (op == transport::AtomicOp::kWrite) {
+    uint64_t value = compare_add;
+    const iovec local{&value, sizeof value};
+    r = write_to(target_.pid, &where, 1, &local, 1, sizeof value);
+  } else {
+    uint64_t value = 0;
+    iovec local{&value, sizeof value};
+    r = read_from(target_.pid, &local, 1, &where, 1, sizeof value);
+    if (r == CopyResult::kOk) {
+      original = value;
+      uint64_t next = value;
+      if (op == transport::AtomicOp::kFetchAdd) {
+        next = value + compare_add;
+      } else if (value == compare_add) {
+        next = swap;
+      }
+      if (next != value) {
+        local.iov_base = &next;
+        r = write_to(target_.pid, &where, 1, &local, 1, sizeof next);
+      }
+    }
+  }
+  stripe.locked.store(0, std::memory_order_release);
+  return status_of(r);
+}
+
+void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
+  host::Cqe cqe{};
+  cqe.wr_id = c.wr_id;
+  cqe.status = c.status;
+  cqe.opcode = c.opcode;
+  cqe.byte_len = c.byte_len;
+  cqe.imm_data = c.imm_data;
+  cqe.qp_num = target_.qpn;
+  cqe.src_qp = c.src_qp;
+  cqe.wc_flags = c.wc_flags;
+  cqe.sl = c.sl;
+  cqe.solicited = c.solicited ? 1 : 0;
+  auto* cq = reinterpret_cast<host::SharedCq*>(target_.base + target_.qp->recv_cq_offset);
+  switch (cq->push(target_.base, cqe)) {
+    case host::SharedCq::Push::kOk:
+      return;
+    case host::SharedCq::Push::kOkNotify:
+      host_.notify(target_.proc, target_.pid,
+                   host::Event{static_cast<uint32_t>(host::EventKind::kCqNotify), cq->owner_cq_id, 0, 0});
+      return;
+    case host::SharedCq::Push::kOverrun:
+      host_.notify(target_.proc, target_.pid,
+                   host::Event{static_cast<uint32_t>(host::EventKind::kCqError), cq->owner_cq_id, 0, 0});
+      return;
+  }
+}
+
+void ShmResponderPort::raise(uint32_t detail) {
+  host_.notify(target_.proc, target_.pid,
+               host::Event{static_cast<uint32_t>(host::EventKind::kQpAsync), target_.qp->owner_qp_id, detail, 0});
+}
+
+// The responder QP moves to ERROR; its owner flushes it and reports `event`.
+void ShmResponderPort::fail_qp(ibv_event_type event) {
+  uint32_t state = target_.qp->state.load(std::memory_order_acquire);
+  while (state != IBV_QPS_ERR && state != host::SharedQp::kDestroyed && state != IBV_QPS_RESET) {
+    if (target_.qp->state.compare_exchange_weak(state, IBV_QPS_ERR, std::memory_order_acq_rel)) {
+      raise(event);
+      return;
+    }
+  }
+}
+
+void ShmResponderPort::established() {
+  if (target_.qp->comm_established.load(std::memory_order_relaxed)) return;
+  if (target_.qp->comm_established.exchange(1, std::memory_order_acq_rel) == 0 &&
+      target_.qp->state.load(std::memory_order_acquire) == IBV_QPS_RTR)
+    raise(IBV_EVENT_COMM_EST);
+}
+
+// A responder in a process that died answers nothing: no RNR NAK, no error
+// NAK. Its segment stays mapped here, but the host registry reclaims its MRs
+// whenever another process registers, so without this check a dead peer would
+// show up as RNR forever (rnr_retry 7) or as a spurious REM_ACCESS_ERR. Only
+// asked on those slow paths (it reads /proc). By pid: once the dead peer's
+// registry slot is reclaimed, a new process may hold the same slot.
+bool ShmResponderPort::gone() {
+  return target_.proc != host_.proc() && !host_.registry().process_alive(target_.proc, target_.pid);
+}
+
+}  // namespace softhca::shm

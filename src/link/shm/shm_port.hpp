@@ -1,0 +1,57 @@
+// The responder's port onto a QP of another (or this) process on this host:
+// its shared state in the owner's segment, its memory through
+// process_vm_readv/writev, its CQ and events through the owner's segment.
+// Every key it hands the responder is remembered, so that a copy longer than
+// the fence chunk stops once one of them is deregistered.
+#pragma once
+
+#include "common/limits.hpp"
+#include "host/attachment.hpp"
+#include "link/shm/target.hpp"
+#include "transport/responder_port.hpp"
+
+namespace softhca::shm {
+
+class ShmResponderPort final : public transport::ResponderPort {
+ public:
+  // The caller holds a TargetUse and a MemoryAccess for `target`.
+  ShmResponderPort(host::Attachment& host, const TargetQp& target) : host_(host), target_(target) {}
+
+  transport::ResponderQp qp() override;
+  std::optional<transport::MemoryKey> memory_key(uint32_t key) override;
+  bool take_receive(transport::ReceiveWqe& out) override;
+  transport::CopyStatus write(const iovec* to, int nto, const iovec* from, int nfrom, uint64_t length) override;
+  transport::CopyStatus read(const iovec* to, int nto, const iovec* from, int nfrom, uint64_t length) override;
+  transport::CopyStatus atomic(void* word, transport::AtomicOp op, uint64_t compare_add, uint64_t swap,
+                               uint64_t& original) override;
+  void complete_receive(const transport::ReceiveCompletion& completion) override;
+  void fail_qp(ibv_event_type event) override;
+  void established() override;
+  bool gone() override;
+
+ private:
+  // The keys validated so far, as validated.
+  class KeysInUse {
+   public:
+    void add(const host::MrRecord& record) {
+      if (n_ < kMax) records_[n_++] = record;
+    }
+    bool still_valid(host::HostRegistry& registry) const;
+
+   private:
+    static constexpr int kMax = limits::kMaxSge + 1;
+    host::MrRecord records_[kMax];
+    int n_ = 0;
+  };
+
+  host::SharedRq* receive_queue() const;
+  void raise(uint32_t detail);
+  transport::CopyStatus fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from, int nfrom,
+                                    uint64_t length);
+
+  host::Attachment& host_;
+  const TargetQp& target_;
+  KeysInUse keys_;
+};
+
+}  // namespace softhca::shm

@@ -1,0 +1,388 @@
+// The pure IBTA responder (transport/responder.hpp) against crafted requests,
+// on a port that keeps the QP, its keys, receive queue and memory in this
+// test: every syndrome, completion and QP error it can produce.
+#include "transport/responder.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <vector>
+
+namespace softhca::transport {
+namespace {
+
+constexpr uint32_t kPd = 7;
+constexpr uint32_t kOtherPd = 8;
+constexpr uint32_t kKey = 0x1234;
+constexpr uint32_t kOtherPdKey = 0x2345;
+constexpr uint32_t kReadOnlyKey = 0x3456;
+constexpr uint64_t kIova = 0x10000;
+
+class FakePort final : public ResponderPort {
+ public:
+  FakePort() : memory(4096, 0) {
+    qp_.type = IBV_QPT_RC;
+    qp_.state = IBV_QPS_RTS;
+    qp_.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    qp_.pd_id = kPd;
+    qp_.receive_pd_id = kPd;
+    qp_.qkey = 0x11;
+    qp_.min_rnr_timer = 12;
+    qp_.max_dest_rd_atomic = 4;
+    const uint64_t host = reinterpret_cast<uint64_t>(memory.data());
+    const uint32_t all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                         IBV_ACCESS_REMOTE_ATOMIC;
+    keys[kKey] = MemoryKey{kKey, kPd, all, kIova, memory.size(), host};
+    keys[kOtherPdKey] = MemoryKey{kOtherPdKey, kOtherPd, all, kIova, memory.size(), host};
+    keys[kReadOnlyKey] = MemoryKey{kReadOnlyKey, kPd, IBV_ACCESS_REMOTE_READ, kIova, memory.size(), host};
+  }
+
+  ResponderQp qp() override { return qp_; }
+  std::optional<MemoryKey> memory_key(uint32_t key) override {
+    auto it = keys.find(key);
+    if (it == keys.end()) return std::nullopt;
+    return it->second;
+  }
+  bool take_receive(ReceiveWqe& out) override {
+    if (receives.empty()) return false;
+    out = receives.front();
+    receives.pop_front();
+    return true;
+  }
+  CopyStatus write(const iovec* to, int nto, const iovec* from, int nfrom, uint64_t length) override {
+    if (copy_result != CopyStatus::kOk) return copy_result;
+    copy(to, nto, from, nfrom, length);
+    return CopyStatus::kOk;
+  }
+  CopyStatus read(const iovec* to, int nto, const iovec* from, int nfrom, uint64_t length) override {
+    if (copy_result != CopyStatus::kOk) return copy_result;
+    copy(to, nto, from, nfrom, length);
+    return CopyStatus::kOk;
+  }
+  CopyStatus atomic(void* word, AtomicOp op, uint64_t compare_add, uint64_t swap, uint64_t& original) override {
+    uint64_t value;
+    std::memcpy(&value, word, 8);
+    original = value;
+    if (op == AtomicOp::kWrite) value = compare_add;
+    if (op == AtomicOp::kFetchAdd) value += compare_add;
+    if (op == AtomicOp::kCompareSwap && value == compare_add) value = swap;
+    std::memcpy(word, &value, 8);
+    return CopyStatus::kOk;
+  }
+  void complete_receive(const ReceiveCompletion& c) override { completions.push_back(c); }
+  void fail_qp(ibv_event_type event) override {
+    events.push_back(event);
+    qp_.state = IBV_QPS_ERR;
+  }
+  void established() override { ++established_count; }
+  bool gone() override { return is_gone; }
+
+  void post_receive(uint64_t wr_id, uint64_t addr, uint32_t length, uint32_t lkey = kKey) {
+    ReceiveWqe wqe;
+    wqe.wr_id = wr_id;
+    wqe.num_sge = 1;
+    wqe.sge[0] = ReceiveSge{addr, length, lkey};
+    receives.push_back(wqe);
+  }
+  unsigned char* at(uint64_t iova) { return memory.data() + (iova - kIova); }
+
+  ResponderQp qp_;
+  std::vector<unsigned char> memory;
+  std::map<uint32_t, MemoryKey> keys;
+  std::deque<ReceiveWqe> receives;
+  std::vector<ReceiveCompletion> completions;
+  std::vector<ibv_event_type> events;
+  int established_count = 0;
+  bool is_gone = false;
+  CopyStatus copy_result = CopyStatus::kOk;
+
+ private:
+  static void copy(const iovec* to, int nto, const iovec* from, int nfrom, uint64_t length) {
+    std::vector<unsigned char> bytes;
+    for (int i = 0; i < nfrom; ++i) {
+      const auto* p = static_cast<const unsigned char*>(from[i].iov_base);
+      bytes.insert(bytes.end(), p, p + from[i].iov_len);
+    }
+    bytes.resize(length);
+    uint64_t done = 0;
+    for (int i = 0; i < nto && done < length; ++i) {
+      const uint64_t n = std::min<uint64_t>(to[i].iov_len, length - done);
+      std::memcpy(to[i].iov_base, bytes.data() + done, n);
+      done += n;
+    }
+  }
+};
+
+class Responder : public ::testing::Test {
+ protected:
+  Request request(Operation op, uint64_t remote_addr = kIova, uint32_t rkey = kKey) {
+    Request r;
+    r.op = op;
+    r.qp_type = IBV_QPT_RC;
+    r.src_qpn = 0x99;
+    r.remote_addr = remote_addr;
+    r.rkey = rkey;
+    r.data = &payload_iov_;
+    r.ndata = 1;
+    r.length = payload_.size();
+    return r;
+  }
+  Response run(const Request& r, bool reliable = true) { return respond(r, port_, reliable); }
+
+  FakePort port_;
+  std::vector<unsigned char> payload_ = std::vector<unsigned char>(64, 0xAB);
+  iovec payload_iov_{payload_.data(), payload_.size()};
+};
+
+TEST_F(Responder, WriteLandsAndIsAcked) {
+  const Response r = run(request(Operation::kWrite, kIova + 128));
+  EXPECT_EQ(r.syndrome, Syndrome::ack());
+  EXPECT_EQ(port_.at(kIova + 128)[0], 0xAB);
+  EXPECT_EQ(port_.at(kIova + 128)[63], 0xAB);
+  EXPECT_EQ(port_.at(kIova + 192)[0], 0);
+  EXPECT_EQ(port_.established_count, 1);
+  EXPECT_TRUE(port_.events.empty());
+}
+
+TEST_F(Responder, WriteWithAKeyOfAnotherPdIsARemoteAccessNakAndAnAccessError) {
+  const Response r = run(request(Operation::kWrite, kIova, kOtherPdKey));
+  EXPECT_EQ(r.syndrome, Syndrome::nak(Answer::kNakRemoteAccess));
+  ASSERT_EQ(port_.events.size(), 1u);
+  EXPECT_EQ(port_.events[0], IBV_EVENT_QP_ACCESS_ERR);
+  EXPECT_EQ(port_.at(kIova)[0], 0);
+  EXPECT_EQ(port_.established_count, 0);
+}
+
+TEST_F(Responder, WriteThroughAReadOnlyKeyIsRefused) {
+  EXPECT_EQ(run(request(Operation::kWrite, kIova, kReadOnlyKey)).syndrome, Syndrome::nak(Answer::kNakRemoteAccess));
+}
+
+TEST_F(Responder, WriteTheQpDoesNotAllowIsRefused) {
+  port_.qp_.access = IBV_ACCESS_REMOTE_READ;
+  EXPECT_EQ(run(request(Operation::kWrite)).syndrome, Syndrome::nak(Answer::kNakRemoteAccess));
+}
+
+TEST_F(Responder, RangesPastTheKeyOrWrappingTheAddressSpaceAreRefused) {
+  EXPECT_EQ(run(request(Operation::kWrite, kIova + 4096 - 63)).syndrome, Syndrome::nak(Answer::kNakRemoteAccess));
+  port_.qp_.state = IBV_QPS_RTS;
+  // addr + length wraps to a small number that a naive `addr + len <= end` accepts.
+  Request wrap = request(Operation::kWrite, ~uint64_t{0} - 15);
+  port_.keys[kKey].iova = 0;
+  port_.keys[kKey].length = ~uint64_t{0};
+  EXPECT_EQ(run(wrap).syndrome, Syndrome::nak(Answer::kNakRemoteAccess));
+}
+
+TEST_F(Responder, AZeroLengthWriteNeedsNoKey) {
+  Request r = request(Operation::kWrite, 0, 0xDEAD);
+  r.ndata = 0;
+  r.length = 0;
+  EXPECT_EQ(run(r).syndrome, Syndrome::ack());
+}
+
+TEST_F(Responder, SendWithoutAReceiveIsAnRnrNakWithTheQpsTimer) {
+  const Response r = run(request(Operation::kSend));
+  EXPECT_EQ(r.syndrome, Syndrome::rnr(12));
+  EXPECT_TRUE(port_.events.empty());
+  EXPECT_TRUE(port_.completions.empty());
+}
+
+TEST_F(Responder, UcDropsWhatRcWouldNak) {
+  Request r = request(Operation::kSend);
+  r.qp_type = IBV_QPT_UC;
+  port_.qp_.type = IBV_QPT_UC;
+  EXPECT_EQ(run(r, false).syndrome, Syndrome::silence());
+  r = request(Operation::kWrite, kIova, kOtherPdKey);
+  r.qp_type = IBV_QPT_UC;
+  EXPECT_EQ(run(r, false).syndrome, Syndrome::silence());
+  EXPECT_TRUE(port_.events.empty());
+  r = request(Operation::kRead);
+  r.qp_type = IBV_QPT_UC;
+  EXPECT_EQ(run(r, false).syndrome, Syndrome::silence());
+}
+
+TEST_F(Responder, SendFillsTheReceiveAndCompletesIt) {
+  port_.post_receive(77, kIova + 1024, 100);
+  Request r = request(Operation::kSendWithImm);
+  r.imm_data = 0xCAFE;
+  r.solicited = true;
+  EXPECT_EQ(run(r).syndrome, Syndrome::ack());
+  ASSERT_EQ(port_.completions.size(), 1u);
+  const ReceiveCompletion& c = port_.completions[0];
+  EXPECT_EQ(c.wr_id, 77u);
+  EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(c.opcode, IBV_WC_RECV);
+  EXPECT_EQ(c.byte_len, 64u);
+  EXPECT_EQ(c.src_qp, 0x99u);
+  EXPECT_EQ(c.wc_flags, static_cast<uint32_t>(IBV_WC_WITH_IMM));
+  EXPECT_EQ(c.imm_data, 0xCAFEu);
+  EXPECT_TRUE(c.solicited);
+  EXPECT_EQ(port_.at(kIova + 1024)[63], 0xAB);
+}
+
+TEST_F(Responder, SendLongerThanTheReceiveIsAnInvalidRequestNakAndAFatalError) {
+  port_.post_receive(5, kIova, 32);
+  EXPECT_EQ(run(request(Operation::kSend)).syndrome, Syndrome::nak(Answer::kNakInvalidRequest));
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].status, IBV_WC_LOC_LEN_ERR);
+  ASSERT_EQ(port_.events.size(), 1u);
+  EXPECT_EQ(port_.events[0], IBV_EVENT_QP_FATAL);
+}
+
+TEST_F(Responder, ReceiveWithABadLkeyIsARemoteOperationalNak) {
+  port_.post_receive(5, kIova, 128, 0xBAD);
+  EXPECT_EQ(run(request(Operation::kSend)).syndrome, Syndrome::nak(Answer::kNakRemoteOperational));
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].status, IBV_WC_LOC_PROT_ERR);
+}
+
+TEST_F(Responder, AReceiveSgeThatWrapsTheAddressSpaceIsRefused) {
+  // The receive-side check once lacked the wrap guard the rkey check had.
+  port_.keys[kKey].iova = 0;
+  port_.keys[kKey].length = ~uint64_t{0};
+  port_.post_receive(5, ~uint64_t{0} - 7, 64);
+  EXPECT_EQ(run(request(Operation::kSend)).syndrome, Syndrome::nak(Answer::kNakRemoteOperational));
+}
+
+TEST_F(Responder, ReadWithoutResponderResourcesIsAnInvalidRequest) {
+  port_.qp_.max_dest_rd_atomic = 0;
+  EXPECT_EQ(run(request(Operation::kRead)).syndrome, Syndrome::nak(Answer::kNakInvalidRequest));
+  ASSERT_EQ(port_.events.size(), 1u);
+  EXPECT_EQ(port_.events[0], IBV_EVENT_QP_REQ_ERR);
+}
+
+TEST_F(Responder, ReadCopiesIntoTheRequestersBuffer) {
+  std::memset(port_.at(kIova + 8), 0x5A, 64);
+  std::fill(payload_.begin(), payload_.end(), 0);
+  EXPECT_EQ(run(request(Operation::kRead, kIova + 8)).syndrome, Syndrome::ack());
+  EXPECT_EQ(payload_[0], 0x5A);
+  EXPECT_EQ(payload_[63], 0x5A);
+}
+
+TEST_F(Responder, AtomicsExecuteOnceAndReturnTheOriginal) {
+  uint64_t word = 10;
+  std::memcpy(port_.at(kIova + 64), &word, 8);
+  Request faa = request(Operation::kFetchAdd, kIova + 64);
+  faa.compare_add = 5;
+  Response r = run(faa);
+  EXPECT_EQ(r.syndrome, Syndrome::ack());
+  EXPECT_EQ(r.atomic_original, 10u);
+  Request cas = request(Operation::kCompareSwap, kIova + 64);
+  cas.compare_add = 15;
+  cas.swap = 100;
+  r = run(cas);
+  EXPECT_EQ(r.atomic_original, 15u);
+  std::memcpy(&word, port_.at(kIova + 64), 8);
+  EXPECT_EQ(word, 100u);
+}
+
+TEST_F(Responder, UnalignedAtomicsAreInvalidRequests) {
+  EXPECT_EQ(run(request(Operation::kFetchAdd, kIova + 4)).syndrome, Syndrome::nak(Answer::kNakInvalidRequest));
+}
+
+TEST_F(Responder, AtomicWriteNeedsWriteAccessButNoResponderResources) {
+  port_.qp_.max_dest_rd_atomic = 0;
+  Request w = request(Operation::kAtomicWrite, kIova + 16);
+  w.compare_add = 0x0102030405060708;
+  EXPECT_EQ(run(w).syndrome, Syndrome::ack());
+  uint64_t word;
+  std::memcpy(&word, port_.at(kIova + 16), 8);
+  EXPECT_EQ(word, 0x0102030405060708u);
+  port_.qp_.access = IBV_ACCESS_REMOTE_ATOMIC;
+  EXPECT_EQ(run(w).syndrome, Syndrome::nak(Answer::kNakRemoteAccess));
+}
+
+TEST_F(Responder, ADeadResponderSendsNothing) {
+  port_.is_gone = true;
+  EXPECT_EQ(run(request(Operation::kWrite, kIova, kOtherPdKey)).syndrome, Syndrome::silence());
+  EXPECT_EQ(run(request(Operation::kSend)).syndrome, Syndrome::silence());
+  EXPECT_TRUE(port_.events.empty());
+}
+
+TEST_F(Responder, AQpNotReadyOrOfAnotherTypeSendsNothing) {
+  port_.qp_.state = IBV_QPS_INIT;
+  EXPECT_EQ(run(request(Operation::kWrite)).syndrome, Syndrome::silence());
+  port_.qp_.state = IBV_QPS_ERR;
+  EXPECT_EQ(run(request(Operation::kWrite)).syndrome, Syndrome::silence());
+  port_.qp_.state = IBV_QPS_RTR;
+  port_.qp_.type = IBV_QPT_UC;
+  EXPECT_EQ(run(request(Operation::kWrite)).syndrome, Syndrome::silence());
+  EXPECT_EQ(port_.at(kIova)[0], 0);
+}
+
+TEST_F(Responder, ACopyCutByADeregistrationIsARemoteAccessNak) {
+  port_.copy_result = CopyStatus::kFault;
+  EXPECT_EQ(run(request(Operation::kWrite)).syndrome, Syndrome::nak(Answer::kNakRemoteAccess));
+  port_.qp_.state = IBV_QPS_RTS;
+  port_.copy_result = CopyStatus::kGone;
+  EXPECT_EQ(run(request(Operation::kWrite)).syndrome, Syndrome::silence());
+}
+
+TEST_F(Responder, WriteWithImmediateConsumesAReceive) {
+  Request r = request(Operation::kWriteWithImm, kIova + 256);
+  r.imm_data = 0x77;
+  EXPECT_EQ(run(r).syndrome, Syndrome::rnr(12));
+  EXPECT_EQ(port_.at(kIova + 256)[0], 0) << "nothing lands before a receive is there";
+  port_.post_receive(9, 0, 0);
+  EXPECT_EQ(run(r).syndrome, Syndrome::ack());
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(port_.completions[0].byte_len, 64u);
+  EXPECT_EQ(port_.completions[0].imm_data, 0x77u);
+  EXPECT_EQ(port_.at(kIova + 256)[0], 0xAB);
+}
+
+class Datagrams : public Responder {
+ protected:
+  void SetUp() override {
+    port_.qp_.type = IBV_QPT_UD;
+    for (int i = 0; i < 40; ++i) grh_[i] = static_cast<unsigned char>(i);
+  }
+  Request datagram() {
+    Request r = request(Operation::kSend);
+    r.qp_type = IBV_QPT_UD;
+    r.qkey = 0x11;
+    r.sl = 3;
+    return r;
+  }
+  unsigned char grh_[40];
+};
+
+TEST_F(Datagrams, ArriveBehindTheirGrh) {
+  port_.post_receive(1, kIova, 40 + 64);
+  respond_datagram(datagram(), grh_, port_);
+  ASSERT_EQ(port_.completions.size(), 1u);
+  const ReceiveCompletion& c = port_.completions[0];
+  EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(c.byte_len, 104u);
+  EXPECT_EQ(c.wc_flags, static_cast<uint32_t>(IBV_WC_GRH));
+  EXPECT_EQ(c.src_qp, 0x99u);
+  EXPECT_EQ(c.sl, 3);
+  EXPECT_EQ(port_.at(kIova)[39], 39);
+  EXPECT_EQ(port_.at(kIova + 40)[0], 0xAB);
+}
+
+TEST_F(Datagrams, WithTheWrongQkeyOrNoReceiveAreDropped) {
+  Request r = datagram();
+  r.qkey = 0x12;
+  port_.post_receive(1, kIova, 4096);
+  respond_datagram(r, grh_, port_);
+  EXPECT_TRUE(port_.completions.empty());
+  EXPECT_EQ(port_.receives.size(), 1u) << "a dropped datagram takes no receive";
+  port_.receives.clear();
+  respond_datagram(datagram(), grh_, port_);
+  EXPECT_TRUE(port_.completions.empty());
+  EXPECT_TRUE(port_.events.empty());
+}
+
+TEST_F(Datagrams, TooLongForTheReceiveCompletesItInError) {
+  port_.post_receive(1, kIova, 40 + 10);
+  respond_datagram(datagram(), grh_, port_);
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].status, IBV_WC_LOC_LEN_ERR);
+  EXPECT_TRUE(port_.events.empty()) << "a UD QP does not go to ERROR for one datagram";
+}
+
+}  // namespace
+}  // namespace softhca::transport
