@@ -4,7 +4,7 @@
 // The transition table mirrors the Linux kernel's (ib_modify_qp_is_ok), since
 // that is what every rdma-core provider behind libibverbs enforces; the value
 // checks follow the uverbs layer, the core and rxe, plus the limits in
-// engine/limits.hpp. Where softhca is stricter than the kernel, the rule's
+// common/limits.hpp. Where softhca is stricter than the kernel, the rule's
 // comment in qp_state.cpp says so.
 #pragma once
 
