@@ -13,7 +13,7 @@
 #include <random>
 
 #include "common/log.hpp"
-#include "host/runtime_dir.hpp"
+#include "host/host_identity.hpp"
 #include "host/host_registry.hpp"
 
 namespace softhca::cm {
@@ -71,7 +71,7 @@ bool process_is_alive(uint32_t pid, uint64_t start_time) {
 }
 
 Result<PortTable*> PortTable::open() {
-  auto dir = host::runtime_directory();
+  auto dir = host::host_directory();
   if (!dir) return fail(dir.error());
   return open_in(*dir, false);
 }

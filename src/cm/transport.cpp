@@ -14,7 +14,7 @@
 
 #include "cm/wire.hpp"
 #include "common/log.hpp"
-#include "host/runtime_dir.hpp"
+#include "host/host_identity.hpp"
 
 namespace softhca::cm {
 namespace {
@@ -36,7 +36,7 @@ void set_send_timeout(int fd) {
 
 }  // namespace
 
-Result<std::string> endpoint_directory() { return host::runtime_directory(); }
+Result<std::string> endpoint_directory() { return host::host_directory(); }
 
 Transport::Conn::~Conn() {
   if (fd >= 0) ::close(fd);

@@ -12,7 +12,7 @@
 #include <random>
 
 #include "common/log.hpp"
-#include "host/runtime_dir.hpp"
+#include "host/host_identity.hpp"
 
 namespace softhca::host {
 namespace {
@@ -61,7 +61,7 @@ uint64_t process_start_time(uint32_t pid) {
 }
 
 Result<HostRegistry*> HostRegistry::open() {
-  auto dir = runtime_directory();
+  auto dir = host_directory();
   if (!dir) return fail(dir.error());
   return open_in(*dir, false);
 }

@@ -5,6 +5,7 @@
 //
 // The child never uses gtest: it reports through its exit status (0 = good,
 // otherwise the number of the step that failed) and through the pipes.
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -486,6 +487,98 @@ TEST(StaleConnection, NewQpWithTheSameQpnReceivesNothing) {
   ::unsetenv("SOFTHCA_RUNTIME_DIR");
   std::string cleanup = std::string("rm -rf ") + dir;
   EXPECT_EQ(std::system(cleanup.c_str()), 0);
+}
+
+// A host is a network namespace: a process that moved to a namespace of its
+// own is another machine, even with /dev/shm and the runtime directory
+// shared. Its QPs are not in our registry, so a connection to one of its
+// QPNs reaches nothing (RETRY_EXC_ERR), and it receives nothing. On one
+// shared registry the child's QPNs would follow ours and the SEND would land.
+
+int other_host_child(int rfd, int wfd) {
+  if (::unshare(CLONE_NEWNET) != 0) {
+    // Not allowed here (no CAP_SYS_ADMIN, no user namespaces): tell the parent to skip.
+    write_all(wfd, "S", 1);
+    return 0;
+  }
+  Device dev;
+  if (!dev.ok()) return 10;
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  if (!cq) return 11;
+  ibv_qp* first = create_qp(dev.pd, cq, cq, cfg);
+  ibv_qp* target = create_qp(dev.pd, cq, cq, cfg);
+  if (!first || !target) return 12;
+  Buffer buf(dev.pd, 4096);
+  if (!buf.mr()) return 13;
+  uint32_t peer_qpn = 0;
+  if (!write_all(wfd, "H", 1) || !write_all(wfd, &target->qp_num, sizeof target->qp_num) ||
+      !read_all(rfd, &peer_qpn, sizeof peer_qpn, kChildDeadline))
+    return 14;
+  if (bring_up(target, peer_qpn, dev.gid, cfg) != 0) return 15;
+  ibv_sge rsge = buf.sge(0, 64);
+  if (post_recv(target, 1, &rsge, 1) != 0) return 16;
+  if (!write_all(wfd, "R", 1)) return 17;
+  char done = 0;
+  if (!read_all(rfd, &done, 1, kChildDeadline) || done != 'D') return 18;
+  ibv_wc wc{};
+  if (ibv_poll_cq(cq, 1, &wc) != 0) return 30;
+  ibv_destroy_qp(target);
+  ibv_destroy_qp(first);
+  ibv_destroy_cq(cq);
+  return 0;
+}
+
+TEST(TwoHosts, AProcessInAnotherNetworkNamespaceIsAnotherHost) {
+  char dir[] = "/dev/shm/softhca-netns-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_EQ(::setenv("SOFTHCA_RUNTIME_DIR", dir, 1), 0);
+  bool skipped = false;
+  {
+    Device dev;  // first: our QP takes the first QPN of our host
+    ASSERT_TRUE(dev.ok());
+    QpConfig cfg;
+    cfg.timeout = 8;  // 1 ms
+    cfg.retry_cnt = 2;
+    ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
+    ASSERT_NE(a, nullptr);
+    {
+      Child child(other_host_child);
+      ASSERT_TRUE(child.ok());
+      char hello = 0;
+      ASSERT_TRUE(read_all(child.rfd, &hello, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+      if (hello == 'S') {
+        skipped = true;
+      } else {
+        ASSERT_EQ(hello, 'H');
+        uint32_t target_qpn = 0;
+        ASSERT_TRUE(read_all(child.rfd, &target_qpn, sizeof target_qpn, kDeadline));
+        ASSERT_NE(target_qpn, a->qp_num);
+        ASSERT_TRUE(write_all(child.wfd, &a->qp_num, sizeof a->qp_num));
+        char ready = 0;
+        ASSERT_TRUE(read_all(child.rfd, &ready, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+        ASSERT_EQ(ready, 'R');
+        ASSERT_EQ(bring_up(a, target_qpn, dev.gid, cfg), 0);
+        Buffer buf(dev.pd, 64);
+        ibv_sge sge = buf.sge(0, 8);
+        ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+        ASSERT_EQ(post_send(a, wr), 0);
+        ibv_wc wc{};
+        ASSERT_TRUE(poll_one(cq, &wc));
+        EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << wc_str(wc);
+        ASSERT_TRUE(write_all(child.wfd, "D", 1));
+        EXPECT_EQ(child.wait_exit(kDeadline), 0) << "30: the other host's QP received our SEND";
+      }
+    }
+    EXPECT_EQ(ibv_destroy_qp(a), 0);
+    EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  }
+  ::unsetenv("SOFTHCA_RUNTIME_DIR");
+  std::string cleanup = std::string("rm -rf ") + dir;
+  EXPECT_EQ(std::system(cleanup.c_str()), 0);
+  if (skipped) GTEST_SKIP() << "unshare(CLONE_NEWNET) is not permitted here";
 }
 
 // ---------------------------------------------------------------------------
