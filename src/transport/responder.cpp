@@ -21,208 +21,126 @@ bool operation_allowed(uint32_t qp_type, Operation op) {
   }
 }
 
-// One request's walk through the responder: each stage either lets it on or
-// says how it ends.
-class Pipeline {
- public:
-  Pipeline(const Request& request, ResponderPort& port, bool reliable)
-      : req_(request), port_(port), reliable_(reliable), qp_(port.qp()) {}
+Response silence() { return Response{Syndrome::silence(), 0}; }
+// A stage passed: the message goes on (the ACK itself is finish()'s).
+Response proceed() { return Response{Syndrome::ack(), 0}; }
+bool passed(const Response& r) { return r.syndrome.answer == Answer::kAck; }
 
-  Response run() {
-    // A message of another transport than the QP's (the BTH opcode's
-    // transport bits) or for a QP not ready to receive is dropped.
-    if (qp_.type != req_.qp_type || !accepts_messages()) return silence();
-    if (!operation_allowed(qp_.type, req_.op)) return fail(Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
-    switch (req_.op) {
-      case Operation::kWrite:
-      case Operation::kWriteWithImm:
-        return write();
-      case Operation::kSend:
-      case Operation::kSendWithImm:
-        return send();
-      case Operation::kRead:
-        return read();
-      case Operation::kCompareSwap:
-      case Operation::kFetchAdd:
-      case Operation::kAtomicWrite:
-        return atomic();
-    }
-    return fail(Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
-  }
+// A responder error: RC NAKs it and the responder QP goes to ERROR with
+// `event`; UC drops the message. A dead responder sends nothing.
+Response fail(ResponderPort& port, bool reliable, Answer nak, ibv_event_type event) {
+  if (!reliable || port.gone()) return silence();
+  port.fail_qp(event);
+  return Response{Syndrome::nak(nak), 0};
+}
 
-  // (The stages are public to this file: respond_datagram reuses some.)
-  bool accepts_messages() const { return receives_in_state(qp_.state); }
+// No receive WQE: an RNR NAK with the QP's timer (RC), a dropped message (UC).
+Response not_ready(ResponderPort& port, bool reliable, uint32_t min_rnr_timer) {
+  if (!reliable || port.gone()) return silence();
+  return Response{Syndrome::rnr(static_cast<uint8_t>(min_rnr_timer)), 0};
+}
 
-  Response silence() const { return Response{Syndrome::silence(), 0}; }
-  Response ack(uint64_t original = 0) {
-    port_.established();
-    return Response{Syndrome::ack(), original};
-  }
-
-  // A responder error: RC NAKs it and the responder QP goes to ERROR with
-  // `event`; UC drops the message. A dead responder sends nothing.
-  Response fail(Answer nak, ibv_event_type event) {
-    if (!reliable_ || port_.gone()) return silence();
-    port_.fail_qp(event);
-    return Response{Syndrome::nak(nak), 0};
-  }
-
-  // No receive WQE: an RNR NAK with the QP's timer (RC), a dropped message (UC).
-  Response not_ready() {
-    if (!reliable_ || port_.gone()) return silence();
-    return Response{Syndrome::rnr(static_cast<uint8_t>(qp_.min_rnr_timer)), 0};
-  }
-
-  // Stage "check resources" for READ and atomics: the QP must have accepted
-  // RDMA READ / atomic responder resources (max_dest_rd_atomic).
-  bool has_read_atomic_resources() const { return qp_.max_dest_rd_atomic != 0; }
-
-  // Stage "check rkey": the QP's own access flags, then the key's PD, access
-  // and range; the responder's address of the range on success.
-  bool remote_range(uint32_t access, uint64_t length, iovec& out) {
-    if ((qp_.access & access) != access) return false;
-    if (length == 0) {
-      out = iovec{nullptr, 0};
-      return true;
-    }
-    const std::optional<MemoryKey> mr = port_.memory_key(req_.rkey);
-    if (!mr || !key_allows(*mr, qp_.pd_id, access, req_.remote_addr, length)) return false;
-    out = iovec{owner_address(*mr, req_.remote_addr), static_cast<size_t>(length)};
+// Stage "check rkey": the QP's own access flags, then the key's PD, access
+// and range; the responder's address of the range on success.
+bool remote_range(ResponderPort& port, const ResponderQp& qp, const Request& req, uint32_t access, uint64_t length,
+                  iovec& out) {
+  if ((qp.access & access) != access) return false;
+  if (length == 0) {
+    out = iovec{nullptr, 0};
     return true;
   }
+  const std::optional<MemoryKey> mr = port.memory_key(req.rkey);
+  if (!mr || !key_allows(*mr, qp.pd_id, access, req.remote_addr, length)) return false;
+  out = iovec{owner_address(*mr, req.remote_addr), static_cast<size_t>(length)};
+  return true;
+}
 
-  ReceiveCompletion completion_for(const ReceiveWqe& wqe, ibv_wc_status status, ibv_wc_opcode opcode,
-                                   uint64_t byte_len) const {
-    ReceiveCompletion c;
-    c.wr_id = wqe.wr_id;
-    c.status = status;
-    c.opcode = opcode;
-    c.byte_len = static_cast<uint32_t>(byte_len);
-    c.src_qp = req_.src_qpn;
-    c.solicited = req_.solicited;
-    return c;
+ReceiveCompletion completion_for(const ReceiveWqe& wqe, ibv_wc_status status, ibv_wc_opcode opcode, uint64_t byte_len,
+                                 const Request& req) {
+  ReceiveCompletion c;
+  c.wr_id = wqe.wr_id;
+  c.status = status;
+  c.opcode = opcode;
+  c.byte_len = static_cast<uint32_t>(byte_len);
+  c.src_qp = req.src_qpn;
+  c.solicited = req.solicited;
+  if (req.op == Operation::kSendWithImm || req.op == Operation::kWriteWithImm) {
+    c.wc_flags = IBV_WC_WITH_IMM;
+    c.imm_data = req.imm_data;
   }
+  return c;
+}
 
-  Response write() {
-    iovec to;
-    if (!remote_range(IBV_ACCESS_REMOTE_WRITE, req_.length, to))
-      return fail(Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
-    const bool with_imm = req_.op == Operation::kWriteWithImm;
-    ReceiveWqe wqe;
-    if (with_imm && !port_.take_receive(wqe)) return not_ready();
-    switch (port_.write(&to, 1, req_.data, req_.ndata, req_.length)) {
-      case CopyStatus::kOk:
-        break;
-      case CopyStatus::kGone:
-        return silence();
-      case CopyStatus::kFault:  // the MR was deregistered under the copy
-        return fail(Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
-    }
-    Response response = ack();
-    if (with_imm) {
-      ReceiveCompletion c = completion_for(wqe, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, req_.length);
-      c.wc_flags = IBV_WC_WITH_IMM;
-      c.imm_data = req_.imm_data;
-      port_.complete_receive(c);
-    }
-    return response;
-  }
-
-  Response send() {
-    ReceiveWqe wqe;
-    if (!port_.take_receive(wqe)) return not_ready();
-    iovec to[limits::kMaxSge];
-    int nto = 0;
-    ibv_wc_status status = scatter_list(wqe, req_.length, to, nto);
-    if (status == IBV_WC_SUCCESS) {
-      switch (port_.write(to, nto, req_.data, req_.ndata, req_.length)) {
-        case CopyStatus::kOk:
-          break;
-        case CopyStatus::kGone:
-          return silence();
-        case CopyStatus::kFault:
-          status = IBV_WC_LOC_PROT_ERR;
-          break;
+// Stage "check length" of a SEND, for its next `length` bytes: the receive
+// WQE's SGEs from the cursor on, each validated as local-write memory of the
+// receive PD when the payload first reaches it. LOC_PROT_ERR for a bad SGE,
+// LOC_LEN_ERR when the WQE has no room left.
+ibv_wc_status scatter_next(MessageInProgress& m, uint64_t length, ResponderPort& port, iovec* out, int& nout) {
+  nout = 0;
+  uint64_t left = length;
+  while (left > 0) {
+    if (m.cursor_sge >= m.wqe.num_sge) return IBV_WC_LOC_LEN_ERR;
+    const ReceiveSge& sge = m.wqe.sge[m.cursor_sge];
+    if (m.cursor_sge >= m.nvalidated) {
+      if (sge.length != 0) {
+        const std::optional<MemoryKey> mr = port.memory_key(sge.lkey);
+        if (!mr || !key_allows(*mr, m.receive_pd_id, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
+          return IBV_WC_LOC_PROT_ERR;
+        m.validated[m.cursor_sge] = owner_address(*mr, sge.addr);
       }
+      m.nvalidated = m.cursor_sge + 1;
     }
-    ReceiveCompletion c = completion_for(wqe, status, IBV_WC_RECV, req_.length);
-    if (req_.op == Operation::kSendWithImm) {
-      c.wc_flags = IBV_WC_WITH_IMM;
-      c.imm_data = req_.imm_data;
+    const uint64_t room = sge.length - m.cursor_offset;
+    const uint64_t take = room < left ? room : left;
+    if (take > 0) {
+      out[nout++] = iovec{static_cast<char*>(m.validated[m.cursor_sge]) + m.cursor_offset, static_cast<size_t>(take)};
+      m.cursor_offset += take;
+      left -= take;
     }
-    if (status != IBV_WC_SUCCESS) {
-      // The receive WQE completes in error at the responder, whose QP goes to
-      // ERROR; the requester learns it from the NAK: invalid request for a
-      // message longer than the WQE, remote operational error for a bad lkey.
-      if (!reliable_ || port_.gone()) return silence();
-      port_.complete_receive(c);
-      port_.fail_qp(IBV_EVENT_QP_FATAL);
-      return Response{Syndrome::nak(status == IBV_WC_LOC_LEN_ERR ? Answer::kNakInvalidRequest
-                                                                 : Answer::kNakRemoteOperational),
-                      0};
+    if (m.cursor_offset == sge.length) {
+      ++m.cursor_sge;
+      m.cursor_offset = 0;
     }
-    Response response = ack();
-    port_.complete_receive(c);
-    return response;
   }
+  return IBV_WC_SUCCESS;
+}
 
-  Response read() {
-    if (!has_read_atomic_resources()) return fail(Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
-    iovec from;
-    if (!remote_range(IBV_ACCESS_REMOTE_READ, req_.length, from))
-      return fail(Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
-    switch (port_.read(req_.data, req_.ndata, &from, 1, req_.length)) {
-      case CopyStatus::kOk:
-        return ack();
-      case CopyStatus::kGone:
-        return silence();
-      case CopyStatus::kFault:
-        return fail(Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
-    }
-    return silence();
+Response read(const Request& req, ResponderPort& port, const ResponderQp& qp) {
+  // Stage "check resources": READ and atomics need responder resources.
+  if (qp.max_dest_rd_atomic == 0) return fail(port, true, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  iovec from;
+  if (!remote_range(port, qp, req, IBV_ACCESS_REMOTE_READ, req.length, from))
+    return fail(port, true, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
+  switch (port.read(req.data, req.ndata, &from, 1, req.length)) {
+    case CopyStatus::kOk:
+      port.established();
+      return Response{Syndrome::ack(), 0};
+    case CopyStatus::kGone:
+      return silence();
+    case CopyStatus::kFault:
+      return fail(port, true, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
   }
+  return silence();
+}
 
-  Response atomic() {
-    // ATOMIC WRITE is a WRITE of 8 bytes that lands whole: remote write
-    // access, no responder resources; CAS and FAA need both.
-    const bool is_write = req_.op == Operation::kAtomicWrite;
-    if (!is_write && !has_read_atomic_resources()) return fail(Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
-    if (req_.remote_addr & 7) return fail(Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
-    iovec word;
-    if (!remote_range(is_write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_ATOMIC, 8, word))
-      return fail(Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
-    const AtomicOp op = is_write ? AtomicOp::kWrite
-                        : req_.op == Operation::kFetchAdd ? AtomicOp::kFetchAdd
-                                                          : AtomicOp::kCompareSwap;
-    uint64_t original = 0;
-    if (port_.atomic(word.iov_base, op, req_.compare_add, req_.swap, original) != CopyStatus::kOk) return silence();
-    return ack(is_write ? 0 : original);
-  }
-
-  // Stage "check length" of a SEND: the receive WQE's SGEs, each checked as
-  // local-write memory of the receive PD, must hold `needed` bytes.
-  ibv_wc_status scatter_list(const ReceiveWqe& wqe, uint64_t needed, iovec* out, int& nout) {
-    uint64_t room = 0;
-    int n = 0;
-    for (uint32_t i = 0; i < wqe.num_sge && room < needed; ++i) {
-      const ReceiveSge& sge = wqe.sge[i];
-      if (sge.length == 0) continue;
-      const std::optional<MemoryKey> mr = port_.memory_key(sge.lkey);
-      if (!mr || !key_allows(*mr, qp_.receive_pd_id, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
-        return IBV_WC_LOC_PROT_ERR;
-      const uint64_t take = sge.length < needed - room ? sge.length : needed - room;
-      out[n++] = iovec{owner_address(*mr, sge.addr), static_cast<size_t>(take)};
-      room += take;
-    }
-    nout = n;
-    return room < needed ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
-  }
-
-  const Request& req_;
-  ResponderPort& port_;
-  const bool reliable_;
-  const ResponderQp qp_;
-};
+Response atomic(const Request& req, ResponderPort& port, const ResponderQp& qp) {
+  // ATOMIC WRITE is a WRITE of 8 bytes that lands whole: remote write
+  // access, no responder resources; CAS and FAA need both.
+  const bool is_write = req.op == Operation::kAtomicWrite;
+  if (!is_write && qp.max_dest_rd_atomic == 0)
+    return fail(port, true, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  if (req.remote_addr & 7) return fail(port, true, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  iovec word;
+  if (!remote_range(port, qp, req, is_write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_ATOMIC, 8, word))
+    return fail(port, true, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
+  const AtomicOp op = is_write                           ? AtomicOp::kWrite
+                      : req.op == Operation::kFetchAdd ? AtomicOp::kFetchAdd
+                                                       : AtomicOp::kCompareSwap;
+  uint64_t original = 0;
+  if (port.atomic(word.iov_base, op, req.compare_add, req.swap, original) != CopyStatus::kOk) return silence();
+  port.established();
+  return Response{Syndrome::ack(), is_write ? 0 : original};
+}
 
 }  // namespace
 
@@ -232,35 +150,139 @@ bool receives_in_state(uint32_t state) {
   return state < 32 && ((1u << state) & kReceiving) != 0;
 }
 
-Response respond(const Request& request, ResponderPort& port, bool reliable) {
-  return Pipeline(request, port, reliable).run();
+Response accept(const Request& req, ResponderPort& port, bool reliable, MessageInProgress& m) {
+  m = MessageInProgress{};
+  m.op = req.op;
+  m.reliable = reliable;
+  const ResponderQp qp = port.qp();
+  // A message of another transport than the QP's (the BTH opcode's
+  // transport bits) or for a QP not ready to receive is dropped.
+  if (qp.type != req.qp_type || !receives_in_state(qp.state)) return silence();
+  if (!operation_allowed(qp.type, req.op)) return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  m.receive_pd_id = qp.receive_pd_id;
+  switch (req.op) {
+    case Operation::kWrite:
+    case Operation::kWriteWithImm:
+      if (!remote_range(port, qp, req, IBV_ACCESS_REMOTE_WRITE, req.length, m.write_range))
+        return fail(port, reliable, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
+      return proceed();
+    case Operation::kSend:
+    case Operation::kSendWithImm:
+      if (!port.take_receive(m.wqe)) return not_ready(port, reliable, qp.min_rnr_timer);
+      m.has_wqe = true;
+      return proceed();
+    default:
+      return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  }
 }
 
-void respond_datagram(const Request& request, std::span<const unsigned char> grh, ResponderPort& port) {
-  Pipeline p(request, port, /*reliable=*/false);
-  if (p.qp_.type != IBV_QPT_UD || request.qp_type != IBV_QPT_UD || !receives_in_state(p.qp_.state)) return;
-  if (request.op != Operation::kSend && request.op != Operation::kSendWithImm) return;
-  if (request.qkey != p.qp_.qkey) return;
-  ReceiveWqe wqe;
-  if (!port.take_receive(wqe)) return;
-  const uint64_t needed = grh.size() + request.length;
+Response ready_for_last(MessageInProgress& m, ResponderPort& port) {
+  if (m.op != Operation::kWriteWithImm || m.has_wqe) return proceed();
+  if (!port.take_receive(m.wqe)) return not_ready(port, m.reliable, port.qp().min_rnr_timer);
+  m.has_wqe = true;
+  return proceed();
+}
+
+Response place(MessageInProgress& m, const iovec* data, int ndata, uint64_t length, ResponderPort& port) {
+  if (m.op == Operation::kWrite || m.op == Operation::kWriteWithImm) {
+    // Stage "check length": a WRITE places no more than its RETH announced.
+    if (m.placed + length > m.write_range.iov_len)
+      return fail(port, m.reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+    if (length == 0) return proceed();
+    const iovec to{static_cast<char*>(m.write_range.iov_base) + m.placed, static_cast<size_t>(length)};
+    switch (port.write(&to, 1, data, ndata, length)) {
+      case CopyStatus::kOk:
+        m.placed += length;
+        return proceed();
+      case CopyStatus::kGone:
+        return silence();
+      case CopyStatus::kFault:  // the MR was deregistered under the copy
+        return fail(port, m.reliable, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
+    }
+    return silence();
+  }
   iovec to[limits::kMaxSge];
   int nto = 0;
-  ibv_wc_status status = p.scatter_list(wqe, needed, to, nto);
+  ibv_wc_status status = scatter_next(m, length, port, to, nto);
+  if (status == IBV_WC_SUCCESS) {
+    switch (port.write(to, nto, data, ndata, length)) {
+      case CopyStatus::kOk:
+        m.placed += length;
+        return proceed();
+      case CopyStatus::kGone:
+        return silence();
+      case CopyStatus::kFault:
+        status = IBV_WC_LOC_PROT_ERR;
+        break;
+    }
+  }
+  // The receive WQE completes in error at the responder, whose QP goes to
+  // ERROR; the requester learns it from the NAK: invalid request for a
+  // message longer than the WQE, remote operational error for a bad lkey.
+  m.status = status;
+  if (!m.reliable || port.gone()) return silence();
+  Request about;
+  about.op = m.op;
+  ReceiveCompletion c = completion_for(m.wqe, status, IBV_WC_RECV, m.placed + length, about);
+  c.wc_flags = 0;
+  port.complete_receive(c);
+  port.fail_qp(IBV_EVENT_QP_FATAL);
+  return Response{
+      Syndrome::nak(status == IBV_WC_LOC_LEN_ERR ? Answer::kNakInvalidRequest : Answer::kNakRemoteOperational), 0};
+}
+
+Response finish(MessageInProgress& m, const Request& req, ResponderPort& port) {
+  port.established();
+  if (m.op == Operation::kWriteWithImm) {
+    port.complete_receive(completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, m.placed, req));
+  } else if (m.op == Operation::kSend || m.op == Operation::kSendWithImm) {
+    port.complete_receive(completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_RECV, m.placed, req));
+  }
+  return Response{Syndrome::ack(), 0};
+}
+
+Response respond(const Request& req, ResponderPort& port, bool reliable) {
+  if (req.op == Operation::kRead || is_atomic(req.op)) {
+    const ResponderQp qp = port.qp();
+    if (qp.type != req.qp_type || !receives_in_state(qp.state)) return silence();
+    if (!operation_allowed(qp.type, req.op))
+      return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+    return req.op == Operation::kRead ? read(req, port, qp) : atomic(req, port, qp);
+  }
+  MessageInProgress m;
+  Response r = accept(req, port, reliable, m);
+  if (!passed(r)) return r;
+  r = ready_for_last(m, port);
+  if (!passed(r)) return r;
+  r = place(m, req.data, req.ndata, req.length, port);
+  if (!passed(r)) return r;
+  return finish(m, req, port);
+}
+
+void respond_datagram(const Request& req, std::span<const unsigned char> grh, ResponderPort& port) {
+  const ResponderQp qp = port.qp();
+  if (qp.type != IBV_QPT_UD || req.qp_type != IBV_QPT_UD || !receives_in_state(qp.state)) return;
+  if (req.op != Operation::kSend && req.op != Operation::kSendWithImm) return;
+  if (req.qkey != qp.qkey) return;
+  MessageInProgress m;
+  m.op = req.op;
+  m.reliable = false;
+  m.receive_pd_id = qp.receive_pd_id;
+  if (!port.take_receive(m.wqe)) return;
+  const uint64_t needed = grh.size() + req.length;
+  iovec to[limits::kMaxSge];
+  int nto = 0;
+  ibv_wc_status status = scatter_next(m, needed, port, to, nto);
   if (status == IBV_WC_SUCCESS) {
     iovec from[limits::kMaxSge + 1];
     from[0] = iovec{const_cast<unsigned char*>(grh.data()), grh.size()};
     int nfrom = 1;
-    for (int i = 0; i < request.ndata && nfrom < limits::kMaxSge + 1; ++i) from[nfrom++] = request.data[i];
+    for (int i = 0; i < req.ndata && nfrom < limits::kMaxSge + 1; ++i) from[nfrom++] = req.data[i];
     if (port.write(to, nto, from, nfrom, needed) != CopyStatus::kOk) status = IBV_WC_LOC_PROT_ERR;
   }
-  ReceiveCompletion c = p.completion_for(wqe, status, IBV_WC_RECV, needed);
-  c.wc_flags = IBV_WC_GRH;
-  if (request.op == Operation::kSendWithImm) {
-    c.wc_flags |= IBV_WC_WITH_IMM;
-    c.imm_data = request.imm_data;
-  }
-  c.sl = request.sl;
+  ReceiveCompletion c = completion_for(m.wqe, status, IBV_WC_RECV, needed, req);
+  c.wc_flags |= IBV_WC_GRH;
+  c.sl = req.sl;
   port.complete_receive(c);
 }
 

@@ -1,16 +1,25 @@
-// The IBTA responder, pure: given one request and a port onto the QP that
-// receives it, it runs the checks in order — the operation, the QP's
-// resources, the receive WQE, the length, the key — executes the operation
-// through the port, and returns the syndrome an RC responder would send
-// (ACK, RNR NAK, NAK invalid request / remote access / remote operational,
-// or silence). UC gets the same checks and drops the message where RC would
-// NAK (the syndrome is then silence). No rule is written anywhere else: the
-// shm and udp links both call it.
+// The IBTA responder, pure: given a request and a port onto the QP that
+// receives it, it runs the checks in order — the QP accepts messages, the
+// operation is valid for its type, its responder resources, the rkey, a
+// receive WQE, the length — executes the operation through the port and
+// returns the syndrome an RC responder would send (ACK, RNR NAK, NAK invalid
+// request / remote access / remote operational, or silence). UC gets the
+// same checks and drops the message where RC would NAK (the syndrome is then
+// silence). No rule is written anywhere else: every link calls these.
+//
+// A message arrives whole on the shm link (respond) and packet by packet on
+// the udp link, so the work is split the way rxe splits it: accept() at the
+// first packet (checks, the receive WQE of a SEND), place() for each
+// packet's payload at its offset, finish() at the last (the WRITE-with-
+// immediate receive, the receive completion, COMM_EST).
 #pragma once
+
+#include <sys/uio.h>
 
 #include <cstdint>
 #include <span>
 
+#include "common/limits.hpp"
 #include "transport/request.hpp"
 #include "transport/responder_port.hpp"
 #include "transport/syndrome.hpp"
@@ -22,8 +31,44 @@ struct Response {
   uint64_t atomic_original = 0;  // CAS and FAA: the value the atomic replaced (goes back in the ACK)
 };
 
-// RC and UC: `request` to the QP behind `port`; `reliable` is true for RC.
+// The responder's context of a SEND or WRITE in progress (rxe's qp->resp).
+struct MessageInProgress {
+  Operation op = Operation::kSend;
+  bool reliable = true;
+  // WRITE: the validated rkey range; SEND: the receive WQE's SGEs, each
+  // validated when the payload first reaches it.
+  iovec write_range{};
+  ReceiveWqe wqe;
+  bool has_wqe = false;
+  uint32_t receive_pd_id = 0;
+  uint32_t cursor_sge = 0;     // SEND: the SGE the next byte goes to
+  uint64_t cursor_offset = 0;  // SEND: bytes of it already used
+  void* validated[limits::kMaxSge] = {};  // SEND: each SGE's address here once validated
+  uint32_t nvalidated = 0;     // SGEs [0, nvalidated) are validated
+  uint64_t placed = 0;         // payload bytes placed so far
+  ibv_wc_status status = IBV_WC_SUCCESS;  // SEND: LOC_PROT_ERR / LOC_LEN_ERR once detected
+};
+
+// RC and UC, a whole message: `request` to the QP behind `port`; `reliable` is true for RC.
 Response respond(const Request& request, ResponderPort& port, bool reliable);
+
+// The first packet of a SEND or WRITE (`request.length` is the RETH's DMA
+// length for a WRITE; ignored for a SEND, whose length is known at its end).
+// ACK means: go on placing. READ and atomics are answered whole by respond().
+Response accept(const Request& request, ResponderPort& port, bool reliable, MessageInProgress& message);
+
+// One packet's payload, placed after what came before. A SEND longer than
+// its receive WQE, or a WRITE past its RETH length, fails here.
+Response place(MessageInProgress& message, const iovec* data, int ndata, uint64_t length, ResponderPort& port);
+
+// Before the last packet's payload is placed: a WRITE with immediate takes
+// its receive WQE now (RNR NAK if there is none, before any byte of the
+// packet lands).
+Response ready_for_last(MessageInProgress& message, ResponderPort& port);
+
+// The last packet: `request` carries its immediate data, solicited bit and
+// source QPN.
+Response finish(MessageInProgress& message, const Request& request, ResponderPort& port);
 
 // UD: a SEND to the QP behind `port`, `grh` (40 bytes) placed before the
 // payload in the receive buffer. A datagram that cannot be received is

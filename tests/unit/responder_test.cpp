@@ -333,6 +333,71 @@ TEST_F(Responder, WriteWithImmediateConsumesAReceive) {
   EXPECT_EQ(port_.at(kIova + 256)[0], 0xAB);
 }
 
+// The udp link's packet-by-packet path: accept at the first packet, place
+// each payload, finish at the last.
+
+TEST_F(Responder, ASendArrivingInPiecesFillsTheReceiveWqesSgesInOrder) {
+  ReceiveWqe wqe;
+  wqe.wr_id = 3;
+  wqe.num_sge = 3;
+  wqe.sge[0] = ReceiveSge{kIova, 10, kKey};
+  wqe.sge[1] = ReceiveSge{kIova + 100, 0, 0xBAD};  // empty: never checked
+  wqe.sge[2] = ReceiveSge{kIova + 200, 100, kKey};
+  port_.receives.push_back(wqe);
+  MessageInProgress m;
+  Request first = request(Operation::kSend);
+  ASSERT_EQ(accept(first, port_, true, m).syndrome, Syndrome::ack());
+  std::vector<unsigned char> piece(16);
+  for (int i = 0; i < 4; ++i) {
+    std::fill(piece.begin(), piece.end(), static_cast<unsigned char>(i + 1));
+    const iovec iov{piece.data(), piece.size()};
+    ASSERT_EQ(place(m, &iov, 1, piece.size(), port_).syndrome, Syndrome::ack()) << "piece " << i;
+  }
+  EXPECT_EQ(finish(m, first, port_).syndrome, Syndrome::ack());
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].byte_len, 64u);
+  EXPECT_EQ(port_.at(kIova)[9], 1);          // SGE 0 holds bytes 0..9
+  EXPECT_EQ(port_.at(kIova + 200)[0], 1);    // bytes 10..15 of piece 0
+  EXPECT_EQ(port_.at(kIova + 200)[6], 2);    // then piece 1
+  EXPECT_EQ(port_.at(kIova + 200)[53], 4);   // the last byte: 64 - 10 - 1
+  EXPECT_EQ(port_.at(kIova + 200)[54], 0);
+}
+
+TEST_F(Responder, APieceBeyondTheReceiveWqeIsAnInvalidRequest) {
+  port_.post_receive(4, kIova, 20);
+  MessageInProgress m;
+  ASSERT_EQ(accept(request(Operation::kSend), port_, true, m).syndrome, Syndrome::ack());
+  const iovec iov{payload_.data(), 16};
+  ASSERT_EQ(place(m, &iov, 1, 16, port_).syndrome, Syndrome::ack());
+  EXPECT_EQ(place(m, &iov, 1, 16, port_).syndrome, Syndrome::nak(Answer::kNakInvalidRequest));
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].status, IBV_WC_LOC_LEN_ERR);
+}
+
+TEST_F(Responder, AWriteLongerThanItsRethIsAnInvalidRequest) {
+  MessageInProgress m;
+  Request first = request(Operation::kWrite);
+  first.length = 32;
+  ASSERT_EQ(accept(first, port_, true, m).syndrome, Syndrome::ack());
+  const iovec iov{payload_.data(), 32};
+  ASSERT_EQ(place(m, &iov, 1, 32, port_).syndrome, Syndrome::ack());
+  EXPECT_EQ(place(m, &iov, 1, 1, port_).syndrome, Syndrome::nak(Answer::kNakInvalidRequest));
+  EXPECT_EQ(port_.events.back(), IBV_EVENT_QP_REQ_ERR);
+}
+
+TEST_F(Responder, TheLastPacketOfAWriteWithImmediateNeedsAReceive) {
+  MessageInProgress m;
+  Request first = request(Operation::kWriteWithImm);
+  ASSERT_EQ(accept(first, port_, true, m).syndrome, Syndrome::ack());
+  EXPECT_EQ(ready_for_last(m, port_).syndrome, Syndrome::rnr(12));
+  port_.post_receive(8, 0, 0);
+  EXPECT_EQ(ready_for_last(m, port_).syndrome, Syndrome::ack());
+  EXPECT_EQ(place(m, &payload_iov_, 1, 64, port_).syndrome, Syndrome::ack());
+  EXPECT_EQ(finish(m, first, port_).syndrome, Syndrome::ack());
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].wr_id, 8u);
+}
+
 class Datagrams : public Responder {
  protected:
   void SetUp() override {
