@@ -4,10 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include "common/log.hpp"
+#include "common/settings.hpp"
 
 namespace softhca::host {
 namespace {
@@ -108,7 +108,7 @@ Result<std::string> runtime_directory_for(const char* explicit_dir, const std::s
 }
 
 Result<std::string> runtime_directory() {
-  return runtime_directory_for(std::getenv("SOFTHCA_RUNTIME_DIR"),
+  return runtime_directory_for(setting_text(SettingId::kRuntimeDir),
                                "/dev/shm/softhca-" + std::to_string(::getuid()));
 }
 
