@@ -19,6 +19,7 @@
 #include <variant>
 
 #include "common/log.hpp"
+#include "common/settings.hpp"
 #include "engine/device/device_info.hpp"
 #include "common/limits.hpp"
 #include "host/host_registry.hpp"
@@ -94,25 +95,19 @@ std::optional<IpAddress> kernel_source_for(const IpAddress& dst) {
 uint64_t peer_key(uint32_t pid, uint32_t remote_comm_id) { return (uint64_t{pid} << 32) | remote_comm_id; }
 
 // The CM timeouts this process's requests carry: rdma_cm's, unless
-// SOFTHCA_CM_RESPONSE_TIMEOUT (an IBTA exponent, 0-31: 4.096 us * 2^n) or
-// SOFTHCA_CM_MAX_RETRIES (0-15) say otherwise. Read at each request, so a
-// test or a user with a slow peer can change them without restarting.
+// SOFTHCA_CM_RESPONSE_TIMEOUT or SOFTHCA_CM_MAX_RETRIES (common/settings.hpp)
+// say otherwise. Read at each request, so a test or a user with a slow peer
+// can change them without restarting.
 CmTimeouts request_timeouts() {
+  // The table's defaults are rdma_cm's, and its ranges the REQ's fields
+  // (5 bits of exponent, 4 bits of retries).
+  static_assert(setting(SettingId::kCmResponseTimeout).default_value == kDefaultCmResponseTimeout &&
+                setting(SettingId::kCmResponseTimeout).max == 31);
+  static_assert(setting(SettingId::kCmMaxRetries).default_value == kDefaultMaxCmRetries &&
+                setting(SettingId::kCmMaxRetries).max == 15);
   CmTimeouts t;
-  auto read = [](const char* name, unsigned long max, uint8_t& out) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') return;
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long n = std::strtoul(v, &end, 10);
-    if (errno != 0 || *end != '\0' || n > max) {
-      SOFTHCA_WARN("cm: ignoring %s=%s (want 0..%lu)", name, v, max);
-      return;
-    }
-    out = static_cast<uint8_t>(n);
-  };
-  read("SOFTHCA_CM_RESPONSE_TIMEOUT", 31, t.response_timeout);
-  read("SOFTHCA_CM_MAX_RETRIES", 15, t.max_retries);
+  t.response_timeout = static_cast<uint8_t>(setting_number(SettingId::kCmResponseTimeout));
+  t.max_retries = static_cast<uint8_t>(setting_number(SettingId::kCmMaxRetries));
   return t;
 }
 

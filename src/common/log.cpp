@@ -1,33 +1,61 @@
 #include "common/log.hpp"
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
+
+#include "common/settings.hpp"
 
 namespace softhca {
 namespace {
 
-LogLevel parse_level(const char* text) {
-  if (text == nullptr) return LogLevel::kWarn;
-  static constexpr struct {
-    const char* name;
-    LogLevel level;
-  } kNames[] = {{"error", LogLevel::kError}, {"warn", LogLevel::kWarn},   {"info", LogLevel::kInfo},
-                {"debug", LogLevel::kDebug}, {"trace", LogLevel::kTrace}};
-  for (const auto& entry : kNames)
-    if (std::strcmp(text, entry.name) == 0) return entry.level;
-  return LogLevel::kWarn;
+static_assert(std::size(kLogLevelNames) == static_cast<std::size_t>(LogLevel::kTrace) + 1 &&
+                  kLogLevelNames[static_cast<int>(LogLevel::kWarn)] == "warn",
+              "SOFTHCA_LOG's words are LogLevel's, in order");
+
+void write_line(FILE* out, LogLevel level, const char* text) {
+  std::fprintf(out, "softhca %.*s: %s\n", static_cast<int>(kLogLevelNames[static_cast<int>(level)].size()),
+               kLogLevelNames[static_cast<int>(level)].data(), text);
+  std::fflush(out);
 }
 
 struct LogSink {
-  LogLevel level = parse_level(std::getenv("SOFTHCA_LOG"));
-  FILE* out = nullptr;
+  LogLevel level = LogLevel::kWarn;
+  FILE* out = stderr;
   std::mutex mutex;
+  std::atomic<uint64_t> said_once{0};  // log_first_time's keys, one bit each
   LogSink() {
-    if (const char* path = std::getenv("SOFTHCA_LOG_FILE")) out = std::fopen(path, "a");
-    if (out == nullptr) out = stderr;
+    // Built inside log_enabled, which may sit on an error path before
+    // log_message has saved errno.
+    const int saved_errno = errno;
+    const SettingReading reading = read_setting_number(SettingId::kLog, setting_text(SettingId::kLog));
+    level = static_cast<LogLevel>(reading.value);
+    const char* path = setting_text(SettingId::kLogFile);
+    int open_errno = 0;
+    if (path != nullptr) {
+      if (FILE* file = std::fopen(path, "a")) {
+        out = file;
+      } else {
+        open_errno = errno;
+      }
+    }
+    // The log's own settings are warned about here, straight to `out`:
+    // log_message would ask for this sink while it is being built.
+    if (level >= LogLevel::kWarn) {
+      if (reading.warning) write_line(out, LogLevel::kWarn, reading.warning->c_str());
+      if (open_errno != 0) {
+        char text[512];
+        std::snprintf(text, sizeof text, "cannot open SOFTHCA_LOG_FILE %s: %s; logging to stderr", path,
+                      std::strerror(open_errno));
+        write_line(out, LogLevel::kWarn, text);
+      }
+    }
+    errno = saved_errno;
   }
 };
 
@@ -44,7 +72,6 @@ bool log_enabled(LogLevel level) noexcept { return level <= sink().level; }
 
 void log_message(LogLevel level, const char* fmt, ...) noexcept {
   const int saved_errno = errno;
-  static constexpr const char* kTags[] = {"error", "warn", "info", "debug", "trace"};
   char text[512];
   va_list args;
   va_start(args, fmt);
@@ -53,10 +80,14 @@ void log_message(LogLevel level, const char* fmt, ...) noexcept {
   LogSink& s = sink();
   {
     std::lock_guard guard(s.mutex);
-    std::fprintf(s.out, "softhca %s: %s\n", kTags[static_cast<int>(level)], text);
-    std::fflush(s.out);
+    write_line(s.out, level, text);
   }
   errno = saved_errno;
+}
+
+bool log_first_time(unsigned key) noexcept {
+  const uint64_t bit = uint64_t{1} << (key % kLogOnceKeys);
+  return (sink().said_once.fetch_or(bit, std::memory_order_relaxed) & bit) == 0;
 }
 
 }  // namespace softhca

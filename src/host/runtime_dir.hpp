@@ -41,4 +41,23 @@ Result<std::string> runtime_directory_for(const char* explicit_dir, const std::s
 // when it is.
 const char* private_dir_problem(const std::string& path);
 
+// Which directory runtime_directory() would use, found without creating or
+// changing anything: for `softhca info`, which reports and must not touch.
+struct RuntimeDirProbe {
+  enum class State {
+    kUsable,    // exists and is ours with mode 0700 (or is ours and would be tightened)
+    kCreated,   // does not exist; created at first use
+    kUnusable,  // runtime_directory() fails; `problem` says why
+  };
+  std::string path;    // empty when no candidate is usable
+  State state = State::kUnusable;
+  // kUnusable: why. Otherwise empty, or what runtime_directory() would warn
+  // about or do: the first name passed over and why, a mode to tighten.
+  std::string detail;
+};
+
+RuntimeDirProbe probe_runtime_directory();
+// The rule with its inputs explicit, as runtime_directory_for.
+RuntimeDirProbe probe_runtime_directory_for(const char* explicit_dir, const std::string& prefix);
+
 }  // namespace softhca::host

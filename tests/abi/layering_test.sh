@@ -20,7 +20,7 @@ declare -A allowed=(
   [src/cm]="common host engine cm"
   [abi/verbs]="common engine"
   [abi/rdmacm]="common engine cm"
-  [tools/softhca]="common"
+  [tools/softhca]="common host"
   [include/softhca]=""
 )
 

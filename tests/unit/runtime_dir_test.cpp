@@ -147,6 +147,80 @@ TEST_F(RuntimeDirTest, UnusableExplicitDirectoryFailsWithoutFallback) {
   EXPECT_EQ(mode_of(candidate(1)), 0u);
 }
 
+// probe_runtime_directory_for (what `softhca info` shows) names the directory
+// runtime_directory_for then uses, and creates nothing itself.
+TEST_F(RuntimeDirTest, ProbeOfAFreshPrefixCreatesNothing) {
+  const RuntimeDirProbe probe = probe_runtime_directory_for(nullptr, prefix_);
+  EXPECT_EQ(probe.state, RuntimeDirProbe::State::kCreated);
+  EXPECT_EQ(probe.path, prefix_);
+  EXPECT_EQ(mode_of(prefix_), 0u);
+  EXPECT_EQ(runtime_directory_for(nullptr, prefix_).value_or(""), probe.path);
+  const RuntimeDirProbe again = probe_runtime_directory_for(nullptr, prefix_);
+  EXPECT_EQ(again.state, RuntimeDirProbe::State::kUsable);
+  EXPECT_EQ(again.path, prefix_);
+  EXPECT_TRUE(again.detail.empty()) << again.detail;
+}
+
+TEST_F(RuntimeDirTest, ProbeFollowsTheFallbackPastSquats) {
+  // A file, then an open directory: the next free name is the one used.
+  ASSERT_TRUE(make_file(prefix_));
+  ASSERT_EQ(::mkdir(candidate(1).c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(candidate(1).c_str(), 0777), 0);
+  const RuntimeDirProbe probe = probe_runtime_directory_for(nullptr, prefix_);
+  EXPECT_EQ(probe.state, RuntimeDirProbe::State::kCreated);
+  EXPECT_EQ(probe.path, candidate(2));
+  EXPECT_EQ(probe.detail, prefix_ + " is not a directory");  // what runtime_directory_for warns
+  EXPECT_EQ(runtime_directory_for(nullptr, prefix_).value_or(""), candidate(2));
+}
+
+TEST_F(RuntimeDirTest, ProbePrefersACandidateInUse) {
+  ASSERT_EQ(::mkdir(candidate(3).c_str(), 0700), 0);
+  const RuntimeDirProbe probe = probe_runtime_directory_for(nullptr, prefix_);
+  EXPECT_EQ(probe.state, RuntimeDirProbe::State::kUsable);
+  EXPECT_EQ(probe.path, candidate(3));
+  EXPECT_EQ(probe.detail, prefix_ + " is missing while a later one is in use");
+  EXPECT_EQ(runtime_directory_for(nullptr, prefix_).value_or(""), candidate(3));
+}
+
+TEST_F(RuntimeDirTest, ProbeWithEveryCandidateTakenIsUnusable) {
+  for (int n = 0; n < kRuntimeDirCandidates; ++n) ASSERT_TRUE(make_file(candidate(n)));
+  const RuntimeDirProbe probe = probe_runtime_directory_for(nullptr, prefix_);
+  EXPECT_EQ(probe.state, RuntimeDirProbe::State::kUnusable);
+  EXPECT_TRUE(probe.path.empty());
+  EXPECT_NE(probe.detail.find(candidate(15) + " is not a directory"), std::string::npos) << probe.detail;
+}
+
+TEST_F(RuntimeDirTest, ProbeOfAnExplicitDirectoryChangesNothing) {
+  const std::string mine = candidate(7);
+  RuntimeDirProbe probe = probe_runtime_directory_for(mine.c_str(), prefix_);
+  EXPECT_EQ(probe.state, RuntimeDirProbe::State::kCreated);
+  EXPECT_EQ(probe.path, mine);
+  EXPECT_EQ(mode_of(mine), 0u);
+  // Ours but too open: usable (runtime_directory_for tightens it), not tightened by the probe.
+  ASSERT_EQ(::mkdir(mine.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(mine.c_str(), 0755), 0);
+  probe = probe_runtime_directory_for(mine.c_str(), prefix_);
+  EXPECT_EQ(probe.state, RuntimeDirProbe::State::kUsable);
+  EXPECT_EQ(probe.detail, "its mode is set to 0700 at first use");
+  EXPECT_EQ(mode_of(mine) & 07777, 0755u);
+}
+
+TEST_F(RuntimeDirTest, ProbeOfAnUnusableExplicitDirectorySaysWhy) {
+  ASSERT_TRUE(make_file(prefix_));
+  RuntimeDirProbe probe = probe_runtime_directory_for(prefix_.c_str(), candidate(1));
+  EXPECT_EQ(probe.state, RuntimeDirProbe::State::kUnusable);
+  EXPECT_EQ(probe.detail, "is not a directory");
+  const std::string orphan = prefix_ + "/below-a-file";
+  probe = probe_runtime_directory_for(orphan.c_str(), candidate(1));
+  EXPECT_EQ(probe.state, RuntimeDirProbe::State::kUnusable);
+  EXPECT_FALSE(runtime_directory_for(orphan.c_str(), candidate(1)).has_value());
+  const std::string parentless = candidate(2) + "/sub";  // candidate(2) does not exist
+  probe = probe_runtime_directory_for(parentless.c_str(), candidate(1));
+  EXPECT_EQ(probe.state, RuntimeDirProbe::State::kUnusable);
+  EXPECT_EQ(probe.detail, "cannot be created: its parent directory does not exist");
+  EXPECT_FALSE(runtime_directory_for(parentless.c_str(), candidate(1)).has_value());
+}
+
 TEST(RuntimeDirProblem, NamesWhatIsWrong) {
   EXPECT_NE(private_dir_problem("/nonexistent-softhca-dir"), nullptr);
   EXPECT_STREQ(private_dir_problem("/proc/self"), "is a symbolic link");

@@ -1,7 +1,10 @@
 // The subcommands of the `softhca` tool, one file each.
 #pragma once
 
+#include <expected>
+#include <filesystem>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace softhca::tool {
@@ -26,6 +29,12 @@ struct Command {
 extern const Command kRunCommand;
 // devices.cpp
 extern const Command kDevicesCommand;
+// info.cpp
+extern const Command kInfoCommand;
+
+// run.cpp: the library directory `softhca run` uses without --libdir:
+// <directory of this executable>/../lib, i.e. build/lib for build/bin/softhca.
+std::expected<std::filesystem::path, std::string> default_libdir();
 
 // True for -h and --help.
 bool is_help_flag(std::string_view arg);

@@ -21,14 +21,11 @@
 #endif
 
 namespace softhca::tool {
-namespace {
 
 namespace fs = std::filesystem;
 
-constexpr std::string_view kVerbsLibrary = "libibverbs.so.1";
-
-// <directory of this executable>/SOFTHCA_LIBDIR_RELATIVE, i.e. build/lib for
-// build/bin/softhca; it must hold our libibverbs.so.1.
+// SOFTHCA_LIBDIR_RELATIVE comes from the build, which puts the tool in bin/
+// and the libraries in lib/.
 std::expected<fs::path, std::string> default_libdir() {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -37,6 +34,10 @@ std::expected<fs::path, std::string> default_libdir() {
   }
   return (exe.parent_path() / SOFTHCA_LIBDIR_RELATIVE).lexically_normal();
 }
+
+namespace {
+
+constexpr std::string_view kVerbsLibrary = "libibverbs.so.1";
 
 std::expected<void, std::string> check_libdir(const fs::path& dir) {
   std::error_code ec;

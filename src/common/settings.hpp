@@ -1,0 +1,206 @@
+// The settings of softhca's libraries and tool: one table of every SOFTHCA_*
+// environment variable they read, with its accepted values, default and help.
+// `softhca info -c` prints it; the README lists it.
+//
+// Why one table: each setting used to be read with its own getenv and its own
+// parser, so a bad value was ignored silently in one place and warned about
+// in another, and nothing listed them all. Here every read goes through
+// setting_text() (the only getenv of a SOFTHCA_ name), every value is checked
+// by the same parser, and a bad value is warned about once per process and
+// replaced by the default. Adding a setting is adding a row (and a SettingId).
+//
+// When each setting is read is the reader's choice and part of its row's
+// note: the log's at its first message; the runtime directory when a process
+// attaches to the host and when its CM starts; the CM timeouts at each
+// connection request
+// (so that a test or a user with a slow peer can change them in a running
+// process).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace softhca {
+
+// One per row of kSettings, in its order.
+enum class SettingId : uint8_t { kLog, kLogFile, kRuntimeDir, kCmResponseTimeout, kCmMaxRetries };
+
+enum class SettingType : uint8_t {
+  kChoice,    // one word of `choices`; its value is the word's index
+  kPath,      // a file or directory name, used as given
+  kUnsigned,  // a decimal number in [min, max]
+};
+
+struct Setting {
+  SettingId id;
+  std::string_view name;          // a string literal, so name.data() is a C string
+  SettingType type;
+  std::string_view default_text;  // the default as users see it ("warn", "stderr", "20")
+  std::string_view help;          // one line
+  std::string_view note = {};     // what one line cannot say; may be empty
+  std::span<const std::string_view> choices = {};  // kChoice
+  uint32_t min = 0;                                // kUnsigned
+  uint32_t max = 0;                                // kUnsigned
+  // kChoice: the index of the default word; kUnsigned: the default number.
+  // kPath: unused (its default is computed where the path is used).
+  uint32_t default_value = 0;
+};
+
+// In LogLevel's order (log.cpp checks it).
+inline constexpr std::string_view kLogLevelNames[] = {"error", "warn", "info", "debug", "trace"};
+
+inline constexpr std::array kSettings = {
+    Setting{
+        .id = SettingId::kLog,
+        .name = "SOFTHCA_LOG",
+        .type = SettingType::kChoice,
+        .default_text = "warn",
+        .help = "how much the libraries log",
+        .note = "info also names every error completion with its QP and status, and each rdma_cm "
+                "listener once it listens; read at a process's first log message",
+        .choices = kLogLevelNames,
+        .default_value = 1,
+    },
+    Setting{
+        .id = SettingId::kLogFile,
+        .name = "SOFTHCA_LOG_FILE",
+        .type = SettingType::kPath,
+        .default_text = "stderr",
+        .help = "append the log to this file instead of stderr",
+        .note = "opened at a process's first log message; when it cannot be opened, the log goes to "
+                "stderr with a warning that says why",
+    },
+    Setting{
+        .id = SettingId::kRuntimeDir,
+        .name = "SOFTHCA_RUNTIME_DIR",
+        .type = SettingType::kPath,
+        .default_text = "/dev/shm/softhca-<uid>",
+        .help = "the directory of this user's host registry, CM port table and CM sockets",
+        .note = "created (mode 0700) if missing; it must be a directory of this user with mode "
+                "0700, or ibv_open_device fails. Processes see each other only when they use the same "
+                "one; read when a process first opens the device and when its CM starts. Unset: "
+                "/dev/shm/softhca-<uid>, or, past names another user holds, the first usable of "
+                "/dev/shm/softhca-<uid>.1 ... .15 (`softhca info` shows which)",
+    },
+    Setting{
+        .id = SettingId::kCmResponseTimeout,
+        .name = "SOFTHCA_CM_RESPONSE_TIMEOUT",
+        .type = SettingType::kUnsigned,
+        .default_text = "20",
+        .help = "the CM response time of each connection request: 4.096 us x 2^n (20: 4.3 s)",
+        .note = "how long both sides wait for each other's CM before they send again; read at each "
+                "request",
+        .min = 0,
+        .max = 31,
+        .default_value = 20,
+    },
+    Setting{
+        .id = SettingId::kCmMaxRetries,
+        .name = "SOFTHCA_CM_MAX_RETRIES",
+        .type = SettingType::kUnsigned,
+        .default_text = "15",
+        .help = "times an unanswered CM message is resent before its id fails with -ETIMEDOUT",
+        .note = "the event is UNREACHABLE for a REQ, REP or SIDR_REQ and DISCONNECTED for a DREQ; "
+                "read at each request",
+        .min = 0,
+        .max = 15,
+        .default_value = 15,
+    },
+};
+
+// The row of `id`.
+constexpr const Setting& setting(SettingId id) { return kSettings[static_cast<std::size_t>(id)]; }
+
+namespace detail {
+
+constexpr bool is_decimal_of(std::string_view text, uint32_t n) {
+  if (text.empty() || (text.size() > 1 && text[0] == '0')) return false;
+  uint64_t value = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + static_cast<uint64_t>(c - '0');
+    if (value > UINT32_MAX) return false;
+  }
+  return value == n;
+}
+
+constexpr bool is_setting_name(std::string_view name) {
+  if (!name.starts_with("SOFTHCA_") || name.size() == 8) return false;
+  for (const char c : name)
+    if (!((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  return name.data()[name.size()] == '\0';  // setting_text passes name.data() to getenv
+}
+
+// What `softhca info -c` and the parser rely on, checked when compiling.
+constexpr bool table_is_consistent() {
+  for (std::size_t i = 0; i < kSettings.size(); ++i) {
+    const Setting& s = kSettings[i];
+    if (static_cast<std::size_t>(s.id) != i || !is_setting_name(s.name) || s.help.empty() ||
+        s.default_text.empty())
+      return false;
+    for (std::size_t j = 0; j < i; ++j)
+      if (kSettings[j].name == s.name) return false;
+    switch (s.type) {
+      case SettingType::kChoice:
+        if (s.default_value >= s.choices.size() || s.choices[s.default_value] != s.default_text) return false;
+        break;
+      case SettingType::kUnsigned:
+        if (!(s.min <= s.default_value && s.default_value <= s.max) ||
+            !is_decimal_of(s.default_text, s.default_value) || !s.choices.empty())
+          return false;
+        break;
+      case SettingType::kPath:
+        if (!s.choices.empty()) return false;
+        break;
+    }
+  }
+  return true;
+}
+
+}  // namespace detail
+
+static_assert(detail::table_is_consistent(), "every row: its own id, a SOFTHCA_ name, help, a valid default");
+
+// The values a setting accepts, as users write them: "error|warn|info|debug|trace",
+// "0..31", "a path".
+std::string setting_syntax(const Setting& s);
+
+// Parses a number or choice setting's text (as the environment holds it):
+// the number, or the index of the word. The error says what is wanted
+// ("want 0..15"). Whole text, no sign, no spaces; words are case-sensitive.
+std::expected<uint32_t, std::string> parse_setting_number(const Setting& s, std::string_view text);
+
+// Why `text` is not a valid value of `s`, or nullopt when it is. Paths are
+// always valid here: whether they can be used is found out when they are.
+std::optional<std::string> setting_problem(const Setting& s, std::string_view text);
+
+// One read of a number or choice setting: the value to use, and when the
+// text was not valid, the warning that says so (without the level tag).
+struct SettingReading {
+  uint32_t value;
+  std::optional<std::string> warning;
+};
+
+// Pure: `text` is what the environment holds (nullptr or empty: unset).
+SettingReading read_setting_number(SettingId id, const char* text);
+
+// The environment's text of a setting; nullptr when unset or empty (an empty
+// variable means "unset" for every setting, as `VAR= program` suggests).
+// The only place that reads a SOFTHCA_ variable from the environment.
+const char* setting_text(SettingId id) noexcept;
+
+// A number or choice setting's value from `text`, or its default; a bad text
+// is warned about (SOFTHCA_WARN) once per setting per process, so a setting
+// read at each request does not flood the log.
+uint32_t setting_number_from(SettingId id, const char* text);
+
+// setting_number_from(id, setting_text(id)): the value in effect now.
+uint32_t setting_number(SettingId id);
+
+}  // namespace softhca
