@@ -11,6 +11,7 @@ packages=(
   libibverbs-dev librdmacm-dev          # headers we build against (rdma-core 44)
   ibverbs-utils rdmacm-utils perftest   # the unmodified peers of the system tests
   googletest libgtest-dev libbenchmark-dev libfmt-dev
+  zlib1g-dev                            # crc32 for the RoCEv2 ICRC (src/wire)
   ucx-utils                             # comparison peer for bench/peers
   python3 python3-pyverbs
   iproute2 procps                       # ss (readiness polling), ps/kill

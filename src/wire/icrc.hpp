@@ -1,0 +1,41 @@
+// The RoCEv2 invariant CRC (IBTA vol. 1 annex A17): the last four bytes of
+// every packet, a CRC-32 over the parts of the packet that no router may
+// change, so that end-to-end corruption is caught even where IP and UDP
+// checksums are recomputed or absent.
+//
+// It covers, in order: eight 0xFF bytes standing for InfiniBand's LRH (which
+// RoCEv2 does not have); the IP header with its per-hop fields set to all
+// ones (IPv4: TOS, TTL, header checksum; IPv6: traffic class, flow label, hop
+// limit); the UDP header with its checksum set to all ones; the BTH with its
+// byte 4 (FECN, BECN and the reserved bits, which switches may mark) set to
+// all ones; then everything after the BTH up to the ICRC, pad bytes included.
+// The CRC is zlib's crc32 (the CRC-32 of Ethernet) and goes on the wire least
+// significant byte first, as the kernel's rxe and scapy write it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "common/result.hpp"
+#include "wire/headers.hpp"
+
+namespace softhca::wire {
+
+inline constexpr std::size_t kIcrcSize = 4;
+
+// The ICRC of the packet whose IP and UDP headers are `ip_udp_headers` (as
+// check_ip_udp_headers accepts them) and whose UDP payload is `udp_payload`:
+// BTH to pad followed by the four ICRC bytes, whose content is not read.
+// invalid_argument when the headers are not of that form or their lengths do
+// not describe `udp_payload`, or when it is shorter than a BTH and an ICRC.
+Result<uint32_t> icrc_of(std::span<const uint8_t> ip_udp_headers, std::span<const uint8_t> udp_payload);
+
+// The same for a whole IP packet (split_ip_udp), ICRC bytes included.
+Result<uint32_t> icrc_of(std::span<const uint8_t> ip_packet);
+
+// The ICRC's four wire bytes, least significant first.
+void store_icrc(uint32_t icrc, std::span<uint8_t, kIcrcSize> out);
+uint32_t load_icrc(std::span<const uint8_t, kIcrcSize> in);
+
+}  // namespace softhca::wire
