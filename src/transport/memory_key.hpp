@@ -17,6 +17,7 @@ struct MemoryKey {
   uint64_t iova = 0;       // the address peers use
   uint64_t length = 0;
   uint64_t host_addr = 0;  // where iova maps in the owner's address space
+  bool operator==(const MemoryKey&) const = default;
 };
 
 // True if `mr` lets a reference of `length` bytes at `addr` with `access`

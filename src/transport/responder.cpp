@@ -43,7 +43,7 @@ Response not_ready(ResponderPort& port, bool reliable, uint32_t min_rnr_timer) {
 // Stage "check rkey": the QP's own access flags, then the key's PD, access
 // and range; the responder's address of the range on success.
 bool remote_range(ResponderPort& port, const ResponderQp& qp, const Request& req, uint32_t access, uint64_t length,
-                  iovec& out) {
+                  iovec& out, MessageInProgress* record = nullptr) {
   if ((qp.access & access) != access) return false;
   if (length == 0) {
     out = iovec{nullptr, 0};
@@ -52,6 +52,16 @@ bool remote_range(ResponderPort& port, const ResponderQp& qp, const Request& req
   const std::optional<MemoryKey> mr = port.memory_key(req.rkey);
   if (!mr || !key_allows(*mr, qp.pd_id, access, req.remote_addr, length)) return false;
   out = iovec{owner_address(*mr, req.remote_addr), static_cast<size_t>(length)};
+  if (record != nullptr && record->nkeys < limits::kMaxSge + 1) record->keys[record->nkeys++] = *mr;
+  return true;
+}
+
+// Whether every key the message validated is still registered as it was.
+bool keys_unchanged(const MessageInProgress& m, ResponderPort& port) {
+  for (int i = 0; i < m.nkeys; ++i) {
+    const std::optional<MemoryKey> now = port.memory_key(m.keys[i].key);
+    if (!now || !(*now == m.keys[i])) return false;
+  }
   return true;
 }
 
@@ -87,6 +97,7 @@ ibv_wc_status scatter_next(MessageInProgress& m, uint64_t length, ResponderPort&
         if (!mr || !key_allows(*mr, m.receive_pd_id, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
           return IBV_WC_LOC_PROT_ERR;
         m.validated[m.cursor_sge] = owner_address(*mr, sge.addr);
+        if (m.nkeys < limits::kMaxSge + 1) m.keys[m.nkeys++] = *mr;
       }
       m.nvalidated = m.cursor_sge + 1;
     }
@@ -105,12 +116,17 @@ ibv_wc_status scatter_next(MessageInProgress& m, uint64_t length, ResponderPort&
   return IBV_WC_SUCCESS;
 }
 
-Response read(const Request& req, ResponderPort& port, const ResponderQp& qp) {
-  // Stage "check resources": READ and atomics need responder resources.
+// Stages "check resources" and "check rkey" of a READ.
+Response check_read(const Request& req, ResponderPort& port, const ResponderQp& qp, iovec& from) {
   if (qp.max_dest_rd_atomic == 0) return fail(port, true, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
-  iovec from;
   if (!remote_range(port, qp, req, IBV_ACCESS_REMOTE_READ, req.length, from))
     return fail(port, true, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
+  return proceed();
+}
+
+Response read(const Request& req, ResponderPort& port, const ResponderQp& qp) {
+  iovec from;
+  if (Response r = check_read(req, port, qp, from); !passed(r)) return r;
   switch (port.read(req.data, req.ndata, &from, 1, req.length)) {
     case CopyStatus::kOk:
       port.established();
@@ -150,7 +166,8 @@ bool receives_in_state(uint32_t state) {
   return state < 32 && ((1u << state) & kReceiving) != 0;
 }
 
-Response accept(const Request& req, ResponderPort& port, bool reliable, MessageInProgress& m) {
+Response accept(const Request& req, ResponderPort& port, bool reliable, MessageInProgress& m,
+                const ReceiveWqe* preclaimed) {
   m = MessageInProgress{};
   m.op = req.op;
   m.reliable = reliable;
@@ -163,17 +180,31 @@ Response accept(const Request& req, ResponderPort& port, bool reliable, MessageI
   switch (req.op) {
     case Operation::kWrite:
     case Operation::kWriteWithImm:
-      if (!remote_range(port, qp, req, IBV_ACCESS_REMOTE_WRITE, req.length, m.write_range))
+      if (!remote_range(port, qp, req, IBV_ACCESS_REMOTE_WRITE, req.length, m.write_range, &m))
         return fail(port, reliable, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
       return proceed();
     case Operation::kSend:
     case Operation::kSendWithImm:
-      if (!port.take_receive(m.wqe)) return not_ready(port, reliable, qp.min_rnr_timer);
+      if (preclaimed != nullptr) {
+        m.wqe = *preclaimed;
+      } else if (!port.take_receive(m.wqe)) {
+        return not_ready(port, reliable, qp.min_rnr_timer);
+      }
       m.has_wqe = true;
       return proceed();
     default:
       return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
   }
+}
+
+Response accept_read(const Request& req, ResponderPort& port, bool reliable, iovec& from) {
+  const ResponderQp qp = port.qp();
+  if (qp.type != req.qp_type || !receives_in_state(qp.state)) return silence();
+  if (!reliable || !operation_allowed(qp.type, req.op) || req.op != Operation::kRead)
+    return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  if (Response r = check_read(req, port, qp, from); !passed(r)) return r;
+  port.established();
+  return proceed();
 }
 
 Response ready_for_last(MessageInProgress& m, ResponderPort& port) {
@@ -184,7 +215,13 @@ Response ready_for_last(MessageInProgress& m, ResponderPort& port) {
 }
 
 Response place(MessageInProgress& m, const iovec* data, int ndata, uint64_t length, ResponderPort& port) {
-  if (m.op == Operation::kWrite || m.op == Operation::kWriteWithImm) {
+  const bool is_write = m.op == Operation::kWrite || m.op == Operation::kWriteWithImm;
+  if (m.placed > 0 && !keys_unchanged(m, port)) {
+    // Deregistered (or re-registered) since the message began.
+    if (is_write) return fail(port, m.reliable, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
+    m.status = IBV_WC_LOC_PROT_ERR;
+  }
+  if (is_write) {
     // Stage "check length": a WRITE places no more than its RETH announced.
     if (m.placed + length > m.write_range.iov_len)
       return fail(port, m.reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
@@ -203,7 +240,7 @@ Response place(MessageInProgress& m, const iovec* data, int ndata, uint64_t leng
   }
   iovec to[limits::kMaxSge];
   int nto = 0;
-  ibv_wc_status status = scatter_next(m, length, port, to, nto);
+  ibv_wc_status status = m.status != IBV_WC_SUCCESS ? m.status : scatter_next(m, length, port, to, nto);
   if (status == IBV_WC_SUCCESS) {
     switch (port.write(to, nto, data, ndata, length)) {
       case CopyStatus::kOk:

@@ -47,6 +47,11 @@ struct MessageInProgress {
   uint32_t nvalidated = 0;     // SGEs [0, nvalidated) are validated
   uint64_t placed = 0;         // payload bytes placed so far
   ibv_wc_status status = IBV_WC_SUCCESS;  // SEND: LOC_PROT_ERR / LOC_LEN_ERR once detected
+  // The keys validated so far, as validated: a packet after the first
+  // re-checks them, so that a deregistration between packets stops the
+  // message instead of letting it write into memory no longer registered.
+  MemoryKey keys[limits::kMaxSge + 1];
+  int nkeys = 0;
 };
 
 // RC and UC, a whole message: `request` to the QP behind `port`; `reliable` is true for RC.
@@ -55,7 +60,14 @@ Response respond(const Request& request, ResponderPort& port, bool reliable);
 // The first packet of a SEND or WRITE (`request.length` is the RETH's DMA
 // length for a WRITE; ignored for a SEND, whose length is known at its end).
 // ACK means: go on placing. READ and atomics are answered whole by respond().
-Response accept(const Request& request, ResponderPort& port, bool reliable, MessageInProgress& message);
+// `preclaimed`: a receive WQE already taken for this QP (UC reuses the one
+// of a message a PSN gap dropped).
+Response accept(const Request& request, ResponderPort& port, bool reliable, MessageInProgress& message,
+                const ReceiveWqe* preclaimed = nullptr);
+
+// A READ request: the checks of respond() without the copy; on ACK, `from`
+// is the responder's range to answer with (read it through the port).
+Response accept_read(const Request& request, ResponderPort& port, bool reliable, iovec& from);
 
 // One packet's payload, placed after what came before. A SEND longer than
 // its receive WQE, or a WRITE past its RETH length, fails here.

@@ -5,6 +5,8 @@
 
 #include <sys/uio.h>
 
+#include "common/iovec.hpp"
+
 #include <cstddef>
 #include <cstdint>
 
@@ -16,12 +18,5 @@ enum class CopyResult { kOk, kFault, kGone };
 CopyResult write_to(uint32_t pid, const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes);
 // Gather `src` (in process `pid`) into `dst` (in this process).
 CopyResult read_from(uint32_t pid, const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes);
-
-// The part [offset, offset + bytes) of the list `in` (n entries) into `out`
-// (room for n entries); returns the number of entries written.
-int slice_iovecs(const iovec* in, int n, size_t offset, size_t bytes, iovec* out);
-
-// memcpy between two iovec lists in this process.
-void copy_iovecs(const iovec* dst, int ndst, const iovec* src, int nsrc, size_t bytes);
 
 }  // namespace softhca::shm

@@ -1,0 +1,327 @@
+#include "transport/requester_flow.hpp"
+
+#include <arpa/inet.h>
+
+#include <cstring>
+
+#include "common/iovec.hpp"
+#include "transport/completer.hpp"
+#include "transport/ibta_timers.hpp"
+#include "transport/psn.hpp"
+#include "transport/retry_policy.hpp"
+
+namespace softhca::transport {
+namespace {
+
+// How much may be unacknowledged at once: enough to keep a link busy for an
+// RTT at memory speed, little enough that go-back-N after a loss resends a
+// bounded amount.
+constexpr size_t kWindowMessages = 128;
+constexpr uint32_t kWindowPackets = 1024;
+
+bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
+bool has_imm(Operation op) { return op == Operation::kSendWithImm || op == Operation::kWriteWithImm; }
+
+}  // namespace
+
+uint8_t request_opcode(bool unreliable, bool send, bool with_imm, wire::Segment segment) {
+  uint8_t code = 0;
+  switch (segment) {
+    case wire::Segment::kFirst:
+      code = send ? 0x00 : 0x06;
+      break;
+    case wire::Segment::kMiddle:
+      code = send ? 0x01 : 0x07;
+      break;
+    case wire::Segment::kLast:
+      code = send ? (with_imm ? 0x03 : 0x02) : (with_imm ? 0x09 : 0x08);
+      break;
+    case wire::Segment::kOnly:
+      code = send ? (with_imm ? 0x05 : 0x04) : (with_imm ? 0x0B : 0x0A);
+      break;
+  }
+  return static_cast<uint8_t>(code | (unreliable ? 0x20 : 0x00));
+}
+
+uint32_t RequesterFlow::Outstanding::last_psn() const { return psn_add(first_psn, npsn - 1); }
+
+RequesterFlow::RequesterFlow(const RequesterConfig& config)
+    : config_(config),
+      next_psn_(config.start_psn & kPsnMask),
+      retry_left_(config.retry_cnt),
+      rnr_left_(config.rnr_retry) {}
+
+bool RequesterFlow::has_room() const {
+  return !failed_ && outstanding_.size() < kWindowMessages && packets_in_flight_ < kWindowPackets;
+}
+
+bool RequesterFlow::is_read_or_atomic(const Outstanding& o) const {
+  return o.message.op == Operation::kRead || o.message.op == Operation::kCompareSwap ||
+         o.message.op == Operation::kFetchAdd;
+}
+
+void RequesterFlow::post(const OutgoingMessage& message, uint64_t now_ns, PacketSink& out) {
+  Outstanding o;
+  o.message = message;
+  o.first_psn = next_psn_;
+  // A READ takes a PSN per response packet; an atomic one.
+  o.npsn = is_atomic(message.op) ? 1 : packets_for(message.length, config_.mtu);
+  o.read_next = o.first_psn;
+  next_psn_ = psn_add(next_psn_, o.npsn);
+  transmit(o, o.first_psn, out);
+  if (!config_.reliable) {
+    // UC: no acknowledgements; the message is done once it is sent.
+    completions_.push_back(RequesterCompletion{message.position, IBV_WC_SUCCESS});
+    return;
+  }
+  packets_in_flight_ += o.npsn;
+  outstanding_.push_back(o);
+  if (deadline_ == 0) arm_ack_timer(now_ns);
+}
+
+void RequesterFlow::transmit(Outstanding& o, uint32_t from_psn, PacketSink& out) {
+  const OutgoingMessage& m = o.message;
+  wire::Headers h;
+  h.bth.dest_qpn = config_.dest_qpn;
+  const bool unreliable = !config_.reliable;
+  switch (m.op) {
+    case Operation::kRead: {
+      // One request for the whole READ; resent whole (the responder replays).
+      h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadRequest);
+      h.bth.psn = o.first_psn;
+      h.bth.ack_req = true;
+      h.reth = wire::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)};
+      o.read_next = o.first_psn;
+      out.send(h, nullptr, 0, 0);
+      return;
+    }
+    case Operation::kCompareSwap:
+    case Operation::kFetchAdd: {
+      h.bth.opcode = static_cast<uint8_t>(m.op == Operation::kFetchAdd ? wire::Opcode::kRcFetchAdd
+                                                                        : wire::Opcode::kRcCompareSwap);
+      h.bth.psn = o.first_psn;
+      h.bth.ack_req = true;
+      h.atomic_eth = wire::AtomicEth{m.remote_addr, m.rkey, m.op == Operation::kFetchAdd ? m.compare_add : m.swap,
+                                     m.op == Operation::kFetchAdd ? 0 : m.compare_add};
+      out.send(h, nullptr, 0, 0);
+      return;
+    }
+    case Operation::kAtomicWrite: {
+      h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAtomicWrite);
+      h.bth.psn = o.first_psn;
+      h.bth.ack_req = true;
+      h.reth = wire::Reth{m.remote_addr, m.rkey, 8};
+      out.send(h, m.local, m.nlocal, 8);
+      return;
+    }
+    default:
+      break;
+  }
+  // SEND and WRITE: one packet per MTU, from `from_psn` on.
+  const bool send = is_send(m.op);
+  const uint32_t start = static_cast<uint32_t>(psn_diff(from_psn, o.first_psn));
+  iovec part[limits::kMaxSge + 1];
+  for (uint32_t i = start; i < o.npsn; ++i) {
+    const wire::Segment segment = segment_of(i, o.npsn);
+    const bool last = segment == wire::Segment::kLast || segment == wire::Segment::kOnly;
+    wire::Headers p;
+    p.bth.dest_qpn = config_.dest_qpn;
+    p.bth.opcode = request_opcode(unreliable, send, last && has_imm(m.op), segment);
+    p.bth.psn = psn_add(o.first_psn, i);
+    p.bth.solicited = last && m.solicited;
+    // Ask for an ACK at the end of each message, and now and then inside a
+    // long one so that the window moves before the message ends.
+    p.bth.ack_req = config_.reliable && (last || (i % 64) == 63);
+    if (!send && (segment == wire::Segment::kFirst || segment == wire::Segment::kOnly))
+      p.reth = wire::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)};
+    if (last && has_imm(m.op)) p.immdt = wire::ImmDt{ntohl(m.imm_data)};
+    const uint64_t offset = uint64_t{i} * config_.mtu;
+    const uint64_t bytes = m.length - offset < config_.mtu ? m.length - offset : config_.mtu;
+    const int n = slice_iovecs(m.local, m.nlocal, offset, bytes, part);
+    out.send(p, part, n, static_cast<uint32_t>(bytes));
+  }
+}
+
+void RequesterFlow::retransmit_from(uint32_t psn, PacketSink& out) {
+  for (Outstanding& o : outstanding_) {
+    if (psn_diff(o.last_psn(), psn) < 0) continue;  // entirely before psn
+    const uint32_t from = psn_diff(psn, o.first_psn) > 0 && !is_read_or_atomic(o) ? psn : o.first_psn;
+    retransmitted_ += o.npsn - static_cast<uint32_t>(psn_diff(from, o.first_psn));
+    transmit(o, from, out);
+  }
+}
+
+void RequesterFlow::complete_front(ibv_wc_status status) {
+  const Outstanding& o = outstanding_.front();
+  completions_.push_back(RequesterCompletion{o.message.position, status});
+  packets_in_flight_ -= o.npsn;
+  outstanding_.pop_front();
+}
+
+void RequesterFlow::fail_front(ibv_wc_status status) {
+  complete_front(status);
+  failed_ = true;
+  deadline_ = 0;
+}
+
+void RequesterFlow::arm_ack_timer(uint64_t now_ns) {
+  const uint64_t wait = ack_timeout_ns(config_.timeout);
+  deadline_ = now_ns + (wait != 0 ? wait : kInfiniteTimeoutPollNs);
+}
+
+void RequesterFlow::progress_made(uint64_t now_ns) {
+  // Forward progress restores the retry budget (it counts consecutive
+  // timeouts of one packet, not the connection's lifetime).
+  retry_left_ = config_.retry_cnt;
+  rnr_left_ = config_.rnr_retry;
+  rnr_waiting_ = false;
+  if (outstanding_.empty()) {
+    deadline_ = 0;
+  } else {
+    arm_ack_timer(now_ns);
+  }
+}
+
+void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSink& out) {
+  bool progressed = false;
+  while (!outstanding_.empty() && psn_diff(outstanding_.front().last_psn(), psn) <= 0) {
+    Outstanding& front = outstanding_.front();
+    if (is_read_or_atomic(front)) {
+      // Acknowledged past a READ or atomic whose response never came: it was
+      // lost; ask again (the responder replays it).
+      retransmitted_ += 1;
+      transmit(front, front.first_psn, out);
+      break;
+    }
+    complete_front(IBV_WC_SUCCESS);
+    progressed = true;
+  }
+  if (progressed) progress_made(now_ns);
+}
+
+void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_ns, PacketSink& out) {
+  if (failed_ || outstanding_.empty()) return;
+  const wire::Headers& h = packet.headers;
+  const uint32_t psn = h.bth.psn;
+  switch (packet.info.operation) {
+    case wire::Operation::kAcknowledge: {
+      if (!h.aeth) return;
+      const wire::Syndrome s = h.aeth->syndrome;
+      if (s.is_ack()) {
+        acknowledge_through(psn, now_ns, out);
+        return;
+      }
+      // A NAK acknowledges everything before the PSN it names.
+      acknowledge_through(psn_add(psn, kPsnMask), now_ns, out);  // psn - 1
+      if (outstanding_.empty() || psn_diff(psn, outstanding_.front().first_psn) < 0) return;
+      if (s.is_rnr_nak()) {
+        if (after_rnr_nak(config_.rnr_retry, rnr_left_) == RetryVerdict::kGiveUp) {
+          fail_front(IBV_WC_RNR_RETRY_EXC_ERR);
+          return;
+        }
+        rnr_waiting_ = true;
+        rnr_psn_ = psn;
+        deadline_ = now_ns + rnr_timer_ns(s.value());
+        return;
+      }
+      const std::optional<wire::NakCode> code = s.nak_code();
+      if (!code) return;
+      switch (*code) {
+        case wire::NakCode::kPsnSequenceError:
+          retransmit_from(psn, out);
+          arm_ack_timer(now_ns);
+          return;
+        case wire::NakCode::kInvalidRequest:
+        case wire::NakCode::kInvalidRdRequest:
+          fail_front(status_of_nak(Answer::kNakInvalidRequest));
+          return;
+        case wire::NakCode::kRemoteAccessError:
+          fail_front(status_of_nak(Answer::kNakRemoteAccess));
+          return;
+        case wire::NakCode::kRemoteOperationalError:
+          fail_front(status_of_nak(Answer::kNakRemoteOperational));
+          return;
+      }
+      return;
+    }
+    case wire::Operation::kAtomicAcknowledge: {
+      if (!h.atomic_ack_eth) return;
+      acknowledge_through(psn_add(psn, kPsnMask), now_ns, out);
+      if (outstanding_.empty()) return;
+      Outstanding& front = outstanding_.front();
+      if (front.first_psn != psn || !is_atomic(front.message.op)) return;
+      const uint64_t original = h.atomic_ack_eth->original;
+      iovec value{const_cast<uint64_t*>(&original), sizeof original};
+      copy_iovecs(front.message.local, front.message.nlocal, &value, 1, sizeof original);
+      complete_front(IBV_WC_SUCCESS);
+      progress_made(now_ns);
+      return;
+    }
+    case wire::Operation::kRdmaReadResponse: {
+      // A response to a READ implies every earlier request was received.
+      Outstanding* read = nullptr;
+      for (Outstanding& o : outstanding_) {
+        if (o.message.op == Operation::kRead && psn_diff(psn, o.first_psn) >= 0 && psn_diff(psn, o.last_psn()) <= 0) {
+          read = &o;
+          break;
+        }
+      }
+      if (read == nullptr || psn != read->read_next) return;  // a duplicate, or a gap the timer repairs
+      const uint32_t first = read->first_psn;
+      acknowledge_through(psn_add(first, kPsnMask), now_ns, out);
+      Outstanding& front = outstanding_.front();
+      if (front.first_psn != first) return;
+      const uint64_t offset = uint64_t{static_cast<uint32_t>(psn_diff(psn, first))} * config_.mtu;
+      if (offset + packet.payload.size() > front.message.length) return;
+      iovec into[limits::kMaxSge + 1];
+      const int n = slice_iovecs(front.message.local, front.message.nlocal, offset, packet.payload.size(), into);
+      iovec from{const_cast<uint8_t*>(packet.payload.data()), packet.payload.size()};
+      copy_iovecs(into, n, &from, 1, packet.payload.size());
+      front.read_next = psn_add(psn, 1);
+      if (psn == front.last_psn()) {
+        complete_front(IBV_WC_SUCCESS);
+      }
+      progress_made(now_ns);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
+  if (failed_ || deadline_ == 0 || now_ns < deadline_) return;
+  if (outstanding_.empty()) {
+    deadline_ = 0;
+    return;
+  }
+  if (rnr_waiting_) {
+    rnr_waiting_ = false;
+    retransmit_from(rnr_psn_, out);
+    arm_ack_timer(now_ns);
+    return;
+  }
+  if (ack_timeout_ns(config_.timeout) != 0 && after_ack_timeout(retry_left_) == RetryVerdict::kGiveUp) {
+    fail_front(IBV_WC_RETRY_EXC_ERR);
+    return;
+  }
+  Outstanding& front = outstanding_.front();
+  retransmit_from(front.message.op == Operation::kRead ? front.read_next : front.first_psn, out);
+  arm_ack_timer(now_ns);
+}
+
+bool RequesterFlow::pop_completion(RequesterCompletion& out) {
+  if (completions_.empty()) return false;
+  out = completions_.front();
+  completions_.pop_front();
+  return true;
+}
+
+void RequesterFlow::abort() {
+  outstanding_.clear();
+  packets_in_flight_ = 0;
+  deadline_ = 0;
+  failed_ = true;
+}
+
+}  // namespace softhca::transport

@@ -1,0 +1,116 @@
+// The requester and completer of a reliable (RC) or unreliable (UC)
+// connection over packets, pure: messages go out segmented at the path MTU,
+// one PSN per packet (a READ takes one per response packet); ACKs complete
+// them in order, a later ACK completing earlier messages implicitly; NAKs
+// end them in error; a PSN-sequence NAK or the ACK timer sends again from the
+// first unacknowledged packet (go-back-N); an RNR NAK waits the responder's
+// timer. READ responses are scattered into the local SGEs as they arrive;
+// an atomic's original value lands there from the atomic ACK.
+//
+// No clock and no I/O: `now` comes in, packets go out through a PacketSink,
+// completions are popped by the owner. Used under its owner's lock.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <deque>
+
+#include "common/limits.hpp"
+#include "transport/packet_sink.hpp"
+#include "transport/request.hpp"
+#include "wire/packet.hpp"
+
+namespace softhca::transport {
+
+// One send WQE as the requester transmits it.
+struct OutgoingMessage {
+  uint32_t position = 0;  // the WQE's position in its send queue
+  Operation op = Operation::kSend;
+  bool solicited = false;
+  uint32_t imm_data = 0;  // network byte order
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  // The local buffers: the payload of a SEND or WRITE, where a READ's data
+  // or an atomic's original value goes. They stay valid until completion.
+  iovec local[limits::kMaxSge + 1] = {};
+  int nlocal = 0;
+  uint64_t length = 0;
+};
+
+struct RequesterConfig {
+  uint32_t dest_qpn = 0;
+  uint32_t mtu = 1024;
+  bool reliable = true;      // RC; UC completes each message once it is sent
+  uint32_t start_psn = 0;    // sq_psn
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;
+  uint8_t timeout = 14;      // IBTA code: 4.096 us * 2^timeout; 0 = wait for ever
+};
+
+struct RequesterCompletion {
+  uint32_t position = 0;
+  ibv_wc_status status = IBV_WC_SUCCESS;
+};
+
+class RequesterFlow {
+ public:
+  explicit RequesterFlow(const RequesterConfig& config);
+
+  // Whether another message may go out now (the window is not full).
+  bool has_room() const;
+  void post(const OutgoingMessage& message, uint64_t now_ns, PacketSink& out);
+  // An ACK, NAK, atomic ACK or READ response addressed to this QP.
+  void on_response(const wire::ParsedPacket& packet, uint64_t now_ns, PacketSink& out);
+  // The ACK or RNR timer: call when now_ns >= deadline().
+  void on_timer(uint64_t now_ns, PacketSink& out);
+  // When on_timer is due; 0 for never.
+  uint64_t deadline() const { return deadline_; }
+  // Completions in posting order.
+  bool pop_completion(RequesterCompletion& out);
+  // A completion in error ended the flow: the QP goes to ERROR.
+  bool failed() const { return failed_; }
+  // Drops every outstanding message without completing it (the QP flushes them).
+  void abort();
+
+  uint32_t next_psn() const { return next_psn_; }
+  uint64_t retransmitted_packets() const { return retransmitted_; }
+
+ private:
+  struct Outstanding {
+    OutgoingMessage message;
+    uint32_t first_psn = 0;
+    uint32_t npsn = 0;          // PSNs it takes (READ: its response packets)
+    uint32_t read_next = 0;     // READ: the next response PSN expected
+    uint32_t last_psn() const;
+  };
+
+  bool is_read_or_atomic(const Outstanding& o) const;
+  void transmit(Outstanding& o, uint32_t from_psn, PacketSink& out);
+  void retransmit_from(uint32_t psn, PacketSink& out);
+  // Completes, in order, the messages an ACK of `psn` covers; a READ or
+  // atomic among them whose response never came is sent again instead.
+  void acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSink& out);
+  void complete_front(ibv_wc_status status);
+  void fail_front(ibv_wc_status status);
+  void progress_made(uint64_t now_ns);
+  void arm_ack_timer(uint64_t now_ns);
+
+  RequesterConfig config_;
+  std::deque<Outstanding> outstanding_;
+  std::deque<RequesterCompletion> completions_;
+  uint32_t next_psn_;
+  uint32_t packets_in_flight_ = 0;
+  uint64_t deadline_ = 0;
+  bool rnr_waiting_ = false;
+  uint32_t rnr_psn_ = 0;
+  uint8_t retry_left_;
+  uint8_t rnr_left_;
+  bool failed_ = false;
+  uint64_t retransmitted_ = 0;
+};
+
+}  // namespace softhca::transport

@@ -1,0 +1,308 @@
+#include "transport/responder_flow.hpp"
+
+#include <arpa/inet.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common/iovec.hpp"
+#include "transport/psn.hpp"
+
+namespace softhca::transport {
+namespace {
+
+bool is_last(wire::Segment s) { return s == wire::Segment::kLast || s == wire::Segment::kOnly; }
+bool is_first(wire::Segment s) { return s == wire::Segment::kFirst || s == wire::Segment::kOnly; }
+
+wire::Syndrome to_wire(const Syndrome& s) {
+  switch (s.answer) {
+    case Answer::kAck:
+      return wire::Syndrome::ack(wire::Syndrome::kNoCredits);
+    case Answer::kRnrNak:
+      return wire::Syndrome::rnr_nak(s.rnr_timer);
+    case Answer::kNakSequenceError:
+      return wire::Syndrome::nak(wire::NakCode::kPsnSequenceError);
+    case Answer::kNakInvalidRequest:
+      return wire::Syndrome::nak(wire::NakCode::kInvalidRequest);
+    case Answer::kNakRemoteAccess:
+      return wire::Syndrome::nak(wire::NakCode::kRemoteAccessError);
+    case Answer::kNakRemoteOperational:
+    case Answer::kSilence:
+      break;
+  }
+  return wire::Syndrome::nak(wire::NakCode::kRemoteOperationalError);
+}
+
+}  // namespace
+
+ResponderFlow::ResponderFlow(const ResponderConfig& config) : config_(config), epsn_(config.start_psn & kPsnMask) {
+  if (config_.resources == 0) config_.resources = 1;
+}
+
+Request ResponderFlow::request_of(const wire::ParsedPacket& packet, Operation op) const {
+  const wire::Headers& h = packet.headers;
+  Request r;
+  r.op = op;
+  r.qp_type = config_.reliable ? IBV_QPT_RC : IBV_QPT_UC;
+  r.src_qpn = config_.peer_qpn;
+  r.solicited = h.bth.solicited;
+  if (h.immdt) r.imm_data = htonl(h.immdt->imm);
+  if (h.reth) {
+    r.remote_addr = h.reth->va;
+    r.rkey = h.reth->rkey;
+    r.length = h.reth->dma_length;
+  }
+  if (h.atomic_eth) {
+    r.remote_addr = h.atomic_eth->va;
+    r.rkey = h.atomic_eth->rkey;
+    if (op == Operation::kFetchAdd) {
+      r.compare_add = h.atomic_eth->swap_add;
+    } else {
+      r.compare_add = h.atomic_eth->compare;
+      r.swap = h.atomic_eth->swap_add;
+    }
+    r.length = 8;
+  }
+  return r;
+}
+
+void ResponderFlow::answer(const Syndrome& syndrome, uint32_t psn, PacketSink& out) {
+  if (!config_.reliable || syndrome.answer == Answer::kSilence) return;
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAcknowledge);
+  h.bth.dest_qpn = config_.peer_qpn;
+  h.bth.psn = psn;
+  h.aeth = wire::Aeth{to_wire(syndrome), msn_};
+  out.send(h, nullptr, 0, 0);
+}
+
+void ResponderFlow::ack(uint32_t psn, PacketSink& out) { answer(Syndrome::ack(), psn, out); }
+
+void ResponderFlow::remember(const ReadOrAtomic& r) {
+  recent_.push_back(r);
+  while (recent_.size() > config_.resources) recent_.pop_front();
+}
+
+void ResponderFlow::send_read_response(const ReadOrAtomic& read, const iovec& from, PacketSink& out) {
+  std::vector<unsigned char> bounce(config_.mtu);
+  const uint64_t length = read.request.length;
+  for (uint32_t i = 0; i < read.npsn; ++i) {
+    const wire::Segment segment = segment_of(i, read.npsn);
+    wire::Headers h;
+    switch (segment) {
+      case wire::Segment::kFirst:
+        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseFirst);
+        break;
+      case wire::Segment::kMiddle:
+        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseMiddle);
+        break;
+      case wire::Segment::kLast:
+        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseLast);
+        break;
+      case wire::Segment::kOnly:
+        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseOnly);
+        break;
+    }
+    h.bth.dest_qpn = config_.peer_qpn;
+    h.bth.psn = psn_add(read.psn, i);
+    if (segment != wire::Segment::kMiddle)
+      h.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), msn_};
+    const uint64_t offset = uint64_t{i} * config_.mtu;
+    const uint64_t bytes = length - offset < config_.mtu ? length - offset : config_.mtu;
+    iovec chunk{bounce.data(), static_cast<size_t>(bytes)};
+    if (bytes > 0) {
+      const iovec part{static_cast<char*>(from.iov_base) + offset, static_cast<size_t>(bytes)};
+      std::memcpy(bounce.data(), part.iov_base, bytes);
+    }
+    out.send(h, &chunk, bytes > 0 ? 1 : 0, static_cast<uint32_t>(bytes));
+  }
+}
+
+void ResponderFlow::send_atomic_ack(const ReadOrAtomic& atomic, PacketSink& out) {
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAtomicAcknowledge);
+  h.bth.dest_qpn = config_.peer_qpn;
+  h.bth.psn = atomic.psn;
+  h.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), msn_};
+  h.atomic_ack_eth = wire::AtomicAckEth{atomic.original};
+  out.send(h, nullptr, 0, 0);
+}
+
+void ResponderFlow::duplicate(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
+  ++duplicates_;
+  const uint32_t psn = packet.headers.bth.psn;
+  for (const ReadOrAtomic& r : recent_) {
+    if (r.psn != psn) continue;
+    if (r.atomic) {
+      send_atomic_ack(r, out);  // the atomic ran once: its result again, not the operation
+      return;
+    }
+    iovec from;
+    if (accept_read(r.request, port, true, from).syndrome.answer == Answer::kAck) send_read_response(r, from, out);
+    return;
+  }
+  // A SEND or WRITE already received: say how far we are.
+  ack(psn_add(epsn_, kPsnMask), out);
+}
+
+void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
+  const wire::Headers& h = packet.headers;
+  const uint32_t psn = h.bth.psn;
+  const wire::Segment segment = packet.info.segment;
+  const bool send = packet.info.operation == wire::Operation::kSend;
+  if (is_first(segment)) {
+    if (in_message_) {
+      // A new message before the last one ended: the requester broke the
+      // opcode sequence. RC: invalid request; UC: the old message is lost.
+      if (config_.reliable) {
+        port.fail_qp(IBV_EVENT_QP_REQ_ERR);
+        answer(Syndrome::nak(Answer::kNakInvalidRequest), psn, out);
+        return;
+      }
+      if (message_.has_wqe) spare_wqe_ = message_.wqe;
+      in_message_ = false;
+    }
+    const Request first = request_of(packet, send ? Operation::kSend : Operation::kWrite);
+    const ReceiveWqe* reuse = send && spare_wqe_ ? &*spare_wqe_ : nullptr;
+    const Response r = accept(first, port, config_.reliable, message_, reuse);
+    if (r.syndrome.answer != Answer::kAck) {
+      answer(r.syndrome, psn, out);
+      if (r.syndrome.answer == Answer::kRnrNak) nak_sent_ = true;
+      return;
+    }
+    if (reuse != nullptr) spare_wqe_.reset();
+    in_message_ = true;
+  } else if (!in_message_) {
+    if (config_.reliable) {
+      port.fail_qp(IBV_EVENT_QP_REQ_ERR);
+      answer(Syndrome::nak(Answer::kNakInvalidRequest), psn, out);
+    }
+    return;  // UC: the rest of a message whose start was lost
+  }
+  Request last = request_of(packet, message_.op);
+  if (is_last(segment) && h.immdt) {
+    message_.op = send ? Operation::kSendWithImm : Operation::kWriteWithImm;
+    last.op = message_.op;
+    const Response r = ready_for_last(message_, port);
+    if (r.syndrome.answer != Answer::kAck) {
+      answer(r.syndrome, psn, out);
+      if (r.syndrome.answer == Answer::kRnrNak) nak_sent_ = true;
+      return;
+    }
+  }
+  const iovec payload{const_cast<uint8_t*>(packet.payload.data()), packet.payload.size()};
+  Response r = place(message_, &payload, packet.payload.empty() ? 0 : 1, packet.payload.size(), port);
+  if (r.syndrome.answer != Answer::kAck) {
+    in_message_ = false;
+    answer(r.syndrome, psn, out);
+    return;
+  }
+  if (is_last(segment)) {
+    r = finish(message_, last, port);
+    in_message_ = false;
+    msn_ = psn_add(msn_, 1);
+  }
+  epsn_ = psn_add(psn, 1);
+  if (h.bth.ack_req) ack(psn, out);
+}
+
+void ResponderFlow::read(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
+  const uint32_t psn = packet.headers.bth.psn;
+  ReadOrAtomic r;
+  r.psn = psn;
+  r.request = request_of(packet, Operation::kRead);
+  r.npsn = packets_for(r.request.length, config_.mtu);
+  iovec from;
+  const Response checked = accept_read(r.request, port, config_.reliable, from);
+  if (checked.syndrome.answer != Answer::kAck) {
+    answer(checked.syndrome, psn, out);
+    return;
+  }
+  epsn_ = psn_add(psn, r.npsn);
+  msn_ = psn_add(msn_, 1);
+  remember(r);
+  send_read_response(r, from, out);
+}
+
+void ResponderFlow::atomic(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
+  const uint32_t psn = packet.headers.bth.psn;
+  Operation op = Operation::kCompareSwap;
+  if (packet.info.operation == wire::Operation::kFetchAdd) op = Operation::kFetchAdd;
+  if (packet.info.operation == wire::Operation::kAtomicWrite) op = Operation::kAtomicWrite;
+  ReadOrAtomic a;
+  a.psn = psn;
+  a.atomic = op != Operation::kAtomicWrite;
+  a.request = request_of(packet, op);
+  if (op == Operation::kAtomicWrite) {
+    if (packet.payload.size() != 8) {
+      answer(Syndrome::nak(Answer::kNakInvalidRequest), psn, out);
+      return;
+    }
+    std::memcpy(&a.request.compare_add, packet.payload.data(), 8);
+    a.request.length = 8;
+  }
+  a.request.data = nullptr;
+  a.request.ndata = 0;
+  const Response r = respond(a.request, port, config_.reliable);
+  if (r.syndrome.answer != Answer::kAck) {
+    answer(r.syndrome, psn, out);
+    return;
+  }
+  epsn_ = psn_add(psn, 1);
+  msn_ = psn_add(msn_, 1);
+  if (!a.atomic) {
+    ack(psn, out);
+    return;
+  }
+  a.original = r.atomic_original;
+  remember(a);
+  send_atomic_ack(a, out);
+}
+
+void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
+  const uint32_t psn = packet.headers.bth.psn;
+  const int32_t d = psn_diff(psn, epsn_);
+  if (config_.reliable) {
+    if (d < 0) {
+      duplicate(packet, port, out);
+      return;
+    }
+    if (d > 0) {
+      // A gap: one NAK, then silence until the missing packet comes.
+      ++out_of_sequence_;
+      if (!nak_sent_) {
+        answer(Syndrome::nak(Answer::kNakSequenceError), epsn_, out);
+        nak_sent_ = true;
+      }
+      return;
+    }
+    nak_sent_ = false;
+  } else if (d != 0) {
+    // UC: a gap loses the message in progress; this packet starts afresh.
+    ++out_of_sequence_;
+    if (in_message_) {
+      if (message_.has_wqe && (message_.op == Operation::kSend || message_.op == Operation::kSendWithImm))
+        spare_wqe_ = message_.wqe;
+      in_message_ = false;
+    }
+    epsn_ = psn;
+  }
+  switch (packet.info.operation) {
+    case wire::Operation::kSend:
+    case wire::Operation::kRdmaWrite:
+      send_or_write(packet, port, out);
+      return;
+    case wire::Operation::kRdmaReadRequest:
+      if (config_.reliable) read(packet, port, out);
+      return;
+    case wire::Operation::kCompareSwap:
+    case wire::Operation::kFetchAdd:
+    case wire::Operation::kAtomicWrite:
+      if (config_.reliable) atomic(packet, port, out);
+      return;
+    default:
+      return;  // responses are the requester's
+  }
+}
+
+}  // namespace softhca::transport

@@ -1,0 +1,74 @@
+// The responder of a reliable (RC) or unreliable (UC) connection over
+// packets, pure: it checks each request packet's PSN against the one it
+// expects, runs the responder stages (responder.hpp) on packets in sequence,
+// acknowledges (coalesced: when the requester asks, and on duplicates),
+// NAKs a PSN gap once, answers READs with response packets and atomics
+// with atomic ACKs, and replays both for a duplicate request from a small
+// store of the latest ones (max_dest_rd_atomic of them), so that an atomic
+// runs once however often its request is retransmitted. UC has no ACKs: a
+// gap drops the message in progress.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+
+#include "transport/packet_sink.hpp"
+#include "transport/responder.hpp"
+#include "wire/packet.hpp"
+
+namespace softhca::transport {
+
+struct ResponderConfig {
+  uint32_t peer_qpn = 0;  // the requester: where answers go, and the source QPN receives report
+  uint32_t mtu = 1024;
+  bool reliable = true;
+  uint32_t start_psn = 0;  // rq_psn
+  uint32_t resources = 16;  // max_dest_rd_atomic: READ/atomic requests kept for replay
+};
+
+class ResponderFlow {
+ public:
+  explicit ResponderFlow(const ResponderConfig& config);
+
+  // A request packet addressed to this QP.
+  void on_request(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
+
+  uint32_t expected_psn() const { return epsn_; }
+  uint64_t duplicates() const { return duplicates_; }
+  uint64_t out_of_sequence() const { return out_of_sequence_; }
+
+ private:
+  struct ReadOrAtomic {
+    uint32_t psn = 0;
+    uint32_t npsn = 1;
+    bool atomic = false;
+    Request request;             // a READ's target, for the replay
+    uint64_t original = 0;       // an atomic's result
+  };
+
+  Request request_of(const wire::ParsedPacket& packet, Operation op) const;
+  void answer(const Syndrome& syndrome, uint32_t psn, PacketSink& out);
+  void ack(uint32_t psn, PacketSink& out);
+  void send_read_response(const ReadOrAtomic& read, const iovec& from, PacketSink& out);
+  void send_atomic_ack(const ReadOrAtomic& atomic, PacketSink& out);
+  void remember(const ReadOrAtomic& r);
+  void duplicate(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
+  void send_or_write(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
+  void read(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
+  void atomic(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
+
+  ResponderConfig config_;
+  uint32_t epsn_;
+  uint32_t msn_ = 0;
+  bool nak_sent_ = false;  // a NAK (sequence or RNR) is out: later packets are dropped silently
+  bool in_message_ = false;
+  MessageInProgress message_;
+  // UC: a receive WQE taken by a message that a gap dropped, for the next one.
+  std::optional<ReceiveWqe> spare_wqe_;
+  std::deque<ReadOrAtomic> recent_;
+  uint64_t duplicates_ = 0;
+  uint64_t out_of_sequence_ = 0;
+};
+
+}  // namespace softhca::transport

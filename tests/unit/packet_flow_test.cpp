@@ -1,0 +1,354 @@
+// The packet-level transport (transport/requester_flow, responder_flow): a
+// requester and a responder joined by an in-memory wire that encodes and
+// parses every packet (src/wire) and loses, duplicates or reorders them as
+// each test says, on a virtual clock.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <vector>
+
+#include "fake_responder_port.hpp"
+#include "transport/ibta_timers.hpp"
+#include "transport/requester_flow.hpp"
+#include "transport/responder_flow.hpp"
+#include "wire/ip_udp.hpp"
+
+namespace softhca::transport {
+namespace {
+
+constexpr uint32_t kRequesterQpn = 0x100;
+constexpr uint32_t kResponderQpn = 0x200;
+constexpr uint32_t kMtu = 1024;
+
+// Encoded packets in flight one way; a fault decides, per packet sent, how
+// many copies go out (0: lost) and whether it waits behind the next one.
+class Wire final : public PacketSink {
+ public:
+  struct Fault {
+    int copies = 1;
+    bool hold = false;
+  };
+  std::function<Fault(const wire::Headers&, uint64_t index)> fault = [](const wire::Headers&, uint64_t) {
+    return Fault{};
+  };
+
+  void send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) override {
+    std::vector<uint8_t> data(length);
+    uint32_t at = 0;
+    for (int i = 0; i < npayload; ++i) {
+      std::memcpy(data.data() + at, payload[i].iov_base, payload[i].iov_len);
+      at += static_cast<uint32_t>(payload[i].iov_len);
+    }
+    const auto info = wire::opcode_info(h.bth.opcode);
+    ASSERT_TRUE(info.has_value());
+    const size_t size = wire::encoded_size(*info, length);
+    std::vector<uint8_t> image(48);
+    const auto n = wire::write_ip_udp_headers(flow_, size, image);
+    ASSERT_TRUE(n.has_value());
+    image.resize(*n);
+    std::vector<uint8_t> bytes(size);
+    ASSERT_TRUE(wire::encode(h, data, image, bytes).has_value());
+    const Fault f = fault(h, sent_++);
+    for (int c = 0; c < f.copies; ++c) {
+      if (f.hold) {
+        held_.push_back({image, bytes});
+      } else {
+        queue_.push_back({image, bytes});
+        release_held();
+      }
+    }
+  }
+  void release_held() {
+    while (!held_.empty()) {
+      queue_.push_back(held_.front());
+      held_.pop_front();
+    }
+  }
+  bool deliver_one(const std::function<void(const wire::ParsedPacket&)>& to) {
+    if (queue_.empty()) {
+      release_held();
+      if (queue_.empty()) return false;
+    }
+    auto [image, bytes] = queue_.front();
+    queue_.pop_front();
+    const auto parsed = wire::parse(image, bytes);
+    EXPECT_TRUE(parsed.has_value());
+    if (parsed) to(*parsed);
+    return true;
+  }
+  uint64_t sent() const { return sent_; }
+
+ private:
+  wire::UdpFlow flow_{wire::Gid{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1},
+                      wire::Gid{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 2}};
+  std::deque<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> queue_, held_;
+  uint64_t sent_ = 0;
+};
+
+class PacketFlow : public ::testing::Test {
+ protected:
+  void start(bool reliable = true, uint32_t psn = 0x1000, uint8_t retry_cnt = 7, uint8_t rnr_retry = 7) {
+    RequesterConfig rc;
+    rc.dest_qpn = kResponderQpn;
+    rc.mtu = kMtu;
+    rc.reliable = reliable;
+    rc.start_psn = psn;
+    rc.retry_cnt = retry_cnt;
+    rc.rnr_retry = rnr_retry;
+    rc.timeout = 10;  // 4.2 ms of virtual time
+    requester_.emplace(rc);
+    ResponderConfig sc;
+    sc.peer_qpn = kRequesterQpn;
+    sc.mtu = kMtu;
+    sc.reliable = reliable;
+    sc.start_psn = psn;
+    responder_.emplace(sc);
+    port_.qp_.type = reliable ? IBV_QPT_RC : IBV_QPT_UC;
+  }
+
+  OutgoingMessage message(uint32_t position, Operation op, std::vector<uint8_t>& local, uint64_t remote = kIova) {
+    OutgoingMessage m;
+    m.position = position;
+    m.op = op;
+    m.remote_addr = remote;
+    m.rkey = kKey;
+    m.local[0] = iovec{local.data(), local.size()};
+    m.nlocal = 1;
+    m.length = local.size();
+    return m;
+  }
+
+  // Runs the wires and the requester's timer until `count` completions came
+  // or virtual time passed `limit_ns`; returns them.
+  std::vector<RequesterCompletion> run(size_t count, uint64_t limit_ns = 10'000'000'000ULL) {
+    std::vector<RequesterCompletion> done;
+    for (int steps = 0; steps < 1'000'000 && done.size() < count && now_ < limit_ns; ++steps) {
+      bool moved = to_responder_.deliver_one(
+          [&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); });
+      moved |= to_requester_.deliver_one(
+          [&](const wire::ParsedPacket& p) { requester_->on_response(p, now_, to_responder_); });
+      RequesterCompletion c;
+      while (requester_->pop_completion(c)) done.push_back(c);
+      if (!moved && done.size() < count) {
+        const uint64_t d = requester_->deadline();
+        if (d == 0) break;
+        now_ = std::max(now_, d);
+        if (on_wait) on_wait();
+        requester_->on_timer(now_, to_responder_);
+      }
+    }
+    return done;
+  }
+
+  static std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+    std::vector<uint8_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
+    return v;
+  }
+
+  FakePort port_{256 * 1024};
+  Wire to_responder_, to_requester_;
+  std::optional<RequesterFlow> requester_;
+  std::optional<ResponderFlow> responder_;
+  uint64_t now_ = 0;
+  std::function<void()> on_wait;
+};
+
+TEST_F(PacketFlow, ASendOfTenPacketsArrivesWholeAndCompletes) {
+  start();
+  auto data = pattern(10 * kMtu - 17, 1);
+  port_.post_receive(5, kIova, 16 * 1024);
+  requester_->post(message(40, Operation::kSend, data), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].position, 40u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].byte_len, data.size());
+  EXPECT_EQ(port_.completions[0].src_qp, kRequesterQpn);
+  EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+  EXPECT_EQ(to_responder_.sent(), 10u);
+}
+
+TEST_F(PacketFlow, LostWritePacketsAreSentAgainFromTheGap) {
+  start();
+  auto data = pattern(64 * 1024, 2);
+  int dropped = 0;
+  to_responder_.fault = [&](const wire::Headers& h, uint64_t index) {
+    // The first transmission of every 7th packet is lost.
+    if (index < 64 && h.bth.psn % 7 == 3) {
+      ++dropped;
+      return Wire::Fault{0, false};
+    }
+    return Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_GT(dropped, 0);
+  EXPECT_GT(requester_->retransmitted_packets(), 0u);
+  EXPECT_GT(responder_->out_of_sequence(), 0u);
+  EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+}
+
+TEST_F(PacketFlow, DuplicatedAndReorderedPacketsLandOnce) {
+  start();
+  auto first = pattern(8 * kMtu, 3);
+  auto second = pattern(3 * kMtu, 4);
+  port_.post_receive(7, kIova + 100 * 1024, 8 * 1024);
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    if (index % 5 == 1) return Wire::Fault{2, false};  // duplicated
+    if (index % 5 == 3) return Wire::Fault{1, true};   // overtaken by the next one
+    return Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kWrite, first), now_, to_responder_);
+  requester_->post(message(2, Operation::kSend, second), now_, to_responder_);
+  const auto done = run(2);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].position, 1u);
+  EXPECT_EQ(done[1].position, 2u);
+  EXPECT_EQ(done[1].status, IBV_WC_SUCCESS);
+  EXPECT_GT(responder_->duplicates(), 0u);
+  EXPECT_EQ(std::memcmp(port_.at(kIova), first.data(), first.size()), 0);
+  ASSERT_EQ(port_.completions.size(), 1u) << "the SEND consumed one receive, once";
+  EXPECT_EQ(port_.completions[0].byte_len, second.size());
+  EXPECT_EQ(std::memcmp(port_.at(kIova + 100 * 1024), second.data(), second.size()), 0);
+}
+
+TEST_F(PacketFlow, AReadWhoseResponsePacketIsLostIsReplayed) {
+  start();
+  auto remote = pattern(20 * 1000, 5);
+  std::memcpy(port_.at(kIova + 4096), remote.data(), remote.size());
+  std::vector<uint8_t> local(remote.size(), 0);
+  bool lost = false;
+  to_requester_.fault = [&](const wire::Headers& h, uint64_t) {
+    if (!lost && h.bth.opcode == static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseMiddle)) {
+      lost = true;
+      return Wire::Fault{0, false};
+    }
+    return Wire::Fault{};
+  };
+  requester_->post(message(9, Operation::kRead, local, kIova + 4096), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(lost);
+  EXPECT_EQ(local, remote);
+}
+
+TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
+  start();
+  uint64_t word = 100;
+  std::memcpy(port_.at(kIova + 64), &word, 8);
+  std::vector<uint8_t> result(8, 0);
+  int acks_lost = 0;
+  to_requester_.fault = [&](const wire::Headers& h, uint64_t) {
+    if (acks_lost < 2 && h.bth.opcode == static_cast<uint8_t>(wire::Opcode::kRcAtomicAcknowledge)) {
+      ++acks_lost;
+      return Wire::Fault{0, false};
+    }
+    return Wire::Fault{};
+  };
+  OutgoingMessage faa = message(3, Operation::kFetchAdd, result, kIova + 64);
+  faa.compare_add = 5;
+  requester_->post(faa, now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(acks_lost, 2);
+  std::memcpy(&word, port_.at(kIova + 64), 8);
+  EXPECT_EQ(word, 105u) << "executed once for three requests";
+  uint64_t original = 0;
+  std::memcpy(&original, result.data(), 8);
+  EXPECT_EQ(original, 100u);
+}
+
+TEST_F(PacketFlow, RnrWaitsTheTimerAndSucceedsOnceAReceiveIsPosted) {
+  start();
+  port_.qp_.min_rnr_timer = 1;  // 10 us
+  auto data = pattern(3 * kMtu, 6);
+  int waits = 0;
+  on_wait = [&] {
+    if (++waits == 3) port_.post_receive(11, kIova, 8 * 1024);
+  };
+  requester_->post(message(2, Operation::kSend, data), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_GE(waits, 3);
+  EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+}
+
+TEST_F(PacketFlow, RnrRetryZeroGivesUp) {
+  start(true, 0x1000, 7, 0);
+  auto data = pattern(100, 7);
+  requester_->post(message(2, Operation::kSend, data), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
+  EXPECT_TRUE(requester_->failed());
+}
+
+TEST_F(PacketFlow, SilenceEndsInRetryExceededAfterRetryCntTimeouts) {
+  const uint8_t retry_cnt = 3;
+  start(true, 0x1000, retry_cnt);
+  to_responder_.fault = [](const wire::Headers&, uint64_t) { return Wire::Fault{0, false}; };
+  auto data = pattern(100, 8);
+  requester_->post(message(2, Operation::kWrite, data), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(to_responder_.sent(), 1u + retry_cnt) << "the first transmission and retry_cnt more";
+  EXPECT_EQ(now_, (retry_cnt + 1) * ack_timeout_ns(10));
+}
+
+TEST_F(PacketFlow, PsnsWrapAt24Bits) {
+  start(true, 0xFF'FFF0);
+  auto data = pattern(40 * kMtu, 9);
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  requester_->post(message(2, Operation::kWrite, data, kIova + 64 * 1024), now_, to_responder_);
+  const auto done = run(2);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[1].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(requester_->next_psn(), (0xFF'FFF0u + 80) & 0xFF'FFFF);
+  EXPECT_EQ(std::memcmp(port_.at(kIova + 64 * 1024), data.data(), data.size()), 0);
+}
+
+TEST_F(PacketFlow, ARemoteAccessErrorIsNakedAndEndsTheFlow) {
+  start();
+  auto data = pattern(100, 10);
+  OutgoingMessage m = message(4, Operation::kWrite, data);
+  m.rkey = kOtherPdKey;
+  requester_->post(m, now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(port_.events.back(), IBV_EVENT_QP_ACCESS_ERR);
+}
+
+TEST_F(PacketFlow, UcDropsAMessageWithAGapAndReusesItsReceive) {
+  start(false);
+  auto lossy = pattern(4 * kMtu, 11);
+  auto next = pattern(2 * kMtu, 12);
+  port_.post_receive(21, kIova, 8 * 1024);
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index == 1 ? Wire::Fault{0, false} : Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kSend, lossy), now_, to_responder_);
+  requester_->post(message(2, Operation::kSend, next), now_, to_responder_);
+  const auto done = run(2);
+  ASSERT_EQ(done.size(), 2u) << "UC completes at send";
+  while (to_responder_.deliver_one([&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); })) {
+  }
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].wr_id, 21u);
+  EXPECT_EQ(port_.completions[0].byte_len, next.size());
+  EXPECT_EQ(std::memcmp(port_.at(kIova), next.data(), next.size()), 0);
+}
+
+}  // namespace
+}  // namespace softhca::transport
