@@ -29,7 +29,7 @@
 namespace softhca {
 
 // One per row of kSettings, in its order.
-enum class SettingId : uint8_t { kLog, kLogFile, kRuntimeDir, kCmResponseTimeout, kCmMaxRetries };
+enum class SettingId : uint8_t { kLog, kLogFile, kRuntimeDir, kCmResponseTimeout, kCmMaxRetries, kLink };
 
 enum class SettingType : uint8_t {
   kChoice,    // one word of `choices`; its value is the word's index
@@ -51,6 +51,9 @@ struct Setting {
   // kPath: unused (its default is computed where the path is used).
   uint32_t default_value = 0;
 };
+
+// SOFTHCA_LINK's words, in LinkChoice's order (engine/link_choice.hpp).
+inline constexpr std::string_view kLinkNames[] = {"auto", "udp"};
 
 // In LogLevel's order (log.cpp checks it).
 inline constexpr std::string_view kLogLevelNames[] = {"error", "warn", "info", "debug", "trace"};
@@ -111,6 +114,18 @@ inline constexpr std::array kSettings = {
         .min = 0,
         .max = 15,
         .default_value = 15,
+    },
+    Setting{
+        .id = SettingId::kLink,
+        .name = "SOFTHCA_LINK",
+        .type = SettingType::kChoice,
+        .default_text = "auto",
+        .help = "how QPs reach peers: auto (shared memory on this host, udp to others) or udp",
+        .note = "udp sends even to QPs of this host as RoCEv2 packets over UDP port 4791, as "
+                "between two machines (for tests and captures); read when a QP moves to RTR and "
+                "at each UD send",
+        .choices = kLinkNames,
+        .default_value = 0,
     },
 };
 

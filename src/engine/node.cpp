@@ -56,12 +56,14 @@ Result<void> Node::start() {
   if (!host) return fail(host.error());
   host_ = *host;
   shm_link_ = link::make_shm_link(*host_);
+  udp_link_ = link::make_udp_link(*host_);
   progress_.start(host_->header(), *this);
   return {};
 }
 
 Node::~Node() {
   progress_.stop();
+  udp_link_.reset();  // joins its thread, which may still relay answers to QPs through the tables
   shm_link_.reset();
   delete host_;
 }

@@ -75,8 +75,9 @@ class Node final : private ProgressThread::Work {
   uint32_t proc() const { return host_->proc(); }
   uint32_t pid() const { return host_->pid(); }
 
-  // The link to peers on this host.
+  // The link to peers on this host, and the one to other hosts.
   link::Link& shm_link() { return *shm_link_; }
+  link::Link& udp_link() { return *udp_link_; }
 
   ObjectTable<CompletionQueue>& cqs() { return cqs_; }
   ObjectTable<QueuePair>& qps() { return qps_; }
@@ -107,6 +108,7 @@ class Node final : private ProgressThread::Work {
 
   host::Attachment* host_ = nullptr;
   std::unique_ptr<link::Link> shm_link_;
+  std::unique_ptr<link::Link> udp_link_;
   ObjectTable<CompletionQueue> cqs_;
   ObjectTable<QueuePair> qps_;
   ObjectTable<SharedReceiveQueue> srqs_;

@@ -5,11 +5,12 @@
 //
 //  - shm (link/shm): the peer is on this host; the initiator executes the
 //    responder itself on the peer's shared state and memory.
-//  - udp (planned, issue #9): RoCEv2 packets to another host, whose responder
-//    answers in an AETH.
+//  - udp (link/udp): RoCEv2 packets to another host, whose responder answers
+//    in an AETH; the answer comes later, from the link's thread.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "transport/request.hpp"
@@ -21,14 +22,58 @@ class Attachment;
 
 namespace softhca::link {
 
+// What a connected QP's channel is opened with (at RTR).
+struct ChannelConfig {
+  uint32_t local_qpn = 0;
+  uint32_t qp_type = 0;          // IBV_QPT_RC or IBV_QPT_UC
+  uint32_t dest_qpn = 0;
+  uint8_t sgid[16] = {};
+  uint8_t dgid[16] = {};
+  uint8_t traffic_class = 0;
+  uint8_t hop_limit = 0;
+  uint32_t flow_label = 0;
+  uint32_t mtu = 1024;           // the path MTU in bytes
+  uint32_t rq_psn = 0;
+  uint32_t max_dest_rd_atomic = 0;
+  // Called from the link's thread, with no lock of the link held, when the
+  // channel has answers to take (next_answer). It must not call back into
+  // the channel there; the engine takes them under its own lock
+  // (QueuePair::take_answers). It may run after the channel is gone.
+  std::function<void()> on_answers;
+};
+
+// What the requester side needs once the QP reaches RTS.
+struct SendConfig {
+  uint32_t sq_psn = 0;
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;
+  uint8_t timeout = 14;
+};
+
+// A finished send WQE, as an asynchronous channel reports it.
+struct Answer {
+  uint32_t position = 0;  // the WQE's position in the send queue
+  ibv_wc_status status = IBV_WC_SUCCESS;
+};
+
 // A connected QP's (RC or UC) path to its peer, opened when the QP moves to
 // RTR and dropped when it is reset. Used under the QP's send lock only.
 class Channel {
  public:
   virtual ~Channel() = default;
   // Delivers one message; returns the responder's answer (for UC, whatever it
-  // is, the requester completes: UC has no acknowledgements).
-  virtual transport::Response deliver(const transport::Request& request) = 0;
+  // is, the requester completes: UC has no acknowledgements). An
+  // asynchronous channel returns `pending` (the WQE stays in flight; its
+  // answer comes through next_answer) or `busy` (no room now: try again
+  // after answers came). `position` names the WQE in its send queue and
+  // `local` keeps pointing at its buffers until it is answered.
+  virtual transport::Response deliver(const transport::Request& request, uint32_t position) = 0;
+  // The QP reached RTS: it may send from sq_psn on.
+  virtual void start_sending(const SendConfig&) {}
+  // The next answer of an asynchronous channel, in posting order.
+  virtual bool next_answer(Answer&) { return false; }
+  // The QP went to ERROR: drop everything in flight (the engine flushes it).
+  virtual void abort() {}
 };
 
 // Where a UD message goes, as the engine resolved its address handle.
@@ -46,8 +91,9 @@ struct Datagram {
 class Link {
  public:
   virtual ~Link() = default;
-  // The channel of local QP `local_qpn` (of type `qp_type`) to QP `dest_qpn`.
-  virtual std::unique_ptr<Channel> open_channel(uint32_t local_qpn, uint32_t qp_type, uint32_t dest_qpn) = 0;
+  // The channel of a connected QP to its peer; nullptr if this link cannot
+  // open one now (the QP then reaches nobody: RETRY_EXC_ERR).
+  virtual std::unique_ptr<Channel> open_channel(const ChannelConfig& config) = 0;
   // Sends one UD message to a QP or a multicast group; one that cannot be
   // delivered is lost, as UD allows.
   virtual void send_datagram(const Datagram& to, const transport::Request& request) = 0;
@@ -55,5 +101,9 @@ class Link {
 
 // The shared-memory link of this host, over this process's attachment.
 std::unique_ptr<Link> make_shm_link(host::Attachment& host);
+
+// The udp link (RoCEv2 over UDP port 4791) of this process, with its own
+// thread, started at the first channel or datagram that needs it.
+std::unique_ptr<Link> make_udp_link(host::Attachment& host);
 
 }  // namespace softhca::link

@@ -29,6 +29,10 @@ namespace softhca::transport {
 struct Response {
   Syndrome syndrome;
   uint64_t atomic_original = 0;  // CAS and FAA: the value the atomic replaced (goes back in the ACK)
+  // An asynchronous link (udp): the message is in flight, its answer comes
+  // later (pending), or there is no room for it now (busy).
+  bool pending = false;
+  bool busy = false;
 };
 
 // The responder's context of a SEND or WRITE in progress (rxe's qp->resp).

@@ -187,6 +187,9 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
     if (r.syndrome.answer != Answer::kAck) {
       answer(r.syndrome, psn, out);
       if (r.syndrome.answer == Answer::kRnrNak) nak_sent_ = true;
+      // The requester sends this packet again: an ONLY packet starts the
+      // message afresh, a LAST one continues it.
+      if (is_first(segment)) in_message_ = false;
       return;
     }
   }

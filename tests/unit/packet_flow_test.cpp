@@ -283,6 +283,36 @@ TEST_F(PacketFlow, RnrWaitsTheTimerAndSucceedsOnceAReceiveIsPosted) {
   EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
 }
 
+TEST_F(PacketFlow, AWriteWithImmediateWaitsForItsReceiveThroughRnr) {
+  start();
+  port_.qp_.min_rnr_timer = 1;
+  auto data = pattern(2 * kMtu + 5, 13);
+  int waits = 0;
+  on_wait = [&] {
+    if (++waits == 2) port_.post_receive(12, 0, 0);
+  };
+  OutgoingMessage m = message(6, Operation::kWriteWithImm, data);
+  m.imm_data = htonl(0xBEEF);
+  requester_->post(m, now_, to_responder_);
+  auto single = pattern(100, 14);
+  OutgoingMessage only = message(7, Operation::kWriteWithImm, single, kIova + 8192);
+  requester_->post(only, now_, to_responder_);
+  on_wait = [&] {
+    ++waits;
+    port_.post_receive(static_cast<uint64_t>(20 + waits), 0, 0);
+  };
+  const auto done = run(2);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(done[1].status, IBV_WC_SUCCESS);
+  ASSERT_EQ(port_.completions.size(), 2u);
+  EXPECT_EQ(port_.completions[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(port_.completions[0].imm_data, htonl(0xBEEF));
+  EXPECT_EQ(port_.completions[1].byte_len, single.size());
+  EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+  EXPECT_EQ(std::memcmp(port_.at(kIova + 8192), single.data(), single.size()), 0);
+}
+
 TEST_F(PacketFlow, RnrRetryZeroGivesUp) {
   start(true, 0x1000, 7, 0);
   auto data = pattern(100, 7);

@@ -12,6 +12,7 @@
 #include "engine/protection_domain.hpp"
 #include "engine/queue_sizes.hpp"
 #include "engine/shared_receive_queue.hpp"
+#include "common/settings.hpp"
 
 namespace softhca::engine {
 namespace {
@@ -131,6 +132,7 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   qp->qpn_ = *qpn;
   qp->sq_head_ = random_start(qp->qpn_);
   qp->sq_tail_.store(qp->sq_head_, std::memory_order_relaxed);
+  qp->sq_sent_ = qp->sq_head_;
   qp->sq_retired_.store(qp->sq_head_, std::memory_order_relaxed);
   qp->id_ = node.qps().add(qp);
   host::SharedQp& shared = *qp->shared_;
@@ -216,8 +218,9 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   if ((mask & IBV_QP_DEST_QPN) != 0) channel_.reset();
   // A connected QP binds to its peer when it reaches RTR (the shm link takes
   // the peer's incarnation then, so a later QP with the same number is not it).
-  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD)
-    channel_ = node_.shm_link().open_channel(qpn_, init_.type, attrs_.dest_qpn);
+  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD) open_channel_locked();
+  if (to == IBV_QPS_RTS && from == IBV_QPS_RTR && channel_)
+    channel_->start_sending(link::SendConfig{attrs_.sq_psn, attrs_.retry_cnt, attrs_.rnr_retry, attrs_.timeout});
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
     reset_queues_locked();
     const uint32_t purged_receives = init_.recv_cq->purge_qp(qpn_);
@@ -408,6 +411,7 @@ void QueuePair::finish_send_locked(const SendWqe& wqe, ibv_wc_status status) {
   // (The slot itself stays intact until that completion is polled.)
   const uint32_t position = sq_tail_.load(std::memory_order_relaxed);
   sq_tail_.store(position + 1, std::memory_order_release);
+  if (sq_sent_ - position == 0) sq_sent_ = position + 1;  // a synchronous link: sent follows tail
   if (status == IBV_WC_SUCCESS && !signaled(wqe)) return;
   host::Cqe cqe{};
   cqe.wr_id = wqe.wr_id;
@@ -432,10 +436,10 @@ void QueuePair::progress_locked(uint64_t now_ns) {
       flush_send_locked();
       break;
     }
+    if (sq_sent_ == sq_head_ || st != IBV_QPS_RTS) break;
     const uint32_t tail = sq_tail_.load(std::memory_order_relaxed);
-    if (tail == sq_head_ || st != IBV_QPS_RTS) break;
-    SendWqe& wqe = *sq_slot(tail);
-    if (wqe.retry.deadline_ns != 0 && now_ns < wqe.retry.deadline_ns) {
+    SendWqe& wqe = *sq_slot(sq_sent_);
+    if (sq_sent_ == tail && wqe.retry.deadline_ns != 0 && now_ns < wqe.retry.deadline_ns) {
       // Parked and not yet due: stay on the node's waiting list. (Breaking out
       // here used to fall into the un-park below, so a poll before the deadline
       // dropped the QP from the list and its RNR/timeout retry never ran.)
@@ -445,7 +449,14 @@ void QueuePair::progress_locked(uint64_t now_ns) {
       }
       return;
     }
-    const transport::Verdict verdict = execute_locked(wqe, now_ns);
+    const Step step = execute_locked(wqe, sq_sent_, now_ns);
+    if (step.kind == Step::Kind::kInFlight) {
+      // Its answer comes from the link's thread (take_answers).
+      ++sq_sent_;
+      continue;
+    }
+    if (step.kind == Step::Kind::kNoRoom) break;  // answers will make room and progress again
+    const transport::Verdict& verdict = step.verdict;
     if (verdict.kind == transport::Verdict::Kind::kComplete) {
       wqe.retry.deadline_ns = 0;
       complete_send_locked(wqe, verdict.status);
@@ -464,6 +475,24 @@ void QueuePair::progress_locked(uint64_t now_ns) {
   }
 }
 
+void QueuePair::take_answers() {
+  std::lock_guard guard(sq_lock_);
+  if (!channel_) return;
+  link::Answer answer;
+  bool any = false;
+  while (channel_ && channel_->next_answer(answer)) {
+    any = true;
+    const uint32_t tail = sq_tail_.load(std::memory_order_relaxed);
+    if (answer.position != tail || tail == sq_sent_) {
+      SOFTHCA_WARN("qp 0x%x: an answer for send WQE %u, expected %u; ignored", qpn_, answer.position, tail);
+      continue;
+    }
+    complete_send_locked(*sq_slot(tail), answer.status);
+    if (answer.status != IBV_WC_SUCCESS) enter_error_locked();
+  }
+  if (any) progress_locked(monotonic_ns());
+}
+
 void QueuePair::progress(uint64_t now_ns) {
   std::lock_guard guard(sq_lock_);
   progress_locked(now_ns);
@@ -477,6 +506,7 @@ uint64_t QueuePair::next_deadline() {
 }
 
 void QueuePair::enter_error_locked() {
+  if (channel_) channel_->abort();
   uint32_t st = shared_->state.load(std::memory_order_acquire);
   while (st != IBV_QPS_ERR && st != IBV_QPS_RESET)
     if (shared_->state.compare_exchange_weak(st, IBV_QPS_ERR, std::memory_order_acq_rel)) break;
@@ -486,8 +516,10 @@ void QueuePair::enter_error_locked() {
 }
 
 void QueuePair::flush_send_locked() {
+  if (channel_ && sq_sent_ != sq_tail_.load(std::memory_order_relaxed)) channel_->abort();
   while (sq_tail_.load(std::memory_order_relaxed) != sq_head_)
     finish_send_locked(*sq_slot(sq_tail_.load(std::memory_order_relaxed)), IBV_WC_WR_FLUSH_ERR);
+  sq_sent_ = sq_head_;
 }
 
 void QueuePair::flush_recv() {
@@ -508,6 +540,7 @@ void QueuePair::reset_queues_locked() {
   // The CQs are purged of this QP's completions, so nothing will retire the
   // slots they held: every slot is free again.
   sq_tail_.store(sq_head_, std::memory_order_release);
+  sq_sent_ = sq_head_;
   sq_retired_.store(sq_head_, std::memory_order_release);
   if (rq_ != nullptr) {
     std::lock_guard guard(rq_lock_);
@@ -558,5 +591,32 @@ Result<void> QueuePair::attach_multicast(const uint8_t* mgid) {
 }
 
 Result<void> QueuePair::detach_multicast(const uint8_t* mgid) { return node_.registry().detach_mcast(mgid, qpn_); }
+
+void QueuePair::open_channel_locked() {
+  const QpAddressVector& ah = attrs_.ah;
+  link::ChannelConfig config;
+  config.local_qpn = qpn_;
+  config.qp_type = init_.type;
+  config.dest_qpn = attrs_.dest_qpn;
+  std::memcpy(config.dgid, ah.dgid.data(), 16);
+  if (const GidEntry* sgid = device_info().gid_at(ah.sgid_index)) std::memcpy(config.sgid, sgid->raw.data(), 16);
+  config.traffic_class = ah.traffic_class;
+  config.hop_limit = ah.hop_limit;
+  config.flow_label = ah.flow_label;
+  config.mtu = 128u << attrs_.path_mtu;
+  config.rq_psn = attrs_.rq_psn;
+  config.max_dest_rd_atomic = attrs_.max_dest_rd_atomic;
+  Node* node = &node_;
+  const uint32_t id = id_;
+  config.on_answers = [node, id] { node->qps().with(id, [](QueuePair& qp) { qp.take_answers(); }); };
+  // Without a GRH there is no address to route by: the peer is on this host.
+  // With one, a GID of this host is reached through shared memory unless
+  // SOFTHCA_LINK=udp asks for packets; any other GID over the udp link.
+  const bool force_udp = setting_number(SettingId::kLink) == 1;
+  const bool remote = ah.is_global && (force_udp || !is_local_gid(std::span<const uint8_t, 16>(ah.dgid.data(), 16)));
+  channel_ = remote ? node_.udp_link().open_channel(config) : node_.shm_link().open_channel(config);
+  if (remote && !channel_)
+    SOFTHCA_WARN("qp 0x%x: no udp link (UDP port 4791 cannot be bound): its peer cannot be reached", qpn_);
+}
 
 }  // namespace softhca::engine

@@ -58,6 +58,8 @@ class QueuePair {
 
   // Retries parked work whose deadline has passed.
   void progress(uint64_t now_ns);
+  // An asynchronous link has answers for this QP's send WQEs (link thread).
+  void take_answers();
   uint64_t next_deadline();
   // The progress thread relays an event another process raised on this QP.
   void on_remote_event(uint32_t detail);
@@ -93,9 +95,16 @@ class QueuePair {
   int validate_send(const ibv_send_wr& wr) const;
   void enqueue_send_locked(const ibv_send_wr& wr);
   void progress_locked(uint64_t now_ns);
-  // Sends the WQE at the tail through its link (requester.cpp) and returns
-  // what the completer makes of the answer.
-  transport::Verdict execute_locked(SendWqe& wqe, uint64_t now_ns);
+  // Sends the WQE at `position` through its link (requester.cpp): the
+  // completer's verdict, or (an asynchronous link) in flight, or no room.
+  struct Step {
+    enum class Kind { kVerdict, kInFlight, kNoRoom };
+    Kind kind = Kind::kVerdict;
+    transport::Verdict verdict;
+  };
+  Step execute_locked(SendWqe& wqe, uint32_t position, uint64_t now_ns);
+  // Opens the channel to the peer at RTR, over the link that reaches it.
+  void open_channel_locked();
   void complete_send_locked(const SendWqe& wqe, ibv_wc_status status);
   void enter_error_locked();
   void flush_send_locked();
@@ -132,6 +141,9 @@ class QueuePair {
   // polled; [tail, head) waiting to execute.
   uint32_t sq_head_ = 0;                  // next free slot
   std::atomic<uint32_t> sq_tail_{0};      // oldest unfinished WQE (written under sq_lock_)
+  // tail <= sent <= head: [tail, sent) handed to an asynchronous link and in
+  // flight; a synchronous link keeps sent == tail.
+  uint32_t sq_sent_ = 0;
   std::atomic<uint32_t> sq_retired_{0};   // oldest slot still taken
   std::atomic<uint64_t> rq_retired_{0};   // receive WQEs whose completion was polled
   bool parked_ = false;

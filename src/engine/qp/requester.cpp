@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/limits.hpp"
+#include "common/settings.hpp"
 #include "engine/address_handle.hpp"
 #include "engine/device/device_info.hpp"
 #include "engine/node.hpp"
@@ -73,7 +74,8 @@ void scatter(const iovec* to, int nto, const void* from, size_t bytes) {
 
 }  // namespace
 
-Verdict QueuePair::execute_locked(SendWqe& wqe, uint64_t now_ns) {
+QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint64_t now_ns) {
+  auto verdict = [](const Verdict& v) { return Step{Step::Kind::kVerdict, v}; };
   const Operation op = operation_of(wqe.opcode);
   const bool reads_into_local = op == Operation::kRead || op == Operation::kCompareSwap || op == Operation::kFetchAdd;
 
@@ -94,11 +96,11 @@ Verdict QueuePair::execute_locked(SendWqe& wqe, uint64_t now_ns) {
     const uint32_t access = reads_into_local ? IBV_ACCESS_LOCAL_WRITE : 0;
     const ibv_wc_status checked =
         local_iovecs(node_, pd_.id(), wqe.sge, wqe.num_sge, access, local, &nlocal, &length);
-    if (checked != IBV_WC_SUCCESS) return Verdict::complete(checked);
+    if (checked != IBV_WC_SUCCESS) return verdict(Verdict::complete(checked));
   }
-  if (length > limits::kMaxMsgSize) return Verdict::complete(IBV_WC_LOC_LEN_ERR);
+  if (length > limits::kMaxMsgSize) return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
   if ((op == Operation::kCompareSwap || op == Operation::kFetchAdd) && length != 8)
-    return Verdict::complete(IBV_WC_LOC_LEN_ERR);
+    return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
   wqe.length = length;
 
   transport::Request request;
@@ -116,7 +118,7 @@ Verdict QueuePair::execute_locked(SendWqe& wqe, uint64_t now_ns) {
   request.length = length;
 
   if (init_.type == IBV_QPT_UD) {
-    if (length > limits::kMtuBytes) return Verdict::complete(IBV_WC_LOC_LEN_ERR);
+    if (length > limits::kMtuBytes) return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
     const AddressVector& av = wqe.ah->av();
     request.qkey = (wqe.remote_qkey & 0x80000000u) ? attrs_.qkey : wqe.remote_qkey;
     request.sl = av.sl;
@@ -129,30 +131,37 @@ Verdict QueuePair::execute_locked(SendWqe& wqe, uint64_t now_ns) {
     to.hop_limit = av.hop_limit;
     to.flow_label = av.flow_label;
     to.block_self_multicast = init_.block_self_multicast;
-    // Without a GRH, or to a unicast GID that is not on this host, the
-    // message leaves for a network softhca does not reach yet: it is lost,
-    // as UD allows. Multicast groups are delivered on this host.
+    // Without a GRH there is no address: the message is lost, as UD allows.
+    // Multicast groups are delivered on this host only, for now.
     const bool multicast = to.is_global && wire::is_multicast_gid(to.dgid);
-    if (to.is_global && (multicast || is_local_gid(std::span<const uint8_t, 16>(av.dgid, 16))))
+    const bool local = is_local_gid(std::span<const uint8_t, 16>(av.dgid, 16));
+    const bool force_udp = setting_number(SettingId::kLink) == 1;
+    if (to.is_global && (multicast || (local && !force_udp))) {
       node_.shm_link().send_datagram(to, request);
-    return Verdict::complete(IBV_WC_SUCCESS);
+    } else if (to.is_global) {
+      node_.udp_link().send_datagram(to, request);
+    }
+    return verdict(Verdict::complete(IBV_WC_SUCCESS));
   }
 
   // RC and UC: the connected QP's channel, opened at RTR.
   const bool reliable = init_.type == IBV_QPT_RC;
-  if (!channel_) return reliable ? transport::on_answer(transport::Syndrome::silence(), wqe.retry, attrs_.rnr_retry,
-                                                         attrs_.timeout, now_ns)
-                                 : Verdict::complete(IBV_WC_SUCCESS);
-  const transport::Response response = channel_->deliver(request);
+  if (!channel_)
+    return verdict(reliable ? transport::on_answer(transport::Syndrome::silence(), wqe.retry, attrs_.rnr_retry,
+                                                   attrs_.timeout, now_ns)
+                            : Verdict::complete(IBV_WC_SUCCESS));
+  const transport::Response response = channel_->deliver(request, position);
+  if (response.pending) return Step{Step::Kind::kInFlight, {}};
+  if (response.busy) return Step{Step::Kind::kNoRoom, {}};
   // UC has no acknowledgements: the message is done once it is sent.
-  if (!reliable) return Verdict::complete(IBV_WC_SUCCESS);
-  const Verdict verdict = transport::on_answer(response.syndrome, wqe.retry, attrs_.rnr_retry, attrs_.timeout, now_ns);
-  if (verdict.kind == Verdict::Kind::kComplete && verdict.status == IBV_WC_SUCCESS &&
+  if (!reliable) return verdict(Verdict::complete(IBV_WC_SUCCESS));
+  const Verdict v = transport::on_answer(response.syndrome, wqe.retry, attrs_.rnr_retry, attrs_.timeout, now_ns);
+  if (v.kind == Verdict::Kind::kComplete && v.status == IBV_WC_SUCCESS &&
       (op == Operation::kCompareSwap || op == Operation::kFetchAdd)) {
     // The ACK carries the value the atomic replaced: it lands in the local SGE.
     scatter(local, nlocal, &response.atomic_original, sizeof response.atomic_original);
   }
-  return verdict;
+  return verdict(v);
 }
 
 }  // namespace softhca::engine

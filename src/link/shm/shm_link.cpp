@@ -21,7 +21,7 @@ class ShmChannel final : public link::Channel {
     if (resolve(host_, dest_qpn_, peer)) peer_incarnation_ = peer.qp->incarnation.load(std::memory_order_relaxed);
   }
 
-  transport::Response deliver(const transport::Request& request) override {
+  transport::Response deliver(const transport::Request& request, uint32_t) override {
     if (target_.qp == nullptr || target_.qp->qpn != dest_qpn_ ||
         target_.qp->state.load(std::memory_order_acquire) == host::SharedQp::kDestroyed) {
       target_ = TargetQp{};
@@ -57,8 +57,8 @@ class ShmLink final : public link::Link {
  public:
   explicit ShmLink(host::Attachment& host) : host_(host) {}
 
-  std::unique_ptr<link::Channel> open_channel(uint32_t, uint32_t qp_type, uint32_t dest_qpn) override {
-    return std::make_unique<ShmChannel>(host_, qp_type, dest_qpn);
+  std::unique_ptr<link::Channel> open_channel(const link::ChannelConfig& config) override {
+    return std::make_unique<ShmChannel>(host_, config.qp_type, config.dest_qpn);
   }
 
   void send_datagram(const link::Datagram& to, const transport::Request& request) override {

@@ -1,0 +1,406 @@
+// The udp link: RoCEv2 over UDP port 4791, for peers on other hosts (or
+// this one, when SOFTHCA_LINK=udp forces it). Each connected QP gets a
+// channel holding its requester and responder flows (src/transport); the
+// link's one thread per process receives packets, runs the responder on
+// this process's QPs and the requester's completer, and fires the
+// requester's timers. It sleeps in poll() when idle.
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.hpp"
+#include "common/log.hpp"
+#include "host/attachment.hpp"
+#include "link/link.hpp"
+#include "link/shm/shm_port.hpp"
+#include "link/shm/target.hpp"
+#include "link/udp/udp_sockets.hpp"
+#include "transport/requester_flow.hpp"
+#include "transport/responder_flow.hpp"
+#include "wire/packet.hpp"
+#include "wire/ud_grh.hpp"
+
+namespace softhca::udp {
+namespace {
+
+wire::Gid gid_of(const uint8_t* raw) {
+  wire::Gid g;
+  std::memcpy(g.data(), raw, 16);
+  return g;
+}
+
+// Encodes packets for one flow (addresses, ports) and sends them.
+class FlowSink final : public transport::PacketSink {
+ public:
+  FlowSink(Sockets& sockets, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit)
+      : sockets_(sockets), src_(src), dst_(dst), traffic_class_(traffic_class), hop_limit_(hop_limit) {}
+
+  void send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) override {
+    const auto info = wire::opcode_info(h.bth.opcode);
+    if (!info) return;
+    uint8_t data[wire::kMaxPayload];
+    uint32_t at = 0;
+    for (int i = 0; i < npayload && at < sizeof data; ++i) {
+      const size_t n = payload[i].iov_len < sizeof data - at ? payload[i].iov_len : sizeof data - at;
+      std::memcpy(data + at, payload[i].iov_base, n);
+      at += static_cast<uint32_t>(n);
+    }
+    const size_t size = wire::encoded_size(*info, length);
+    wire::UdpFlow flow;
+    flow.src_gid = src_;
+    flow.dst_gid = dst_;
+    flow.src_port = sockets_.source_port(wire::is_ipv4_mapped(dst_));
+    flow.traffic_class = traffic_class_;
+    flow.hop_limit = hop_limit_ ? hop_limit_ : 64;
+    uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
+    const auto n = wire::write_ip_udp_headers(flow, size, image);
+    if (!n) return;
+    uint8_t packet[wire::kMaxPayload + 128];
+    const auto encoded = wire::encode(h, std::span<const uint8_t>(data, length), std::span<const uint8_t>(image, *n),
+                                      packet);
+    if (!encoded) {
+      SOFTHCA_DEBUG("udp link: cannot encode opcode 0x%x", h.bth.opcode);
+      return;
+    }
+    if (auto sent = sockets_.send(src_, dst_, traffic_class_, hop_limit_, std::span<const uint8_t>(packet, *encoded));
+        !sent)
+      SOFTHCA_DEBUG("udp link: send failed: %s", std::strerror(to_errno(sent.error())));
+  }
+
+ private:
+  Sockets& sockets_;
+  wire::Gid src_, dst_;
+  uint8_t traffic_class_, hop_limit_;
+};
+
+class UdpLink;
+
+// A connected QP's state, shared by its Channel (the QP's side) and the
+// link's thread (which may hold it a moment after the QP is gone).
+struct ChannelState {
+  std::mutex mutex;
+  link::ChannelConfig config;
+  std::optional<transport::RequesterFlow> requester;
+  transport::ResponderFlow responder;
+  bool closed = false;
+  explicit ChannelState(const link::ChannelConfig& c)
+      : config(c),
+        responder(transport::ResponderConfig{c.dest_qpn, c.mtu, c.qp_type == IBV_QPT_RC, c.rq_psn,
+                                             c.max_dest_rd_atomic}) {}
+};
+
+class UdpLink final : public link::Link {
+ public:
+  explicit UdpLink(host::Attachment& host) : host_(host) {}
+  ~UdpLink() override { stop(); }
+
+  std::unique_ptr<link::Channel> open_channel(const link::ChannelConfig& config) override;
+  void send_datagram(const link::Datagram& to, const transport::Request& request) override;
+
+  Sockets* sockets() { return sockets_.get(); }
+  void wake() {
+    const uint64_t one = 1;
+    if (wake_fd_ >= 0) [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  }
+  void forget(uint32_t qpn) {
+    std::lock_guard guard(mutex_);
+    channels_.erase(qpn);
+  }
+
+ private:
+  bool start();
+  void stop();
+  void loop();
+  void receive_from(int fd);
+  void handle(const Received& from, std::span<const uint8_t> bytes);
+  void datagram(const wire::ParsedPacket& packet, const Received& from);
+  uint64_t run_timers(uint64_t now);
+
+  host::Attachment& host_;
+  std::mutex start_mutex_;
+  std::atomic<bool> started_{false};
+  std::unique_ptr<Sockets> sockets_;
+  int wake_fd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+  std::mutex mutex_;  // channels_
+  std::unordered_map<uint32_t, std::shared_ptr<ChannelState>> channels_;
+};
+
+class UdpChannel final : public link::Channel {
+ public:
+  UdpChannel(UdpLink& link, std::shared_ptr<ChannelState> state) : link_(link), state_(std::move(state)) {}
+  ~UdpChannel() override {
+    {
+      std::lock_guard guard(state_->mutex);
+      state_->closed = true;
+    }
+    link_.forget(state_->config.local_qpn);
+  }
+
+  transport::Response deliver(const transport::Request& request, uint32_t position) override {
+    std::lock_guard guard(state_->mutex);
+    transport::Response r;
+    if (!state_->requester || !state_->requester->has_room()) {
+      r.busy = true;
+      return r;
+    }
+    transport::OutgoingMessage m;
+    m.position = position;
+    m.op = request.op;
+    m.solicited = request.solicited;
+    m.imm_data = request.imm_data;
+    m.remote_addr = request.remote_addr;
+    m.rkey = request.rkey;
+    m.compare_add = request.compare_add;
+    m.swap = request.swap;
+    m.nlocal = request.ndata < limits::kMaxSge + 1 ? request.ndata : limits::kMaxSge + 1;
+    for (int i = 0; i < m.nlocal; ++i) m.local[i] = request.data[i];
+    m.length = request.length;
+    FlowSink sink(*link_.sockets(), gid_of(state_->config.sgid), gid_of(state_->config.dgid),
+                  state_->config.traffic_class, state_->config.hop_limit);
+    const bool had_deadline = state_->requester->deadline() != 0;
+    state_->requester->post(m, monotonic_ns(), sink);
+    if (state_->config.qp_type != IBV_QPT_RC) {
+      // UC: done once sent.
+      transport::RequesterCompletion done;
+      while (state_->requester->pop_completion(done)) {
+      }
+      r.syndrome = transport::Syndrome::ack();
+      return r;
+    }
+    if (!had_deadline) link_.wake();  // the thread recomputes its sleep
+    r.pending = true;
+    return r;
+  }
+
+  void start_sending(const link::SendConfig& send) override {
+    std::lock_guard guard(state_->mutex);
+    transport::RequesterConfig c;
+    c.dest_qpn = state_->config.dest_qpn;
+    c.mtu = state_->config.mtu;
+    c.reliable = state_->config.qp_type == IBV_QPT_RC;
+    c.start_psn = send.sq_psn;
+    c.retry_cnt = send.retry_cnt;
+    c.rnr_retry = send.rnr_retry;
+    c.timeout = send.timeout;
+    if (!state_->requester) state_->requester.emplace(c);
+  }
+
+  bool next_answer(link::Answer& out) override {
+    std::lock_guard guard(state_->mutex);
+    transport::RequesterCompletion c;
+    if (!state_->requester || !state_->requester->pop_completion(c)) return false;
+    out = link::Answer{c.position, c.status};
+    return true;
+  }
+
+  void abort() override {
+    std::lock_guard guard(state_->mutex);
+    if (state_->requester) state_->requester->abort();
+  }
+
+ private:
+  UdpLink& link_;
+  std::shared_ptr<ChannelState> state_;
+};
+
+std::unique_ptr<link::Channel> UdpLink::open_channel(const link::ChannelConfig& config) {
+  if (!start()) return nullptr;
+  auto state = std::make_shared<ChannelState>(config);
+  {
+    std::lock_guard guard(mutex_);
+    channels_[config.local_qpn] = state;
+  }
+  return std::make_unique<UdpChannel>(*this, std::move(state));
+}
+
+bool UdpLink::start() {
+  if (started_.load(std::memory_order_acquire)) return sockets_ != nullptr;
+  std::lock_guard guard(start_mutex_);
+  if (started_.load(std::memory_order_relaxed)) return sockets_ != nullptr;
+  auto sockets = Sockets::open();
+  if (sockets) {
+    sockets_ = std::move(*sockets);
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    thread_ = std::thread([this] { loop(); });
+  }
+  started_.store(true, std::memory_order_release);
+  return sockets_ != nullptr;
+}
+
+void UdpLink::stop() {
+  if (thread_.joinable()) {
+    stopping_.store(true);
+    wake();
+    thread_.join();
+  }
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void UdpLink::send_datagram(const link::Datagram& to, const transport::Request& request) {
+  if (!start()) return;
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(request.op == transport::Operation::kSendWithImm ? wire::Opcode::kUdSendOnlyWithImm
+                                                                                      : wire::Opcode::kUdSendOnly);
+  h.bth.dest_qpn = to.dest_qpn;
+  h.bth.solicited = request.solicited;
+  h.deth = wire::Deth{request.qkey, request.src_qpn};
+  if (request.op == transport::Operation::kSendWithImm) h.immdt = wire::ImmDt{ntohl(request.imm_data)};
+  FlowSink sink(*sockets_, gid_of(to.sgid), gid_of(to.dgid), to.traffic_class, to.hop_limit);
+  sink.send(h, request.data, request.ndata, static_cast<uint32_t>(request.length));
+}
+
+uint64_t UdpLink::run_timers(uint64_t now) {
+  std::vector<std::shared_ptr<ChannelState>> states;
+  {
+    std::lock_guard guard(mutex_);
+    states.reserve(channels_.size());
+    for (auto& [qpn, state] : channels_) states.push_back(state);
+  }
+  uint64_t earliest = 0;
+  for (auto& state : states) {
+    bool answers = false;
+    {
+      std::lock_guard guard(state->mutex);
+      if (state->closed || !state->requester) continue;
+      transport::RequesterFlow& r = *state->requester;
+      if (r.deadline() != 0 && now >= r.deadline()) {
+        FlowSink sink(*sockets_, gid_of(state->config.sgid), gid_of(state->config.dgid), state->config.traffic_class,
+                      state->config.hop_limit);
+        const bool was_failed = r.failed();
+        r.on_timer(now, sink);
+        answers = r.failed() != was_failed;
+      }
+      const uint64_t d = r.deadline();
+      if (d != 0 && (earliest == 0 || d < earliest)) earliest = d;
+    }
+    if (answers && state->config.on_answers) state->config.on_answers();
+  }
+  return earliest;
+}
+
+void UdpLink::loop() {
+  std::vector<uint8_t> buffer(wire::kMaxPayload + 256);
+  while (!stopping_.load()) {
+    const uint64_t deadline = run_timers(monotonic_ns());
+    pollfd fds[3] = {{sockets_->v4_fd(), POLLIN, 0}, {sockets_->v6_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int timeout_ms = -1;
+    if (deadline != 0) {
+      const uint64_t now = monotonic_ns();
+      timeout_ms = deadline <= now ? 0 : static_cast<int>((deadline - now + 999'999) / 1'000'000);
+    }
+    const int ready = ::poll(fds, 3, timeout_ms);
+    if (ready <= 0) continue;
+    if (fds[2].revents & POLLIN) {
+      uint64_t count;
+      [[maybe_unused]] ssize_t n = ::read(wake_fd_, &count, sizeof count);
+    }
+    if (fds[0].revents & POLLIN) receive_from(fds[0].fd);
+    if (fds[1].revents & POLLIN) receive_from(fds[1].fd);
+  }
+}
+
+void UdpLink::receive_from(int fd) {
+  uint8_t buffer[wire::kMaxPayload + 256];
+  Received from;
+  // A bounded batch, so that timers and the other socket get their turn.
+  for (int i = 0; i < 256 && sockets_->receive(fd, buffer, from); ++i) {
+    if (from.length == 0) continue;
+    handle(from, std::span<const uint8_t>(buffer, from.length));
+  }
+}
+
+void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
+  wire::UdpFlow flow;
+  flow.src_gid = from.src;
+  flow.dst_gid = from.dst;
+  flow.src_port = from.src_port;
+  uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
+  const auto n = wire::write_ip_udp_headers(flow, bytes.size(), image);
+  if (!n) return;
+  const auto parsed = wire::parse(std::span<const uint8_t>(image, *n), bytes);
+  if (!parsed) {
+    SOFTHCA_DEBUG("udp link: dropped a packet: %.*s", static_cast<int>(wire::to_string(parsed.error()).size()),
+                  wire::to_string(parsed.error()).data());
+    return;
+  }
+  const wire::ParsedPacket& packet = *parsed;
+  if (packet.info.transport == wire::Transport::kUd) {
+    datagram(packet, from);
+    return;
+  }
+  std::shared_ptr<ChannelState> state;
+  {
+    std::lock_guard guard(mutex_);
+    auto it = channels_.find(packet.headers.bth.dest_qpn);
+    if (it != channels_.end()) state = it->second;
+  }
+  if (!state) return;  // no connected QP of ours: as a NIC, drop
+  bool answers = false;
+  {
+    std::lock_guard guard(state->mutex);
+    if (state->closed) return;
+    // Answers go back to where the request came from (its source address is
+    // the peer's GID; our address is the one it was sent to).
+    FlowSink sink(*sockets_, from.dst, from.src, state->config.traffic_class, state->config.hop_limit);
+    const wire::Operation op = packet.info.operation;
+    const bool response = op == wire::Operation::kAcknowledge || op == wire::Operation::kAtomicAcknowledge ||
+                          op == wire::Operation::kRdmaReadResponse;
+    if (response) {
+      if (state->requester) {
+        transport::RequesterFlow& r = *state->requester;
+        r.on_response(packet, monotonic_ns(), sink);
+        answers = true;
+      }
+    } else {
+      shm::TargetQp self;
+      if (!shm::resolve(host_, state->config.local_qpn, self) || self.proc != host_.proc()) return;
+      shm::TargetUse use(self.qp);
+      shm::MemoryAccess access(host_, self.proc);
+      shm::ShmResponderPort port(host_, self);
+      state->responder.on_request(packet, port, sink);
+    }
+  }
+  if (answers && state->config.on_answers) state->config.on_answers();
+}
+
+void UdpLink::datagram(const wire::ParsedPacket& packet, const Received& from) {
+  if (!packet.headers.deth) return;
+  shm::TargetQp target;
+  if (!shm::resolve(host_, packet.headers.bth.dest_qpn, target) || target.proc != host_.proc()) return;
+  shm::TargetUse use(target.qp);
+  shm::MemoryAccess access(host_, target.proc);
+  shm::ShmResponderPort port(host_, target);
+  transport::Request r;
+  r.op = packet.headers.immdt ? transport::Operation::kSendWithImm : transport::Operation::kSend;
+  r.qp_type = IBV_QPT_UD;
+  r.src_qpn = packet.headers.deth->src_qpn;
+  r.qkey = packet.headers.deth->qkey;
+  r.solicited = packet.headers.bth.solicited;
+  if (packet.headers.immdt) r.imm_data = htonl(packet.headers.immdt->imm);
+  iovec payload{const_cast<uint8_t*>(packet.payload.data()), packet.payload.size()};
+  r.data = &payload;
+  r.ndata = packet.payload.empty() ? 0 : 1;
+  r.length = packet.payload.size();
+  unsigned char grh[wire::kUdGrhBytes];
+  wire::build_ud_grh(grh, from.src.data(), from.dst.data(), static_cast<uint32_t>(r.length), 0, 64, 0);
+  transport::respond_datagram(r, std::span<const unsigned char>(grh, sizeof grh), port);
+}
+
+}  // namespace
+}  // namespace softhca::udp
+
+namespace softhca::link {
+
+std::unique_ptr<Link> make_udp_link(host::Attachment& host) { return std::make_unique<udp::UdpLink>(host); }
+
+}  // namespace softhca::link
