@@ -50,7 +50,7 @@ void fill_port_attr(ibv_port_attr& a) {
   a = ibv_port_attr{};
   a.state = IBV_PORT_ACTIVE;
   a.max_mtu = static_cast<ibv_mtu>(limits::kMtu);
-  a.active_mtu = static_cast<ibv_mtu>(limits::kMtu);
+  a.active_mtu = static_cast<ibv_mtu>(engine::mtu_enum(engine::device_info().active_mtu_bytes));
   a.gid_tbl_len = limits::kGidTableLen;
   a.port_cap_flags = kPortCapFlags;
   a.max_msg_sz = limits::kMaxMsgSize;

@@ -158,6 +158,10 @@ int CompletionQueue::poll(int n, ibv_wc* wc) {
   if (n < 0) return -1;
   Node& node = context_.node();
   if (node.has_waiting()) node.run_timers(monotonic_ns());
+  // Packets that arrived for this process are processed by the polling
+  // thread itself when the CQ is empty: a busy-polling application would
+  // otherwise leave the udp link's thread waiting for a core.
+  if (ring_->empty()) node.udp_link().poll();
   std::lock_guard guard(poll_lock_);
   int got = 0;
   host::Cqe cqe;
@@ -173,6 +177,7 @@ int CompletionQueue::poll(int n, ibv_wc* wc) {
 bool CompletionQueue::poll_one(host::Cqe& out) {
   Node& node = context_.node();
   if (node.has_waiting()) node.run_timers(monotonic_ns());
+  if (ring_->empty()) node.udp_link().poll();
   std::lock_guard guard(poll_lock_);
   if (!pop_locked(out)) return false;
   std::lock_guard users(users_mutex_);

@@ -97,6 +97,13 @@ class Link {
   // Sends one UD message to a QP or a multicast group; one that cannot be
   // delivered is lost, as UD allows.
   virtual void send_datagram(const Datagram& to, const transport::Request& request) = 0;
+  // Processes, in the calling thread, what has arrived and is due (a link
+  // with a thread of its own would otherwise wait for a core while the
+  // application busy-polls). Cheap when there is nothing.
+  virtual void poll() {}
+  // Makes sure this process receives what peers send it over this link (a
+  // UD QP can be sent to by anyone, before it sends anything itself).
+  virtual void listen() {}
 };
 
 // The shared-memory link of this host, over this process's attachment.

@@ -14,10 +14,11 @@ namespace softhca::transport {
 namespace {
 
 // How much may be unacknowledged at once: enough to keep a link busy for an
-// RTT at memory speed, little enough that go-back-N after a loss resends a
-// bounded amount.
+// RTT, little enough that a burst fits the receiver's socket buffer and that
+// go-back-N after a loss resends a bounded amount. (No congestion control:
+// a fixed window, as rxe has.)
 constexpr size_t kWindowMessages = 128;
-constexpr uint32_t kWindowPackets = 1024;
+constexpr uint32_t kWindowPackets = 128;
 
 bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
 bool has_imm(Operation op) { return op == Operation::kSendWithImm || op == Operation::kWriteWithImm; }

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <infiniband/verbs.h>
 #include <sys/socket.h>
 
 #include <string>
@@ -192,6 +193,45 @@ TEST(DeviceInfo, ThisHost) {
   EXPECT_NE(info.node_guid, 0u);
   EXPECT_TRUE(is_local_gid(kLoopbackV4Gid));
   EXPECT_EQ(find_gid_index(kLoopbackV4Gid), 0u);
+}
+
+}  // namespace
+}  // namespace softhca::engine
+
+namespace softhca::engine {
+namespace {
+
+InterfaceAddress iface(const char* name, uint32_t mtu, bool loopback, bool up = true) {
+  InterfaceAddress a;
+  a.family = AF_INET;
+  a.ifname = name;
+  a.mtu = mtu;
+  a.loopback = loopback;
+  a.up = up;
+  return a;
+}
+
+TEST(ActiveMtu, FollowsTheInterfaceMtuAsRoceNicsDo) {
+  EXPECT_EQ(roce_mtu_for(1500), 1024u);
+  EXPECT_EQ(roce_mtu_for(9000), 4096u);
+  EXPECT_EQ(roce_mtu_for(65536), 4096u);
+  EXPECT_EQ(roce_mtu_for(4096 + 96), 4096u);
+  EXPECT_EQ(roce_mtu_for(4096 + 95), 2048u);
+  EXPECT_EQ(roce_mtu_for(1280), 1024u);  // IPv6's minimum link MTU
+  EXPECT_EQ(roce_mtu_for(576), 256u);
+}
+
+TEST(ActiveMtu, IsTheSmallestOfTheInterfacesThatLeaveTheHost) {
+  const InterfaceAddress lo_only[] = {iface("lo", 65536, true)};
+  EXPECT_EQ(active_mtu_for(lo_only), 4096u) << "lo alone: 4096";
+  const InterfaceAddress veth[] = {iface("lo", 65536, true), iface("veth0", 1500, false)};
+  EXPECT_EQ(active_mtu_for(veth), 1024u);
+  const InterfaceAddress mixed[] = {iface("lo", 65536, true), iface("jumbo", 9000, false), iface("eth0", 1500, false),
+                                    iface("down", 576, false, false)};
+  EXPECT_EQ(active_mtu_for(mixed), 1024u) << "a down interface does not count";
+  EXPECT_EQ(mtu_enum(1024), IBV_MTU_1024);
+  EXPECT_EQ(mtu_enum(4096), IBV_MTU_4096);
+  EXPECT_EQ(mtu_enum(256), IBV_MTU_256);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -90,8 +92,8 @@ std::string format_gid(const GidBytes& raw) {
 DeviceInfo probe_device_info() {
   DeviceInfo info = make_device_info(read_interface_addresses(), read_guid_seed());
   if (log_enabled(LogLevel::kDebug)) {
-    SOFTHCA_DEBUG("device %s node guid 0x%016llx, %zu gids", info.name.c_str(),
-                  static_cast<unsigned long long>(info.node_guid), info.gids.size());
+    SOFTHCA_DEBUG("device %s node guid 0x%016llx, %zu gids, active mtu %u", info.name.c_str(),
+                  static_cast<unsigned long long>(info.node_guid), info.gids.size(), info.active_mtu_bytes);
     for (std::size_t i = 0; i < info.gids.size(); ++i)
       SOFTHCA_DEBUG("gid %zu %s on %s (ifindex %u)", i, format_gid(info.gids[i].raw).c_str(),
                     info.gids[i].ifname.c_str(), info.gids[i].ifindex);
@@ -172,8 +174,42 @@ DeviceInfo make_device_info(std::span<const InterfaceAddress> addresses, std::st
   info.node_guid = derive_node_guid(guid_seed);
   info.sys_image_guid = info.node_guid;
   info.gids = build_gid_table(addresses);
+  info.active_mtu_bytes = active_mtu_for(addresses);
   return info;
 }
+
+uint32_t roce_mtu_for(uint32_t interface_mtu) {
+  // IPv6 (40) + UDP (8) + BTH (12) + the largest extended headers of a data
+  // packet (RETH 16 + ImmDt 4, or AtomicETH 28) + ICRC (4), rounded up.
+  constexpr uint32_t kOverhead = 96;
+  for (uint32_t mtu = limits::kMtuBytes; mtu > 256; mtu /= 2)
+    if (mtu + kOverhead <= interface_mtu) return mtu;
+  return 256;
+}
+
+uint32_t active_mtu_for(std::span<const InterfaceAddress> addresses) {
+  uint32_t mtu = 0;
+  for (const InterfaceAddress& a : addresses) {
+    if (a.loopback || !a.up || a.mtu == 0) continue;
+    const uint32_t m = roce_mtu_for(a.mtu);
+    if (mtu == 0 || m < mtu) mtu = m;
+  }
+  return mtu == 0 ? limits::kMtuBytes : mtu;
+}
+
+namespace {
+
+uint32_t interface_mtu(const std::string& name) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  ifreq req{};
+  std::strncpy(req.ifr_name, name.c_str(), IFNAMSIZ - 1);
+  const int rc = ::ioctl(fd, SIOCGIFMTU, &req);
+  ::close(fd);
+  return rc == 0 && req.ifr_mtu > 0 ? static_cast<uint32_t>(req.ifr_mtu) : 0;
+}
+
+}  // namespace
 
 std::vector<InterfaceAddress> read_interface_addresses() {
   std::vector<InterfaceAddress> out;
@@ -199,6 +235,9 @@ std::vector<InterfaceAddress> read_interface_addresses() {
     std::string_view name(ifa->ifa_name);
     a.ifname = std::string(name.substr(0, name.find(':')));
     a.ifindex = if_nametoindex(a.ifname.c_str());
+    a.loopback = (ifa->ifa_flags & IFF_LOOPBACK) != 0;
+    a.up = (ifa->ifa_flags & IFF_UP) != 0;
+    a.mtu = interface_mtu(a.ifname);
     out.push_back(std::move(a));
   }
   freeifaddrs(list);

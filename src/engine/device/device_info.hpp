@@ -46,6 +46,9 @@ struct InterfaceAddress {
   GidBytes address{};   // AF_INET: the first 4 bytes, network order
   uint32_t ifindex = 0;
   std::string ifname;
+  uint32_t mtu = 0;        // the interface's IP MTU; 0 if unknown
+  bool loopback = false;   // IFF_LOOPBACK
+  bool up = true;          // IFF_UP
 };
 
 // ::ffff:a.b.c.d
@@ -59,6 +62,16 @@ bool is_zero_gid(std::span<const uint8_t, 16> raw);
 std::vector<GidEntry> build_gid_table(std::span<const InterfaceAddress> addresses,
                                       std::size_t max_entries = limits::kGidTableLen);
 
+// Pure: the largest IB MTU (256 ... 4096 bytes) whose RoCEv2 packets fit an
+// interface MTU of `interface_mtu` (IP, UDP, the transport headers and the
+// ICRC around it), as RoCE NICs and rxe derive it: 1500 -> 1024, 9000 -> 4096.
+uint32_t roce_mtu_for(uint32_t interface_mtu);
+
+// Pure: the port's active MTU in bytes: the smallest RoCE MTU of the up,
+// non-loopback interfaces that have addresses (packets to other hosts leave
+// through them), or 4096 when there are none (loopback alone).
+uint32_t active_mtu_for(std::span<const InterfaceAddress> addresses);
+
 // Pure: a stable, never-zero node GUID (host byte order) from a per-host seed.
 uint64_t derive_node_guid(std::string_view seed);
 
@@ -67,6 +80,7 @@ struct DeviceInfo {
   uint64_t node_guid = 0;       // host byte order; the verbs report it big-endian
   uint64_t sys_image_guid = 0;  // host byte order
   std::vector<GidEntry> gids;   // gids[i] is GID index i; indexes past the end are empty
+  uint32_t active_mtu_bytes = limits::kMtuBytes;  // the port's active MTU
 
   // nullptr for an empty or out-of-range index.
   const GidEntry* gid_at(uint32_t index) const;
@@ -82,6 +96,13 @@ DeviceInfo make_device_info(std::span<const InterfaceAddress> addresses, std::st
 // Reads the machine: getifaddrs, and /etc/machine-id (or the hostname) for the GUID.
 std::vector<InterfaceAddress> read_interface_addresses();
 std::string read_guid_seed();
+
+// IBV_MTU_256 ... IBV_MTU_4096 (1 ... 5) for 256 ... 4096 bytes.
+constexpr int mtu_enum(uint32_t bytes) {
+  int e = 1;
+  while (e < 5 && (128u << (e + 1)) <= bytes) ++e;
+  return e;
+}
 
 // The device of this host, built on first call (thread-safe), then immutable.
 const DeviceInfo& device_info();

@@ -1,5 +1,6 @@
 #include "engine/qp/queue_pair.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -219,6 +220,8 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   // A connected QP binds to its peer when it reaches RTR (the shm link takes
   // the peer's incarnation then, so a later QP with the same number is not it).
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD) open_channel_locked();
+  // A UD QP receives from anyone: peers on other hosts need this process to listen.
+  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type == IBV_QPT_UD) node_.udp_link().listen();
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR && channel_)
     channel_->start_sending(link::SendConfig{attrs_.sq_psn, attrs_.retry_cnt, attrs_.rnr_retry, attrs_.timeout});
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
@@ -603,7 +606,9 @@ void QueuePair::open_channel_locked() {
   config.traffic_class = ah.traffic_class;
   config.hop_limit = ah.hop_limit;
   config.flow_label = ah.flow_label;
-  config.mtu = 128u << attrs_.path_mtu;
+  // Packets never exceed what the interfaces carry (the port's active MTU),
+  // whatever path MTU the application set: both ends segment alike.
+  config.mtu = std::min(128u << attrs_.path_mtu, device_info().active_mtu_bytes);
   config.rq_psn = attrs_.rq_psn;
   config.max_dest_rd_atomic = attrs_.max_dest_rd_atomic;
   Node* node = &node_;

@@ -118,7 +118,7 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
   request.length = length;
 
   if (init_.type == IBV_QPT_UD) {
-    if (length > limits::kMtuBytes) return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
+    if (length > device_info().active_mtu_bytes) return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
     const AddressVector& av = wqe.ah->av();
     request.qkey = (wqe.remote_qkey & 0x80000000u) ? attrs_.qkey : wqe.remote_qkey;
     request.sl = av.sl;

@@ -7,11 +7,14 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "common/clock.hpp"
 #include "common/log.hpp"
 #include "host/attachment.hpp"
+#include "host/host_identity.hpp"
 #include "link/link.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
@@ -30,6 +34,22 @@
 
 namespace softhca::udp {
 namespace {
+
+// A packet handed to the process that owns its destination QP: port 4791 is
+// shared by every softhca process of the host (SO_REUSEPORT), so the kernel
+// may give a packet to any of them; the one that gets it forwards it through
+// the owner's Unix socket in the host directory, with what the owner needs
+// to check its ICRC.
+struct Handoff {
+  wire::Gid src;
+  wire::Gid dst;
+  uint16_t src_port;
+  uint16_t pad[3];
+};
+
+std::string handoff_path(const std::string& host_dir, uint32_t pid) {
+  return host_dir + "/udp-" + std::to_string(pid) + ".sock";
+}
 
 wire::Gid gid_of(const uint8_t* raw) {
   wire::Gid g;
@@ -104,6 +124,11 @@ class UdpLink final : public link::Link {
 
   std::unique_ptr<link::Channel> open_channel(const link::ChannelConfig& config) override;
   void send_datagram(const link::Datagram& to, const transport::Request& request) override;
+  void listen() override { start(); }
+  void poll() override {
+    if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return;
+    receive_all();
+  }
 
   Sockets* sockets() { return sockets_.get(); }
   void wake() {
@@ -119,9 +144,18 @@ class UdpLink final : public link::Link {
   bool start();
   void stop();
   void loop();
+  // Receives and handles what waits on both sockets. One thread at a time
+  // (the link's or an application's): packets of a QP must be handled in
+  // the order they came.
+  void receive_all();
   void receive_from(int fd);
+  void receive_handoffs();
   void handle(const Received& from, std::span<const uint8_t> bytes);
-  void datagram(const wire::ParsedPacket& packet, const Received& from);
+  // Sends a packet whose QP belongs to another process of this host to it;
+  // false when the QPN is nobody's (or ours).
+  bool hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes);
+  // False when the destination QP is not this process's.
+  bool datagram(const wire::ParsedPacket& packet, const Received& from);
   uint64_t run_timers(uint64_t now);
 
   host::Attachment& host_;
@@ -129,8 +163,11 @@ class UdpLink final : public link::Link {
   std::atomic<bool> started_{false};
   std::unique_ptr<Sockets> sockets_;
   int wake_fd_ = -1;
+  int handoff_fd_ = -1;
+  std::string host_dir_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
+  std::mutex receive_mutex_;
   std::mutex mutex_;  // channels_
   std::unordered_map<uint32_t, std::shared_ptr<ChannelState>> channels_;
 };
@@ -231,6 +268,24 @@ bool UdpLink::start() {
   if (sockets) {
     sockets_ = std::move(*sockets);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (auto dir = host::host_directory()) {
+      host_dir_ = *dir;
+      const std::string path = handoff_path(host_dir_, host_.pid());
+      handoff_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      if (handoff_fd_ >= 0 && path.size() < sizeof a.sun_path) {
+        std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+        ::unlink(path.c_str());  // a dead process's, whose pid we now have
+        if (::bind(handoff_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+          ::close(handoff_fd_);
+          handoff_fd_ = -1;
+        }
+      }
+      if (handoff_fd_ < 0)
+        SOFTHCA_WARN("udp link: no hand-off socket in %s: packets other processes receive for this one are lost",
+                     host_dir_.c_str());
+    }
     thread_ = std::thread([this] { loop(); });
   }
   started_.store(true, std::memory_order_release);
@@ -244,6 +299,10 @@ void UdpLink::stop() {
     thread_.join();
   }
   if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (handoff_fd_ >= 0) {
+    ::close(handoff_fd_);
+    ::unlink(handoff_path(host_dir_, host_.pid()).c_str());
+  }
 }
 
 void UdpLink::send_datagram(const link::Datagram& to, const transport::Request& request) {
@@ -292,24 +351,84 @@ void UdpLink::loop() {
   std::vector<uint8_t> buffer(wire::kMaxPayload + 256);
   while (!stopping_.load()) {
     const uint64_t deadline = run_timers(monotonic_ns());
-    pollfd fds[3] = {{sockets_->v4_fd(), POLLIN, 0}, {sockets_->v6_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd fds[4] = {{sockets_->v4_fd(), POLLIN, 0},
+                     {sockets_->v6_fd(), POLLIN, 0},
+                     {wake_fd_, POLLIN, 0},
+                     {handoff_fd_, POLLIN, 0}};
     int timeout_ms = -1;
     if (deadline != 0) {
       const uint64_t now = monotonic_ns();
       timeout_ms = deadline <= now ? 0 : static_cast<int>((deadline - now + 999'999) / 1'000'000);
     }
-    const int ready = ::poll(fds, 3, timeout_ms);
+    const int ready = ::poll(fds, 4, timeout_ms);
     if (ready <= 0) continue;
     if (fds[2].revents & POLLIN) {
       uint64_t count;
       [[maybe_unused]] ssize_t n = ::read(wake_fd_, &count, sizeof count);
     }
-    if (fds[0].revents & POLLIN) receive_from(fds[0].fd);
-    if (fds[1].revents & POLLIN) receive_from(fds[1].fd);
+    if ((fds[0].revents | fds[1].revents | fds[3].revents) & POLLIN) {
+      // An application thread may be receiving right now: then it handles
+      // these too, and this thread must not spin on their readiness.
+      std::lock_guard guard(receive_mutex_);
+      receive_from(fds[0].fd);
+      receive_from(fds[1].fd);
+      receive_handoffs();
+    }
   }
 }
 
+void UdpLink::receive_all() {
+  std::unique_lock guard(receive_mutex_, std::try_to_lock);
+  if (!guard.owns_lock()) return;
+  receive_from(sockets_->v4_fd());
+  receive_from(sockets_->v6_fd());
+  receive_handoffs();
+}
+
+void UdpLink::receive_handoffs() {
+  if (handoff_fd_ < 0) return;
+  uint8_t buffer[sizeof(Handoff) + wire::kMaxPayload + 256];
+  for (int i = 0; i < 256; ++i) {
+    const ssize_t n = ::recv(handoff_fd_, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n < 0) return;
+    if (static_cast<size_t>(n) <= sizeof(Handoff)) continue;
+    Handoff h;
+    std::memcpy(&h, buffer, sizeof h);
+    Received from;
+    from.src = h.src;
+    from.dst = h.dst;
+    from.src_port = h.src_port;
+    from.length = static_cast<size_t>(n) - sizeof h;
+    handle(from, std::span<const uint8_t>(buffer + sizeof h, from.length));
+  }
+}
+
+bool UdpLink::hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes) {
+  const host::QpSlot* slot = host_.registry().find_qp(qpn);
+  if (slot == nullptr || host_dir_.empty()) return false;
+  const uint32_t proc = slot->proc;
+  if (proc == host_.proc()) return false;
+  const uint32_t pid = host_.pid_of(proc);
+  if (pid == 0) return false;
+  const std::string path = handoff_path(host_dir_, pid);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof a.sun_path) return false;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  Handoff h{from.src, from.dst, from.src_port, {0, 0, 0}};
+  iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t*>(bytes.data()), bytes.size()}};
+  msghdr msg{};
+  msg.msg_name = &a;
+  msg.msg_namelen = sizeof a;
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  const int fd = handoff_fd_ >= 0 ? handoff_fd_ : -1;
+  if (fd < 0) return false;
+  return ::sendmsg(fd, &msg, MSG_DONTWAIT) >= 0;
+}
+
 void UdpLink::receive_from(int fd) {
+  if (fd < 0) return;
   uint8_t buffer[wire::kMaxPayload + 256];
   Received from;
   // A bounded batch, so that timers and the other socket get their turn.
@@ -334,17 +453,22 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
     return;
   }
   const wire::ParsedPacket& packet = *parsed;
+  const uint32_t qpn = packet.headers.bth.dest_qpn;
   if (packet.info.transport == wire::Transport::kUd) {
-    datagram(packet, from);
+    if (!datagram(packet, from)) hand_off(qpn, from, bytes);
     return;
   }
   std::shared_ptr<ChannelState> state;
   {
     std::lock_guard guard(mutex_);
-    auto it = channels_.find(packet.headers.bth.dest_qpn);
+    auto it = channels_.find(qpn);
     if (it != channels_.end()) state = it->second;
   }
-  if (!state) return;  // no connected QP of ours: as a NIC, drop
+  if (!state) {
+    // Another process's QP (or nobody's: as a NIC, drop).
+    hand_off(qpn, from, bytes);
+    return;
+  }
   bool answers = false;
   {
     std::lock_guard guard(state->mutex);
@@ -373,10 +497,11 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   if (answers && state->config.on_answers) state->config.on_answers();
 }
 
-void UdpLink::datagram(const wire::ParsedPacket& packet, const Received& from) {
-  if (!packet.headers.deth) return;
+bool UdpLink::datagram(const wire::ParsedPacket& packet, const Received& from) {
+  if (!packet.headers.deth) return true;
   shm::TargetQp target;
-  if (!shm::resolve(host_, packet.headers.bth.dest_qpn, target) || target.proc != host_.proc()) return;
+  if (!shm::resolve(host_, packet.headers.bth.dest_qpn, target)) return true;
+  if (target.proc != host_.proc()) return false;
   shm::TargetUse use(target.qp);
   shm::MemoryAccess access(host_, target.proc);
   shm::ShmResponderPort port(host_, target);
@@ -394,6 +519,7 @@ void UdpLink::datagram(const wire::ParsedPacket& packet, const Received& from) {
   unsigned char grh[wire::kUdGrhBytes];
   wire::build_ud_grh(grh, from.src.data(), from.dst.data(), static_cast<uint32_t>(r.length), 0, 64, 0);
   transport::respond_datagram(r, std::span<const unsigned char>(grh, sizeof grh), port);
+  return true;
 }
 
 }  // namespace

@@ -17,12 +17,21 @@ constexpr int kBufferBytes = 8 << 20;  // a window of packets in each direction
 
 void set_int(int fd, int level, int name, int value) { ::setsockopt(fd, level, name, &value, sizeof value); }
 
+// Socket buffers that hold a window of packets: net.core.rmem_max (often
+// 208 KiB) would drop most of a burst. SO_*BUFFORCE passes the limit where
+// we may (CAP_NET_ADMIN); elsewhere the kernel's maximum is what we get.
+void set_buffers(int fd) {
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &kBufferBytes, sizeof kBufferBytes) != 0)
+    set_int(fd, SOL_SOCKET, SO_RCVBUF, kBufferBytes);
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &kBufferBytes, sizeof kBufferBytes) != 0)
+    set_int(fd, SOL_SOCKET, SO_SNDBUF, kBufferBytes);
+}
+
 int bind_v4(uint16_t port, bool reuse) {
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   if (reuse) set_int(fd, SOL_SOCKET, SO_REUSEPORT, 1);
-  set_int(fd, SOL_SOCKET, SO_RCVBUF, kBufferBytes);
-  set_int(fd, SOL_SOCKET, SO_SNDBUF, kBufferBytes);
+  set_buffers(fd);
   set_int(fd, IPPROTO_IP, IP_PKTINFO, 1);
   // DF, and with it IP ID 0 from an unconnected socket: the header image the
   // ICRC covers (wire/ip_udp.hpp).
@@ -43,8 +52,7 @@ int bind_v6(uint16_t port, bool reuse) {
   if (fd < 0) return -1;
   set_int(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1);
   if (reuse) set_int(fd, SOL_SOCKET, SO_REUSEPORT, 1);
-  set_int(fd, SOL_SOCKET, SO_RCVBUF, kBufferBytes);
-  set_int(fd, SOL_SOCKET, SO_SNDBUF, kBufferBytes);
+  set_buffers(fd);
   set_int(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1);
   set_int(fd, IPPROTO_IPV6, IPV6_DONTFRAG, 1);
   sockaddr_in6 a{};
