@@ -49,6 +49,8 @@ uint32_t RequesterFlow::Outstanding::last_psn() const { return psn_add(first_psn
 RequesterFlow::RequesterFlow(const RequesterConfig& config)
     : config_(config),
       next_psn_(config.start_psn & kPsnMask),
+      send_psn_(config.start_psn & kPsnMask),
+      una_psn_(config.start_psn & kPsnMask),
       retry_left_(config.retry_cnt),
       rnr_left_(config.rnr_retry) {}
 
@@ -69,18 +71,44 @@ void RequesterFlow::post(const OutgoingMessage& message, uint64_t now_ns, Packet
   o.npsn = is_atomic(message.op) ? 1 : packets_for(message.length, config_.mtu);
   o.read_next = o.first_psn;
   next_psn_ = psn_add(next_psn_, o.npsn);
-  transmit(o, o.first_psn, out);
   if (!config_.reliable) {
-    // UC: no acknowledgements; the message is done once it is sent.
+    // UC: no acknowledgements and no window; the message is done once it is sent.
+    for (uint32_t i = 0; i < o.npsn; ++i) transmit_packet(o, i, out);
+    send_psn_ = una_psn_ = next_psn_;
     completions_.push_back(RequesterCompletion{message.position, IBV_WC_SUCCESS});
     return;
   }
   packets_in_flight_ += o.npsn;
   outstanding_.push_back(o);
+  pump(out);
   if (deadline_ == 0) arm_ack_timer(now_ns);
 }
 
-void RequesterFlow::transmit(Outstanding& o, uint32_t from_psn, PacketSink& out) {
+void RequesterFlow::pump(PacketSink& out) {
+  if (rnr_waiting_ || failed_) return;
+  for (Outstanding& o : outstanding_) {
+    if (psn_diff(send_psn_, next_psn_) >= 0) return;
+    if (psn_diff(o.last_psn(), send_psn_) < 0) continue;  // all of it sent
+    if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(kWindowPackets)) return;
+    if (is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite) {
+      transmit_packet(o, 0, out);
+      send_psn_ = psn_add(o.first_psn, o.npsn);
+      continue;
+    }
+    for (uint32_t i = static_cast<uint32_t>(psn_diff(send_psn_, o.first_psn)); i < o.npsn; ++i) {
+      if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(kWindowPackets)) return;
+      transmit_packet(o, i, out);
+      send_psn_ = psn_add(o.first_psn, i + 1);
+    }
+  }
+}
+
+void RequesterFlow::advance_una(uint32_t psn_after) {
+  if (psn_diff(psn_after, una_psn_) > 0) una_psn_ = psn_after;
+  if (psn_diff(una_psn_, send_psn_) > 0) send_psn_ = una_psn_;
+}
+
+void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& out) {
   const OutgoingMessage& m = o.message;
   wire::Headers h;
   h.bth.dest_qpn = config_.dest_qpn;
@@ -118,38 +146,40 @@ void RequesterFlow::transmit(Outstanding& o, uint32_t from_psn, PacketSink& out)
     default:
       break;
   }
-  // SEND and WRITE: one packet per MTU, from `from_psn` on.
+  // SEND and WRITE: one packet per MTU.
   const bool send = is_send(m.op);
-  const uint32_t start = static_cast<uint32_t>(psn_diff(from_psn, o.first_psn));
+  const uint32_t i = index;
+  const wire::Segment segment = segment_of(i, o.npsn);
+  const bool last = segment == wire::Segment::kLast || segment == wire::Segment::kOnly;
+  h.bth.opcode = request_opcode(unreliable, send, last && has_imm(m.op), segment);
+  h.bth.psn = psn_add(o.first_psn, i);
+  h.bth.solicited = last && m.solicited;
+  // Ask for an ACK at the end of each message, every 32 packets inside a
+  // long one, and when the window fills, so that it moves on.
+  const bool fills_window = psn_diff(psn_add(h.bth.psn, 1), una_psn_) >= static_cast<int32_t>(kWindowPackets);
+  h.bth.ack_req = config_.reliable && (last || (i % 32) == 31 || fills_window);
+  if (!send && (segment == wire::Segment::kFirst || segment == wire::Segment::kOnly))
+    h.reth = wire::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)};
+  if (last && has_imm(m.op)) h.immdt = wire::ImmDt{ntohl(m.imm_data)};
+  const uint64_t offset = uint64_t{i} * config_.mtu;
+  const uint64_t bytes = m.length - offset < config_.mtu ? m.length - offset : config_.mtu;
   iovec part[limits::kMaxSge + 1];
-  for (uint32_t i = start; i < o.npsn; ++i) {
-    const wire::Segment segment = segment_of(i, o.npsn);
-    const bool last = segment == wire::Segment::kLast || segment == wire::Segment::kOnly;
-    wire::Headers p;
-    p.bth.dest_qpn = config_.dest_qpn;
-    p.bth.opcode = request_opcode(unreliable, send, last && has_imm(m.op), segment);
-    p.bth.psn = psn_add(o.first_psn, i);
-    p.bth.solicited = last && m.solicited;
-    // Ask for an ACK at the end of each message, and now and then inside a
-    // long one so that the window moves before the message ends.
-    p.bth.ack_req = config_.reliable && (last || (i % 64) == 63);
-    if (!send && (segment == wire::Segment::kFirst || segment == wire::Segment::kOnly))
-      p.reth = wire::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)};
-    if (last && has_imm(m.op)) p.immdt = wire::ImmDt{ntohl(m.imm_data)};
-    const uint64_t offset = uint64_t{i} * config_.mtu;
-    const uint64_t bytes = m.length - offset < config_.mtu ? m.length - offset : config_.mtu;
-    const int n = slice_iovecs(m.local, m.nlocal, offset, bytes, part);
-    out.send(p, part, n, static_cast<uint32_t>(bytes));
-  }
+  const int n = slice_iovecs(m.local, m.nlocal, offset, bytes, part);
+  out.send(h, part, n, static_cast<uint32_t>(bytes));
 }
 
 void RequesterFlow::retransmit_from(uint32_t psn, PacketSink& out) {
-  for (Outstanding& o : outstanding_) {
-    if (psn_diff(o.last_psn(), psn) < 0) continue;  // entirely before psn
-    const uint32_t from = psn_diff(psn, o.first_psn) > 0 && !is_read_or_atomic(o) ? psn : o.first_psn;
-    retransmitted_ += o.npsn - static_cast<uint32_t>(psn_diff(from, o.first_psn));
-    transmit(o, from, out);
+  // A READ or atomic is sent again whole, from its first PSN.
+  for (const Outstanding& o : outstanding_) {
+    if (psn_diff(o.last_psn(), psn) < 0) continue;
+    if (psn_diff(psn, o.first_psn) > 0 && (is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite))
+      psn = o.first_psn;
+    break;
   }
+  if (psn_diff(send_psn_, psn) > 0) retransmitted_ += static_cast<uint32_t>(psn_diff(send_psn_, psn));
+  send_psn_ = psn;
+  if (psn_diff(una_psn_, psn) > 0) una_psn_ = psn;
+  pump(out);
 }
 
 void RequesterFlow::complete_front(ibv_wc_status status) {
@@ -185,19 +215,24 @@ void RequesterFlow::progress_made(uint64_t now_ns) {
 
 void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSink& out) {
   bool progressed = false;
+  if (!outstanding_.empty() && psn_diff(psn, una_psn_) >= 0 && psn_diff(psn, send_psn_) < 0) {
+    // Packets up to psn arrived, even mid-message: the window moves.
+    advance_una(psn_add(psn, 1));
+    progressed = true;
+  }
   while (!outstanding_.empty() && psn_diff(outstanding_.front().last_psn(), psn) <= 0) {
     Outstanding& front = outstanding_.front();
     if (is_read_or_atomic(front)) {
       // Acknowledged past a READ or atomic whose response never came: it was
       // lost; ask again (the responder replays it).
-      retransmitted_ += 1;
-      transmit(front, front.first_psn, out);
+      retransmit_from(front.first_psn, out);
       break;
     }
     complete_front(IBV_WC_SUCCESS);
     progressed = true;
   }
   if (progressed) progress_made(now_ns);
+  pump(out);
 }
 
 void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_ns, PacketSink& out) {
@@ -222,6 +257,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
         }
         rnr_waiting_ = true;
         rnr_psn_ = psn;
+        send_psn_ = psn;
         deadline_ = now_ns + rnr_timer_ns(s.value());
         return;
       }
@@ -254,8 +290,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       const uint64_t original = h.atomic_ack_eth->original;
       iovec value{const_cast<uint64_t*>(&original), sizeof original};
       copy_iovecs(front.message.local, front.message.nlocal, &value, 1, sizeof original);
+      advance_una(psn_add(psn, 1));
       complete_front(IBV_WC_SUCCESS);
       progress_made(now_ns);
+      pump(out);
       return;
     }
     case wire::Operation::kRdmaReadResponse: {
@@ -279,10 +317,12 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       iovec from{const_cast<uint8_t*>(packet.payload.data()), packet.payload.size()};
       copy_iovecs(into, n, &from, 1, packet.payload.size());
       front.read_next = psn_add(psn, 1);
+      advance_una(psn_add(psn, 1));
       if (psn == front.last_psn()) {
         complete_front(IBV_WC_SUCCESS);
       }
       progress_made(now_ns);
+      pump(out);
       return;
     }
     default:
@@ -306,8 +346,7 @@ void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
     fail_front(IBV_WC_RETRY_EXC_ERR);
     return;
   }
-  Outstanding& front = outstanding_.front();
-  retransmit_from(front.message.op == Operation::kRead ? front.read_next : front.first_psn, out);
+  retransmit_from(una_psn_, out);
   arm_ack_timer(now_ns);
 }
 
@@ -320,6 +359,7 @@ bool RequesterFlow::pop_completion(RequesterCompletion& out) {
 
 void RequesterFlow::abort() {
   outstanding_.clear();
+  send_psn_ = una_psn_ = next_psn_;
   packets_in_flight_ = 0;
   deadline_ = 0;
   failed_ = true;

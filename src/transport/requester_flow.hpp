@@ -89,8 +89,13 @@ class RequesterFlow {
   };
 
   bool is_read_or_atomic(const Outstanding& o) const;
-  void transmit(Outstanding& o, uint32_t from_psn, PacketSink& out);
+  // Sends packet `index` of `o` (a READ or atomic: its one request).
+  void transmit_packet(Outstanding& o, uint32_t index, PacketSink& out);
+  // Sends what the window allows, from send_psn_ on.
+  void pump(PacketSink& out);
+  // Go-back-N: the next packet sent is `psn`'s (a READ or atomic from its first PSN).
   void retransmit_from(uint32_t psn, PacketSink& out);
+  void advance_una(uint32_t psn_after);
   // Completes, in order, the messages an ACK of `psn` covers; a READ or
   // atomic among them whose response never came is sent again instead.
   void acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSink& out);
@@ -102,7 +107,9 @@ class RequesterFlow {
   RequesterConfig config_;
   std::deque<Outstanding> outstanding_;
   std::deque<RequesterCompletion> completions_;
-  uint32_t next_psn_;
+  uint32_t next_psn_;   // the first PSN of the next message posted
+  uint32_t send_psn_;   // the next PSN to transmit (<= next_psn_)
+  uint32_t una_psn_;    // the oldest PSN not yet acknowledged
   uint32_t packets_in_flight_ = 0;
   uint64_t deadline_ = 0;
   bool rnr_waiting_ = false;

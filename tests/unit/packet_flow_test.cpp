@@ -195,6 +195,20 @@ TEST_F(PacketFlow, LostWritePacketsAreSentAgainFromTheGap) {
   EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
 }
 
+TEST_F(PacketFlow, AMessageLongerThanTheWindowGoesOutAsAcksComeBack) {
+  start();
+  auto data = pattern(200 * 1024, 15);  // 200 packets
+  to_responder_.fault = [](const wire::Headers& h, uint64_t index) {
+    return index < 300 && h.bth.psn % 50 == 7 ? Wire::Fault{0, false} : Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  EXPECT_EQ(to_responder_.sent(), 128u) << "no more than the window before an ACK";
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+}
+
 TEST_F(PacketFlow, DuplicatedAndReorderedPacketsLandOnce) {
   start();
   auto first = pattern(8 * kMtu, 3);
@@ -333,6 +347,7 @@ TEST_F(PacketFlow, SilenceEndsInRetryExceededAfterRetryCntTimeouts) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
   EXPECT_EQ(to_responder_.sent(), 1u + retry_cnt) << "the first transmission and retry_cnt more";
+  EXPECT_EQ(requester_->retransmitted_packets(), retry_cnt);
   EXPECT_EQ(now_, (retry_cnt + 1) * ack_timeout_ns(10));
 }
 

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# two_hosts.sh: a server and a client of an unmodified RDMA program on two
+# hosts made as different as two machines: each its own network namespace
+# (joined by a veth pair, 198.18.0.1 and 198.18.0.2/30, MTU 1500) and its
+# own mount namespace with a private /dev/shm, so softhca's only way from
+# one to the other is the udp link.
+#
+#   two_hosts.sh --name NAME --libdir DIR --port PORT --timeout SECS \
+#                --server 'CMD ARGS' --client 'CMD ARGS' [--expect RE]... [--env VAR=VALUE]...
+#
+# In the commands, @SERVER@ and @CLIENT@ stand for the hosts' addresses.
+# The client starts once the server listens on TCP PORT in its namespace
+# (the out-of-band exchange of perftest and the pingpongs). Each program is
+# bounded by --timeout; the run passes when both exit 0 and every --expect
+# regex matches the client's output (perftest's latency servers print none). Exits 77 (skipped) where network namespaces
+# cannot be made (no CAP_SYS_ADMIN). Only the processes and namespaces it
+# made are removed.
+set -u -o pipefail
+
+name="" libdir="" port="" timeout=60 server="" client=""
+expects=() envs=()
+while (($#)); do
+  case $1 in
+    --name) name=$2; shift ;;
+    --libdir) libdir=$2; shift ;;
+    --port) port=$2; shift ;;
+    --timeout) timeout=$2; shift ;;
+    --server) server=$2; shift ;;
+    --client) client=$2; shift ;;
+    --expect) expects+=("$2"); shift ;;
+    --env) envs+=("$2"); shift ;;
+    -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+    *) echo "two_hosts.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -n $name && -n $libdir && -n $port && -n $server && -n $client ]] || { echo "two_hosts.sh: missing arguments (see --help)" >&2; exit 2; }
+
+a_ip=198.18.0.1 b_ip=198.18.0.2
+ns_a="softhca-$$-a" ns_b="softhca-$$-b"
+veth_a="sha$$" veth_b="shb$$"
+work=$(mktemp -d "${TMPDIR:-/tmp}/softhca-two-hosts.XXXXXX") || exit 1
+pids=()
+
+cleanup() {
+  for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done
+  ip netns del "$ns_a" 2>/dev/null
+  ip netns del "$ns_b" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if ! ip netns add "$ns_a" 2>"$work/err"; then
+  echo "[$name] SKIP: cannot create a network namespace: $(cat "$work/err")"
+  exit 77
+fi
+ip netns add "$ns_b" || exit 1
+ip link add "$veth_a" type veth peer name "$veth_b" || exit 1
+ip link set "$veth_a" netns "$ns_a" && ip link set "$veth_b" netns "$ns_b" || exit 1
+ip -n "$ns_a" addr add "$a_ip/30" dev "$veth_a" && ip -n "$ns_b" addr add "$b_ip/30" dev "$veth_b" || exit 1
+for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up || exit 1; done
+ip -n "$ns_a" link set "$veth_a" up && ip -n "$ns_b" link set "$veth_b" up || exit 1
+
+expand() { local s=${1//@SERVER@/$a_ip}; echo "${s//@CLIENT@/$b_ip}"; }
+
+# run_on NS LOG CMD: CMD on host NS, in a mount namespace of its own with an
+# empty /dev/shm, in a process group of its own (setsid), bounded by timeout.
+run_on() {
+  local ns=$1 log=$2 cmd=$3 env_args=""
+  for e in "${envs[@]}"; do env_args+=" $(printf '%q' "$e")"; done
+  setsid ip netns exec "$ns" unshare -m --propagation private \
+    sh -c "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec env LD_LIBRARY_PATH=$libdir$env_args timeout $timeout $cmd" \
+    >"$log" 2>&1
+}
+
+run_on "$ns_a" "$work/server" "$(expand "$server")" &
+pids+=($!)
+server_pid=$!
+ready=0
+for ((i = 0; i < 400; i++)); do
+  if ip netns exec "$ns_a" ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then ready=1; break; fi
+  kill -0 "$server_pid" 2>/dev/null || break
+  sleep 0.05
+done
+status=PASS
+if ((ready)); then
+  run_on "$ns_b" "$work/client" "$(expand "$client")" &
+  pids+=($!)
+  wait $!
+  client_rc=$?
+  wait "$server_pid"
+  server_rc=$?
+else
+  echo "[$name] the server did not listen on TCP $port within 20 s"
+  status=FAIL client_rc=- server_rc=-
+  touch "$work/client"
+fi
+sed "s/^/[$name server] /" "$work/server"
+sed "s/^/[$name client] /" "$work/client"
+[[ $server_rc == 0 && $client_rc == 0 ]] || status=FAIL
+for re in "${expects[@]}"; do
+  grep -Eq -- "$re" "$work/client" || { echo "[$name] the client's output lacks /$re/"; status=FAIL; }
+done
+if grep -Eq "symbol lookup error|no version information available|ERROR: (Address|Thread)Sanitizer" "$work/server" "$work/client"; then
+  echo "[$name] a loader or sanitizer error"; status=FAIL
+fi
+echo "[$name] $status (server exit $server_rc, client exit $client_rc)"
+[[ $status == PASS ]]
