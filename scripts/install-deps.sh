@@ -12,6 +12,8 @@ packages=(
   ibverbs-utils rdmacm-utils perftest   # the unmodified peers of the system tests
   googletest libgtest-dev libbenchmark-dev libfmt-dev
   zlib1g-dev                            # crc32 for the RoCEv2 ICRC (src/wire)
+  libpcap-dev                           # the udp link's captures (SOFTHCA_PCAP)
+  tshark                                # decodes those captures in system.pcap_capture
   ucx-utils                             # comparison peer for bench/peers
   python3 python3-pyverbs
   iproute2 procps                       # ss (readiness polling), ps/kill

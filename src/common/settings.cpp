@@ -21,6 +21,8 @@ std::string setting_syntax(const Setting& s) {
     }
     case SettingType::kUnsigned:
       return std::to_string(s.min) + ".." + std::to_string(s.max);
+    case SettingType::kText:
+      return std::string(s.syntax);
     case SettingType::kPath:
       break;
   }
@@ -43,6 +45,8 @@ std::expected<uint32_t, std::string> parse_setting_number(const Setting& s, std:
         return std::unexpected(want);
       return n;
     }
+    case SettingType::kText:
+      return std::unexpected(std::string(s.name) + " is text, not a number");
     case SettingType::kPath:
       break;
   }
@@ -50,7 +54,7 @@ std::expected<uint32_t, std::string> parse_setting_number(const Setting& s, std:
 }
 
 std::optional<std::string> setting_problem(const Setting& s, std::string_view text) {
-  if (s.type == SettingType::kPath) return std::nullopt;
+  if (s.type == SettingType::kPath || s.type == SettingType::kText) return std::nullopt;
   auto parsed = parse_setting_number(s, text);
   if (parsed) return std::nullopt;
   return std::move(parsed.error());

@@ -14,7 +14,8 @@
 // attaches to the host and when its CM starts; the CM timeouts at each
 // connection request
 // (so that a test or a user with a slow peer can change them in a running
-// process).
+// process); the udp link's fault schedule and capture file when the link
+// starts.
 #pragma once
 
 #include <array>
@@ -29,12 +30,22 @@
 namespace softhca {
 
 // One per row of kSettings, in its order.
-enum class SettingId : uint8_t { kLog, kLogFile, kRuntimeDir, kCmResponseTimeout, kCmMaxRetries, kLink };
+enum class SettingId : uint8_t {
+  kLog,
+  kLogFile,
+  kRuntimeDir,
+  kCmResponseTimeout,
+  kCmMaxRetries,
+  kLink,
+  kFault,
+  kPcap,
+};
 
 enum class SettingType : uint8_t {
   kChoice,    // one word of `choices`; its value is the word's index
   kPath,      // a file or directory name, used as given
   kUnsigned,  // a decimal number in [min, max]
+  kText,      // text in the row's `syntax`, parsed and checked by the layer that reads it
 };
 
 struct Setting {
@@ -47,6 +58,7 @@ struct Setting {
   std::span<const std::string_view> choices = {};  // kChoice
   uint32_t min = 0;                                // kUnsigned
   uint32_t max = 0;                                // kUnsigned
+  std::string_view syntax = {};                    // kText: what it accepts, as users write it
   // kChoice: the index of the default word; kUnsigned: the default number.
   // kPath: unused (its default is computed where the path is used).
   uint32_t default_value = 0;
@@ -127,6 +139,32 @@ inline constexpr std::array kSettings = {
         .choices = kLinkNames,
         .default_value = 0,
     },
+    Setting{
+        .id = SettingId::kFault,
+        .name = "SOFTHCA_FAULT",
+        .type = SettingType::kText,
+        .default_text = "none",
+        .help = "drop, duplicate, reorder, delay or corrupt packets the udp link sends, on a seeded "
+                "schedule (udp link only)",
+        .note = "probabilities from 0 to 1, e.g. loss=0.05,dup=0.01,reorder=0.02,delay_us=200,"
+                "corrupt=0.001,seed=7; loss counts all packets, the others the packets sent; a delayed "
+                "packet waits 1..delay_us us (delay: the share delayed, default 1); a corruption flips "
+                "bits of one byte the ICRC covers; seed defaults to a constant, so runs repeat. Read "
+                "when the udp link starts; a value that does not parse is warned about and ignored (no "
+                "faults). The shm link is never affected",
+        .syntax = "loss=P,dup=P,reorder=P,delay=P,delay_us=N,corrupt=P,seed=N",
+    },
+    Setting{
+        .id = SettingId::kPcap,
+        .name = "SOFTHCA_PCAP",
+        .type = SettingType::kPath,
+        .default_text = "none",
+        .help = "write every packet the udp link sends and receives to this pcap file (udp link only)",
+        .note = "Ethernet/IP/UDP frames that tshark and Wireshark decode as RoCEv2; %p in the name "
+                "becomes the process id, so processes sharing the setting write files of their own; "
+                "the file is replaced when the udp link starts and flushed after every packet. The "
+                "shm link's operations are not packets and are not captured",
+    },
 };
 
 // The row of `id`.
@@ -171,7 +209,10 @@ constexpr bool table_is_consistent() {
           return false;
         break;
       case SettingType::kPath:
-        if (!s.choices.empty()) return false;
+        if (!s.choices.empty() || !s.syntax.empty()) return false;
+        break;
+      case SettingType::kText:
+        if (!s.choices.empty() || s.syntax.empty()) return false;
         break;
     }
   }
@@ -183,7 +224,7 @@ constexpr bool table_is_consistent() {
 static_assert(detail::table_is_consistent(), "every row: its own id, a SOFTHCA_ name, help, a valid default");
 
 // The values a setting accepts, as users write them: "error|warn|info|debug|trace",
-// "0..31", "a path".
+// "0..31", "a path", or a text setting's `syntax`.
 std::string setting_syntax(const Setting& s);
 
 // Parses a number or choice setting's text (as the environment holds it):
@@ -193,6 +234,8 @@ std::expected<uint32_t, std::string> parse_setting_number(const Setting& s, std:
 
 // Why `text` is not a valid value of `s`, or nullopt when it is. Paths are
 // always valid here: whether they can be used is found out when they are.
+// So is text: its parser belongs to the layer that reads it (SOFTHCA_FAULT's
+// to the udp link), which warns when it reads a bad one.
 std::optional<std::string> setting_problem(const Setting& s, std::string_view text);
 
 // One read of a number or choice setting: the value to use, and when the
