@@ -162,7 +162,7 @@ inline constexpr std::array kSettings = {
         .help = "write every packet the udp link sends and receives to this pcap file (udp link only)",
         .note = "Ethernet/IP/UDP frames that tshark and Wireshark decode as RoCEv2; %p in the name "
                 "becomes the process id, so processes sharing the setting write files of their own; "
-                "the file is replaced when the udp link starts and flushed after every packet. The "
+                "a file of the same format is continued (delete it for a fresh capture), and flushed after every packet. The "
                 "shm link's operations are not packets and are not captured",
     },
 };

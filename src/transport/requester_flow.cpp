@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/iovec.hpp"
@@ -70,6 +71,7 @@ void RequesterFlow::post(const OutgoingMessage& message, uint64_t now_ns, Packet
   // A READ takes a PSN per response packet; an atomic one.
   o.npsn = is_atomic(message.op) ? 1 : packets_for(message.length, config_.mtu);
   o.read_next = o.first_psn;
+  o.read_asked = o.first_psn;
   next_psn_ = psn_add(next_psn_, o.npsn);
   if (!config_.reliable) {
     // UC: no acknowledgements and no window; the message is done once it is sent.
@@ -91,6 +93,7 @@ void RequesterFlow::pump(PacketSink& out) {
     if (psn_diff(o.last_psn(), send_psn_) < 0) continue;  // all of it sent
     if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(kWindowPackets)) return;
     if (is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite) {
+      if (o.message.op == Operation::kRead && psn_diff(send_psn_, o.first_psn) > 0) o.read_next = send_psn_;
       transmit_packet(o, 0, out);
       send_psn_ = psn_add(o.first_psn, o.npsn);
       continue;
@@ -115,12 +118,22 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& 
   const bool unreliable = !config_.reliable;
   switch (m.op) {
     case Operation::kRead: {
-      // One request for the whole READ; resent whole (the responder replays).
+      // One request for what is still missing of the READ: the whole of it
+      // at first, the rest from the first response packet that did not
+      // come when it is asked again (IBTA 9.4.4: the responder answers a
+      // READ whose PSN falls inside an earlier one from that PSN on).
+      // Asked again, it asks for a window's worth at a time, so that a lossy
+      // path does not answer the whole rest once per lost packet.
+      const uint32_t done = static_cast<uint32_t>(psn_diff(o.read_next, o.first_psn));
+      const uint64_t offset = uint64_t{done} * config_.mtu;
+      const uint32_t packets = done == 0 ? o.npsn : std::min(o.npsn - done, kWindowPackets);
+      const uint64_t length = std::min<uint64_t>(m.length - offset, uint64_t{packets} * config_.mtu);
       h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadRequest);
-      h.bth.psn = o.first_psn;
+      h.bth.psn = o.read_next;
       h.bth.ack_req = true;
-      h.reth = wire::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)};
-      o.read_next = o.first_psn;
+      h.reth = wire::Reth{m.remote_addr + offset, m.rkey, static_cast<uint32_t>(length)};
+      o.read_asked = o.read_next;
+      o.read_asked_end = psn_add(o.read_next, packets);
       out.send(h, nullptr, 0, 0);
       return;
     }
@@ -169,11 +182,13 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& 
 }
 
 void RequesterFlow::retransmit_from(uint32_t psn, PacketSink& out) {
-  // A READ or atomic is sent again whole, from its first PSN.
+  // An atomic is sent again whole; a READ from its first missing response.
   for (const Outstanding& o : outstanding_) {
     if (psn_diff(o.last_psn(), psn) < 0) continue;
-    if (psn_diff(psn, o.first_psn) > 0 && (is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite))
+    if (psn_diff(psn, o.first_psn) > 0 && (is_atomic(o.message.op) || o.message.op == Operation::kAtomicWrite))
       psn = o.first_psn;
+    if (o.message.op == Operation::kRead && psn_diff(psn, o.read_next) != 0 && psn_diff(psn, o.first_psn) >= 0)
+      psn = o.read_next;
     break;
   }
   if (psn_diff(send_psn_, psn) > 0) retransmitted_ += static_cast<uint32_t>(psn_diff(send_psn_, psn));
@@ -305,7 +320,20 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
           break;
         }
       }
-      if (read == nullptr || psn != read->read_next) return;  // a duplicate, or a gap the timer repairs
+      if (read == nullptr) return;
+      if (psn != read->read_next) {
+        // A response packet went missing: ask for the rest from it, once per
+        // round of responses (a new round starts when the PSNs go back: the
+        // first packet of the one we asked for was lost too).
+        const bool new_round = psn_diff(psn, read->read_seen) <= 0;
+        read->read_seen = psn;
+        if (psn_diff(psn, read->read_next) > 0 && (read->read_asked != read->read_next || new_round)) {
+          retransmitted_ += 1;
+          transmit_packet(*read, 0, out);
+        }
+        return;
+      }
+      read->read_seen = psn;
       const uint32_t first = read->first_psn;
       acknowledge_through(psn_add(first, kPsnMask), now_ns, out);
       Outstanding& front = outstanding_.front();
@@ -320,6 +348,8 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       advance_una(psn_add(psn, 1));
       if (psn == front.last_psn()) {
         complete_front(IBV_WC_SUCCESS);
+      } else if (front.read_next == front.read_asked_end) {
+        transmit_packet(front, 0, out);  // the next window's worth
       }
       progress_made(now_ns);
       pump(out);

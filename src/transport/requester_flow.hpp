@@ -85,6 +85,9 @@ class RequesterFlow {
     uint32_t first_psn = 0;
     uint32_t npsn = 0;          // PSNs it takes (READ: its response packets)
     uint32_t read_next = 0;     // READ: the next response PSN expected
+    uint32_t read_asked = 0;    // READ: the PSN its latest request asked from
+    uint32_t read_seen = 0;     // READ: the PSN of the latest response packet
+    uint32_t read_asked_end = 0;  // READ: the PSN after the last one its latest request asked for
     uint32_t last_psn() const;
   };
 

@@ -132,13 +132,23 @@ void ResponderFlow::duplicate(const wire::ParsedPacket& packet, ResponderPort& p
   ++duplicates_;
   const uint32_t psn = packet.headers.bth.psn;
   for (const ReadOrAtomic& r : recent_) {
-    if (r.psn != psn) continue;
     if (r.atomic) {
+      if (r.psn != psn) continue;
       send_atomic_ack(r, out);  // the atomic ran once: its result again, not the operation
       return;
     }
+    if (psn_diff(psn, r.psn) < 0 || psn_diff(psn, psn_add(r.psn, r.npsn)) >= 0) continue;
+    // A READ asked again, whole or from inside: answer what this request
+    // asks (its RETH), from its PSN on, checked as a new READ would be.
+    if (packet.info.operation != wire::Operation::kRdmaReadRequest) return;
+    ReadOrAtomic again;
+    again.psn = psn;
+    again.request = request_of(packet, Operation::kRead);
+    again.npsn = packets_for(again.request.length, config_.mtu);
+    if (psn_diff(psn_add(again.psn, again.npsn), psn_add(r.psn, r.npsn)) > 0) return;  // not within the READ
     iovec from;
-    if (accept_read(r.request, port, true, from).syndrome.answer == Answer::kAck) send_read_response(r, from, out);
+    if (accept_read(again.request, port, true, from).syndrome.answer == Answer::kAck)
+      send_read_response(again, from, out);
     return;
   }
   // A SEND or WRITE already received: say how far we are.
@@ -271,9 +281,14 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
       return;
     }
     if (d > 0) {
-      // A gap: one NAK, then silence until the missing packet comes.
+      // A gap: one NAK, then silence until the missing packet comes. But
+      // when the PSNs go back (the requester began sending again from the
+      // gap, and the packet we wait for was lost once more), NAK again at
+      // once rather than leave the requester to its ACK timer.
       ++out_of_sequence_;
-      if (!nak_sent_) {
+      const bool new_round = nak_sent_ && psn_diff(psn, last_gap_psn_) < 0;
+      last_gap_psn_ = psn;
+      if (!nak_sent_ || new_round) {
         answer(Syndrome::nak(Answer::kNakSequenceError), epsn_, out);
         nak_sent_ = true;
       }

@@ -62,6 +62,7 @@ class ResponderFlow {
   uint32_t epsn_;
   uint32_t msn_ = 0;
   bool nak_sent_ = false;  // a NAK (sequence or RNR) is out: later packets are dropped silently
+  uint32_t last_gap_psn_ = 0;  // the PSN of the latest out-of-sequence packet
   bool in_message_ = false;
   MessageInProgress message_;
   // UC: a receive WQE taken by a message that a gap dropped, for the next one.

@@ -47,6 +47,27 @@ Result<std::size_t> build_capture_frame(const wire::UdpFlow& flow, std::span<con
   return kEthernetHeaderSize + ip_size;
 }
 
+Result<std::unique_ptr<PcapWriter>> PcapWriter::open_append(const std::string& path) {
+  // A process's device may be opened and closed many times (a test suite
+  // does), and each time its udp link starts again: its packets all belong
+  // in one capture, so an existing file of the same format is appended to.
+  pcap_t* handle = pcap_open_dead_with_tstamp_precision(DLT_EN10MB, kSnapLength, PCAP_TSTAMP_PRECISION_NANO);
+  if (handle == nullptr) return fail(std::errc::not_enough_memory);
+  errno = 0;
+  pcap_dumper_t* dumper = pcap_dump_open_append(handle, path.c_str());
+  if (dumper == nullptr) {
+    const int err = errno;
+    pcap_close(handle);
+    return fail(err != 0 ? static_cast<std::errc>(err) : std::errc::io_error);
+  }
+  if (pcap_dump_flush(dumper) != 0) {
+    pcap_dump_close(dumper);
+    pcap_close(handle);
+    return fail(std::errc::io_error);
+  }
+  return std::unique_ptr<PcapWriter>(new PcapWriter(handle, dumper));
+}
+
 Result<std::unique_ptr<PcapWriter>> PcapWriter::open(const std::string& path) {
   // The file is opened here rather than by pcap_dump_open so that its errno
   // is ours to return (libpcap turns it into text) and so that it is

@@ -63,6 +63,10 @@ class PcapWriter {
   // no_such_file_or_directory, permission_denied); the caller says which
   // setting named the path.
   static Result<std::unique_ptr<PcapWriter>> open(const std::string& path);
+  // The same, but a capture already in `path` is continued rather than
+  // replaced (what the udp link does: it starts again each time a process
+  // opens the device anew).
+  static Result<std::unique_ptr<PcapWriter>> open_append(const std::string& path);
 
   ~PcapWriter();
   PcapWriter(const PcapWriter&) = delete;

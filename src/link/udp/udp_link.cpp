@@ -26,6 +26,8 @@
 #include "link/link.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
+#include "link/udp/fault_schedule.hpp"
+#include "link/udp/pcap_writer.hpp"
 #include "link/udp/udp_sockets.hpp"
 #include "transport/requester_flow.hpp"
 #include "transport/responder_flow.hpp"
@@ -51,57 +53,34 @@ std::string handoff_path(const std::string& host_dir, uint32_t pid) {
   return host_dir + "/udp-" + std::to_string(pid) + ".sock";
 }
 
+uint64_t realtime_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 wire::Gid gid_of(const uint8_t* raw) {
   wire::Gid g;
   std::memcpy(g.data(), raw, 16);
   return g;
 }
 
-// Encodes packets for one flow (addresses, ports) and sends them.
+class UdpLink;
+
+// Encodes packets for one flow (addresses, ports) and has the link send them.
 class FlowSink final : public transport::PacketSink {
  public:
-  FlowSink(Sockets& sockets, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit)
-      : sockets_(sockets), src_(src), dst_(dst), traffic_class_(traffic_class), hop_limit_(hop_limit) {}
+  FlowSink(UdpLink& link, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit)
+      : link_(link), src_(src), dst_(dst), traffic_class_(traffic_class), hop_limit_(hop_limit) {}
 
-  void send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) override {
-    const auto info = wire::opcode_info(h.bth.opcode);
-    if (!info) return;
-    uint8_t data[wire::kMaxPayload];
-    uint32_t at = 0;
-    for (int i = 0; i < npayload && at < sizeof data; ++i) {
-      const size_t n = payload[i].iov_len < sizeof data - at ? payload[i].iov_len : sizeof data - at;
-      std::memcpy(data + at, payload[i].iov_base, n);
-      at += static_cast<uint32_t>(n);
-    }
-    const size_t size = wire::encoded_size(*info, length);
-    wire::UdpFlow flow;
-    flow.src_gid = src_;
-    flow.dst_gid = dst_;
-    flow.src_port = sockets_.source_port(wire::is_ipv4_mapped(dst_));
-    flow.traffic_class = traffic_class_;
-    flow.hop_limit = hop_limit_ ? hop_limit_ : 64;
-    uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
-    const auto n = wire::write_ip_udp_headers(flow, size, image);
-    if (!n) return;
-    uint8_t packet[wire::kMaxPayload + 128];
-    const auto encoded = wire::encode(h, std::span<const uint8_t>(data, length), std::span<const uint8_t>(image, *n),
-                                      packet);
-    if (!encoded) {
-      SOFTHCA_DEBUG("udp link: cannot encode opcode 0x%x", h.bth.opcode);
-      return;
-    }
-    if (auto sent = sockets_.send(src_, dst_, traffic_class_, hop_limit_, std::span<const uint8_t>(packet, *encoded));
-        !sent)
-      SOFTHCA_DEBUG("udp link: send failed: %s", std::strerror(to_errno(sent.error())));
-  }
+  void send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) override;
 
  private:
-  Sockets& sockets_;
+  UdpLink& link_;
   wire::Gid src_, dst_;
   uint8_t traffic_class_, hop_limit_;
 };
 
-class UdpLink;
 
 // A connected QP's state, shared by its Channel (the QP's side) and the
 // link's thread (which may hold it a moment after the QP is gone).
@@ -131,6 +110,9 @@ class UdpLink final : public link::Link {
   }
 
   Sockets* sockets() { return sockets_.get(); }
+  // Sends one encoded packet of `flow`, through the fault schedule when
+  // SOFTHCA_FAULT asks for one, into the capture when SOFTHCA_PCAP does.
+  void transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet);
   void wake() {
     const uint64_t one = 1;
     if (wake_fd_ >= 0) [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
@@ -167,10 +149,117 @@ class UdpLink final : public link::Link {
   std::string host_dir_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
+  // SOFTHCA_FAULT and SOFTHCA_PCAP, read when the link starts.
+  std::optional<FaultSchedule> faults_;
+  std::unique_ptr<PcapWriter> capture_;
+  struct Delayed {
+    uint64_t due_ns;
+    wire::UdpFlow flow;
+    std::vector<uint8_t> bytes;
+  };
+  std::mutex fault_mutex_;
+  std::optional<Delayed> held_;          // a packet held back behind the next one
+  std::vector<Delayed> delayed_;         // packets waiting for their delay
+  void send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet);
+  // Sends delayed packets that are due (and a held one that waited too long);
+  // returns the next due time, 0 for none.
+  uint64_t release_delayed(uint64_t now);
   std::mutex receive_mutex_;
   std::mutex mutex_;  // channels_
   std::unordered_map<uint32_t, std::shared_ptr<ChannelState>> channels_;
 };
+
+void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) {
+  const auto info = wire::opcode_info(h.bth.opcode);
+  if (!info || link_.sockets() == nullptr) return;
+  uint8_t data[wire::kMaxPayload];
+  uint32_t at = 0;
+  for (int i = 0; i < npayload && at < sizeof data; ++i) {
+    const size_t n = payload[i].iov_len < sizeof data - at ? payload[i].iov_len : sizeof data - at;
+    std::memcpy(data + at, payload[i].iov_base, n);
+    at += static_cast<uint32_t>(n);
+  }
+  const size_t size = wire::encoded_size(*info, length);
+  wire::UdpFlow flow;
+  flow.src_gid = src_;
+  flow.dst_gid = dst_;
+  flow.src_port = link_.sockets()->source_port(wire::is_ipv4_mapped(dst_));
+  flow.traffic_class = traffic_class_;
+  flow.hop_limit = hop_limit_ ? hop_limit_ : 64;
+  uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
+  const auto n = wire::write_ip_udp_headers(flow, size, image);
+  if (!n) return;
+  uint8_t packet[wire::kMaxPayload + 128];
+  const auto encoded =
+      wire::encode(h, std::span<const uint8_t>(data, length), std::span<const uint8_t>(image, *n), packet);
+  if (!encoded) {
+    SOFTHCA_DEBUG("udp link: cannot encode opcode 0x%x", h.bth.opcode);
+    return;
+  }
+  link_.transmit(flow, std::span<const uint8_t>(packet, *encoded));
+}
+
+void UdpLink::send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet) {
+  if (capture_) [[maybe_unused]] auto written = capture_->write(flow, packet, realtime_ns());
+  if (auto sent = sockets_->send(flow.src_gid, flow.dst_gid, flow.traffic_class, flow.hop_limit, packet); !sent)
+    SOFTHCA_DEBUG("udp link: send failed: %s", std::strerror(to_errno(sent.error())));
+}
+
+void UdpLink::transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet) {
+  if (!faults_) {
+    send_now(flow, packet);
+    return;
+  }
+  const FaultDecision d = faults_->next(packet.size());
+  if (d.drop) return;
+  std::vector<uint8_t> bytes(packet.begin(), packet.end());
+  if (d.corruption) apply_corruption(*d.corruption, bytes);
+  std::optional<Delayed> release;
+  {
+    std::lock_guard guard(fault_mutex_);
+    if (d.delay_us > 0) {
+      const uint64_t due = monotonic_ns() + uint64_t{d.delay_us} * 1000;
+      delayed_.push_back(Delayed{due, flow, bytes});
+      if (d.duplicate) delayed_.push_back(Delayed{due, flow, bytes});
+      wake();
+      return;
+    }
+    if (d.hold_back && !held_) {
+      held_ = Delayed{monotonic_ns() + 1'000'000, flow, bytes};  // behind the next packet, 1 ms at most
+      wake();
+      return;
+    }
+    release.swap(held_);
+  }
+  send_now(flow, bytes);
+  if (d.duplicate) send_now(flow, bytes);
+  if (release) send_now(release->flow, release->bytes);
+}
+
+uint64_t UdpLink::release_delayed(uint64_t now) {
+  std::vector<Delayed> due;
+  uint64_t next = 0;
+  {
+    std::lock_guard guard(fault_mutex_);
+    if (held_ && held_->due_ns <= now) {
+      due.push_back(std::move(*held_));
+      held_.reset();
+    }
+    for (size_t i = 0; i < delayed_.size();) {
+      if (delayed_[i].due_ns <= now) {
+        due.push_back(std::move(delayed_[i]));
+        delayed_[i] = std::move(delayed_.back());
+        delayed_.pop_back();
+      } else {
+        if (next == 0 || delayed_[i].due_ns < next) next = delayed_[i].due_ns;
+        ++i;
+      }
+    }
+    if (held_ && (next == 0 || held_->due_ns < next)) next = held_->due_ns;
+  }
+  for (const Delayed& p : due) send_now(p.flow, p.bytes);
+  return next;
+}
 
 class UdpChannel final : public link::Channel {
  public:
@@ -202,7 +291,7 @@ class UdpChannel final : public link::Channel {
     m.nlocal = request.ndata < limits::kMaxSge + 1 ? request.ndata : limits::kMaxSge + 1;
     for (int i = 0; i < m.nlocal; ++i) m.local[i] = request.data[i];
     m.length = request.length;
-    FlowSink sink(*link_.sockets(), gid_of(state_->config.sgid), gid_of(state_->config.dgid),
+    FlowSink sink(link_, gid_of(state_->config.sgid), gid_of(state_->config.dgid),
                   state_->config.traffic_class, state_->config.hop_limit);
     const bool had_deadline = state_->requester->deadline() != 0;
     state_->requester->post(m, monotonic_ns(), sink);
@@ -268,6 +357,19 @@ bool UdpLink::start() {
   if (sockets) {
     sockets_ = std::move(*sockets);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (auto faults = fault_config_from_environment()) {
+      faults_.emplace(*faults);
+      SOFTHCA_INFO("udp link: injecting faults: %s", to_string(*faults).c_str());
+    }
+    if (auto path = pcap_path_from_environment()) {
+      auto writer = PcapWriter::open_append(*path);
+      if (writer) {
+        capture_ = std::move(*writer);
+      } else {
+        SOFTHCA_WARN("udp link: cannot write SOFTHCA_PCAP=%s: %s", path->c_str(),
+                     std::strerror(to_errno(writer.error())));
+      }
+    }
     if (auto dir = host::host_directory()) {
       host_dir_ = *dir;
       const std::string path = handoff_path(host_dir_, host_.pid());
@@ -314,7 +416,7 @@ void UdpLink::send_datagram(const link::Datagram& to, const transport::Request& 
   h.bth.solicited = request.solicited;
   h.deth = wire::Deth{request.qkey, request.src_qpn};
   if (request.op == transport::Operation::kSendWithImm) h.immdt = wire::ImmDt{ntohl(request.imm_data)};
-  FlowSink sink(*sockets_, gid_of(to.sgid), gid_of(to.dgid), to.traffic_class, to.hop_limit);
+  FlowSink sink(*this, gid_of(to.sgid), gid_of(to.dgid), to.traffic_class, to.hop_limit);
   sink.send(h, request.data, request.ndata, static_cast<uint32_t>(request.length));
 }
 
@@ -333,7 +435,7 @@ uint64_t UdpLink::run_timers(uint64_t now) {
       if (state->closed || !state->requester) continue;
       transport::RequesterFlow& r = *state->requester;
       if (r.deadline() != 0 && now >= r.deadline()) {
-        FlowSink sink(*sockets_, gid_of(state->config.sgid), gid_of(state->config.dgid), state->config.traffic_class,
+        FlowSink sink(*this, gid_of(state->config.sgid), gid_of(state->config.dgid), state->config.traffic_class,
                       state->config.hop_limit);
         const bool was_failed = r.failed();
         r.on_timer(now, sink);
@@ -350,17 +452,26 @@ uint64_t UdpLink::run_timers(uint64_t now) {
 void UdpLink::loop() {
   std::vector<uint8_t> buffer(wire::kMaxPayload + 256);
   while (!stopping_.load()) {
-    const uint64_t deadline = run_timers(monotonic_ns());
+    const uint64_t now_ns = monotonic_ns();
+    uint64_t deadline = run_timers(now_ns);
+    if (faults_) {
+      const uint64_t released = release_delayed(now_ns);
+      if (released != 0 && (deadline == 0 || released < deadline)) deadline = released;
+    }
     pollfd fds[4] = {{sockets_->v4_fd(), POLLIN, 0},
                      {sockets_->v6_fd(), POLLIN, 0},
                      {wake_fd_, POLLIN, 0},
                      {handoff_fd_, POLLIN, 0}};
-    int timeout_ms = -1;
+    timespec wait{};
+    const timespec* timeout = nullptr;
     if (deadline != 0) {
       const uint64_t now = monotonic_ns();
-      timeout_ms = deadline <= now ? 0 : static_cast<int>((deadline - now + 999'999) / 1'000'000);
+      const uint64_t delta = deadline > now ? deadline - now : 0;
+      wait.tv_sec = static_cast<time_t>(delta / 1'000'000'000ULL);
+      wait.tv_nsec = static_cast<long>(delta % 1'000'000'000ULL);
+      timeout = &wait;
     }
-    const int ready = ::poll(fds, 4, timeout_ms);
+    const int ready = ::ppoll(fds, 4, timeout, nullptr);
     if (ready <= 0) continue;
     if (fds[2].revents & POLLIN) {
       uint64_t count;
@@ -454,6 +565,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   }
   const wire::ParsedPacket& packet = *parsed;
   const uint32_t qpn = packet.headers.bth.dest_qpn;
+  if (capture_) [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns());
   if (packet.info.transport == wire::Transport::kUd) {
     if (!datagram(packet, from)) hand_off(qpn, from, bytes);
     return;
@@ -475,7 +587,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
     if (state->closed) return;
     // Answers go back to where the request came from (its source address is
     // the peer's GID; our address is the one it was sent to).
-    FlowSink sink(*sockets_, from.dst, from.src, state->config.traffic_class, state->config.hop_limit);
+    FlowSink sink(*this, from.dst, from.src, state->config.traffic_class, state->config.hop_limit);
     const wire::Operation op = packet.info.operation;
     const bool response = op == wire::Operation::kAcknowledge || op == wire::Operation::kAtomicAcknowledge ||
                           op == wire::Operation::kRdmaReadResponse;
