@@ -7,6 +7,13 @@
 #
 #   two_hosts.sh --name NAME --libdir DIR --port PORT --timeout SECS \
 #                --server 'CMD ARGS' --client 'CMD ARGS' [--expect RE]... [--env VAR=VALUE]...
+#                [--cut-after SECS --client-fails-within SECS]
+#
+# --cut-after SECS takes the server's host off the network SECS after the
+# client started (its veth goes down and its processes are killed): then the
+# run passes when the client exits non-zero within --client-fails-within
+# seconds of the cut (its QPs ended in error instead of hanging) and its
+# output matches every --expect.
 #
 # In the commands, @SERVER@ and @CLIENT@ stand for the hosts' addresses.
 # The client starts once the server listens on TCP PORT in its namespace
@@ -17,7 +24,7 @@
 # made are removed.
 set -u -o pipefail
 
-name="" libdir="" port="" timeout=60 server="" client=""
+name="" libdir="" port="" timeout=60 server="" client="" cut_after="" fail_within=""
 expects=() envs=()
 while (($#)); do
   case $1 in
@@ -29,6 +36,8 @@ while (($#)); do
     --client) client=$2; shift ;;
     --expect) expects+=("$2"); shift ;;
     --env) envs+=("$2"); shift ;;
+    --cut-after) cut_after=$2; shift ;;
+    --client-fails-within) fail_within=$2; shift ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "two_hosts.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -83,7 +92,25 @@ for ((i = 0; i < 400; i++)); do
   sleep 0.05
 done
 status=PASS
-if ((ready)); then
+if ((ready)) && [[ -n $cut_after ]]; then
+  run_on "$ns_b" "$work/client" "$(expand "$client")" &
+  client_pid=$!
+  pids+=($client_pid)
+  sleep "$cut_after"
+  ip -n "$ns_a" link set "$veth_a" down
+  kill -KILL -- "-$server_pid" 2>/dev/null
+  cut_at=$SECONDS
+  wait "$client_pid"
+  client_rc=$?
+  took=$((SECONDS - cut_at))
+  server_rc=killed
+  echo "[$name] the server's host was cut off; the client exited $client_rc after ${took}s"
+  status=PASS
+  if [[ $client_rc == 0 || $client_rc == 124 || $took -gt ${fail_within:-30} ]]; then
+    echo "[$name] the client should have failed within ${fail_within:-30}s of the cut"
+    status=FAIL
+  fi
+elif ((ready)); then
   run_on "$ns_b" "$work/client" "$(expand "$client")" &
   pids+=($!)
   wait $!
@@ -97,7 +124,7 @@ else
 fi
 sed "s/^/[$name server] /" "$work/server"
 sed "s/^/[$name client] /" "$work/client"
-[[ $server_rc == 0 && $client_rc == 0 ]] || status=FAIL
+[[ -n $cut_after || ($server_rc == 0 && $client_rc == 0) ]] || status=FAIL
 for re in "${expects[@]}"; do
   grep -Eq -- "$re" "$work/client" || { echo "[$name] the client's output lacks /$re/"; status=FAIL; }
 done
