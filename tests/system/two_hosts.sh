@@ -77,7 +77,9 @@ expand() { local s=${1//@SERVER@/$a_ip}; echo "${s//@CLIENT@/$b_ip}"; }
 run_on() {
   local ns=$1 log=$2 cmd=$3 env_args=""
   for e in "${envs[@]}"; do env_args+=" $(printf '%q' "$e")"; done
-  setsid ip netns exec "$ns" unshare -m --propagation private \
+  # exec: the background job's own pid becomes the session and group leader,
+  # so that `kill -- -PID` reaches everything it started.
+  exec setsid ip netns exec "$ns" unshare -m --propagation private \
     sh -c "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec env LD_LIBRARY_PATH=$libdir$env_args timeout $timeout $cmd" \
     >"$log" 2>&1
 }
