@@ -496,6 +496,10 @@ TEST(StaleConnection, NewQpWithTheSameQpnReceivesNothing) {
 // shared registry the child's QPNs would follow ours and the SEND would land.
 
 int other_host_child(int rfd, int wfd) {
+  // Forked before the parent has threads (TSan cannot start threads in the
+  // child of a multi-threaded process); the parent says when its QP exists.
+  char go = 0;
+  if (!read_all(rfd, &go, 1, kChildDeadline) || go != 'G') return 9;
   if (::unshare(CLONE_NEWNET) != 0) {
     // Not allowed here (no CAP_SYS_ADMIN, no user namespaces): tell the parent to skip.
     write_all(wfd, "S", 1);
@@ -535,7 +539,9 @@ TEST(TwoHosts, AProcessInAnotherNetworkNamespaceIsAnotherHost) {
   ASSERT_EQ(::setenv("SOFTHCA_RUNTIME_DIR", dir, 1), 0);
   bool skipped = false;
   {
-    Device dev;  // first: our QP takes the first QPN of our host
+    Child child(other_host_child);
+    ASSERT_TRUE(child.ok());
+    Device dev;  // our QP takes the first QPN of our host
     ASSERT_TRUE(dev.ok());
     QpConfig cfg;
     cfg.timeout = 8;  // 1 ms
@@ -544,9 +550,8 @@ TEST(TwoHosts, AProcessInAnotherNetworkNamespaceIsAnotherHost) {
     ASSERT_NE(cq, nullptr);
     ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
     ASSERT_NE(a, nullptr);
+    ASSERT_TRUE(write_all(child.wfd, "G", 1));
     {
-      Child child(other_host_child);
-      ASSERT_TRUE(child.ok());
       char hello = 0;
       ASSERT_TRUE(read_all(child.rfd, &hello, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
       if (hello == 'S') {
