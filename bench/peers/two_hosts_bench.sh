@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# bench/peers/two_hosts_bench.sh: the udp link between two network
+# namespaces on a veth pair, against what the same pair does without it.
+#
+#   bench/peers/two_hosts_bench.sh [--reps N] [--libdir DIR] [--mtu BYTES]
+#
+# Runs as root (it makes the namespaces: 198.18.0.1 and .2, removed at the
+# end). Each repetition measures, interleaved:
+#   udp one-way     build/bin/udp_pingpong: half a UDP round trip, median (us)
+#   write_lat       ib_write_lat -s 2 on softhca: t_typical (us)
+#   write_bw        ib_write_bw -s 65536 on softhca: BW average (MB/s)
+#   ucx_tcp_bw      ucx_perftest -t tag_bw -s 65536, UCX_TLS=tcp: overall (MB/s)
+#   write_bw_loss1  ib_write_bw -s 65536 with SOFTHCA_FAULT=loss=0.01 at both ends
+# and prints every sample, the medians, and the ratios issue #9 sets bars on:
+#   write_lat / udp one-way (<= 2), write_bw / ucx_tcp_bw (>= 0.5),
+#   write_bw_loss1 / write_bw (>= 0.5).
+set -u -o pipefail
+
+reps=3
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+libdir=$root/build/lib
+mtu=1500
+while (($#)); do
+  case $1 in
+    --reps) reps=$2; shift ;;
+    --libdir) libdir=$2; shift ;;
+    --mtu) mtu=$2; shift ;;
+    -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+    *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+bindir=$(cd "$libdir/../bin" && pwd)
+[[ -x $bindir/udp_pingpong ]] || { echo "build udp_pingpong first (cmake --build build --target udp_pingpong)" >&2; exit 2; }
+
+a=softhca-bench-$$-a b=softhca-bench-$$-b va=sba$$ vb=sbb$$
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+  ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+ip netns add "$a" && ip netns add "$b" || { echo "cannot create network namespaces (root?)" >&2; exit 1; }
+ip link add "$va" type veth peer name "$vb" && ip link set "$va" netns "$a" && ip link set "$vb" netns "$b"
+ip -n "$a" addr add 198.18.0.1/30 dev "$va"; ip -n "$b" addr add 198.18.0.2/30 dev "$vb"
+for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
+ip -n "$a" link set "$va" mtu "$mtu" up; ip -n "$b" link set "$vb" mtu "$mtu" up
+
+# on NS ENV... -- CMD: a command on a host with a private /dev/shm.
+on() {
+  local ns=$1; shift
+  local envs=()
+  while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  exec setsid ip netns exec "$ns" unshare -m --propagation private \
+    sh -c 'mount -t tmpfs tmpfs /dev/shm && exec "$@"' sh env "${envs[@]}" "$@"
+}
+
+wait_port() {  # NS PORT PROTO
+  local i
+  for ((i = 0; i < 200; i++)); do
+    ip netns exec "$1" ss "-l${3}nH" "sport = :$2" | grep -q . && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# pair NAME PORT PROTO FIELD_CMD SERVER_ENV CLIENT_ENV -- CMD...: runs CMD as
+# server on A and CMD 198.18.0.1 as client on B; prints what FIELD_CMD (awk)
+# extracts from the client's output.
+pair() {
+  local name=$1 port=$2 proto=$3 field=$4
+  shift 4
+  local senv=() cenv=()
+  while [[ $1 != -- ]]; do senv+=("$1"); shift; done
+  shift
+  while [[ $1 != -- ]]; do cenv+=("$1"); shift; done
+  shift
+  (on "$a" "${senv[@]}" -- timeout 60 "$@") >"$tmp/$name.server" 2>&1 &
+  local spid=$!
+  pids+=("$spid")
+  wait_port "$a" "$port" "$proto" || { echo "$name: the server did not start" >&2; return 1; }
+  (on "$b" "${cenv[@]}" -- timeout 60 "$@" 198.18.0.1) >"$tmp/$name.client" 2>&1
+  kill -TERM -- "-$spid" 2>/dev/null
+  wait "$spid" 2>/dev/null
+  awk "$field" "$tmp/$name.client"
+}
+
+sv="LD_LIBRARY_PATH=$libdir"
+declare -A samples
+for ((r = 1; r <= reps; r++)); do
+  v=$( (on "$a" -- "$bindir/udp_pingpong" -s -p 19800) >/dev/null 2>&1 & echo $!)
+  pids+=("$v")
+  wait_port "$a" 19800 u
+  x=$(on "$b" -- "$bindir/udp_pingpong" -c 198.18.0.1 -p 19800 -n 20000 | awk '{print $4}')
+  kill -KILL -- "-$v" 2>/dev/null
+  samples[udp]+="$x "
+  x=$(pair write_lat 18515 t '/^ *2 /{print $5}' "$sv" -- "$sv" -- ib_write_lat -x 1 -s 2 -n 5000)
+  samples[write_lat]+="$x "
+  x=$(pair write_bw 18515 t '/^ *65536 /{print $4}' "$sv" -- "$sv" -- ib_write_bw -x 1 -s 65536 -n 5000)
+  samples[write_bw]+="$x "
+  x=$(pair ucx 13337 t '/^Final:/{print $7}' UCX_TLS=tcp -- UCX_TLS=tcp -- ucx_perftest -p 13337 -t tag_bw -s 65536 -n 5000)
+  samples[ucx_tcp_bw]+="$x "
+  x=$(pair loss 18515 t '/^ *65536 /{print $4}' "$sv" SOFTHCA_FAULT=loss=0.01,seed=$r -- "$sv" SOFTHCA_FAULT=loss=0.01,seed=$((r + 100)) -- \
+      ib_write_bw -x 1 -s 65536 -n 5000)
+  samples[write_bw_loss1]+="$x "
+  echo "rep $r: udp ${samples[udp]##* } write_lat ... done" >&2
+done
+
+median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "nan"}'; }
+echo "samples (reps=$reps, veth MTU $mtu):"
+declare -A m
+for k in udp write_lat write_bw ucx_tcp_bw write_bw_loss1; do
+  m[$k]=$(echo "${samples[$k]}" | median)
+  printf '  %-16s %s -> median %s\n' "$k" "${samples[$k]}" "${m[$k]}"
+done
+ratio() { awk -v x="$1" -v y="$2" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "nan" }'; }
+echo "ratios:"
+echo "  write_lat / udp one-way:     $(ratio "${m[write_lat]}" "${m[udp]}")   (bar <= 2)"
+echo "  write_bw / ucx tcp tag_bw:   $(ratio "${m[write_bw]}" "${m[ucx_tcp_bw]}")   (bar >= 0.5)"
+echo "  write_bw at 1% loss / 0%:    $(ratio "${m[write_bw_loss1]}" "${m[write_bw]}")   (bar >= 0.5)"
