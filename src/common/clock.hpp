@@ -15,4 +15,12 @@ inline uint64_t monotonic_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// How long from now until `deadline_ns` (a monotonic_ns() value), for a
+// relative wait that ends then; zero once it has passed.
+inline timespec time_until(uint64_t deadline_ns) {
+  const uint64_t now = monotonic_ns();
+  const uint64_t delta = deadline_ns > now ? deadline_ns - now : 0;
+  return timespec{static_cast<time_t>(delta / 1'000'000'000ULL), static_cast<long>(delta % 1'000'000'000ULL)};
+}
+
 }  // namespace softhca

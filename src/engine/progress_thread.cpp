@@ -52,10 +52,7 @@ void ProgressThread::loop() {
     timespec timeout{};
     const timespec* wait_for = nullptr;
     if (deadline != 0) {
-      const uint64_t now = monotonic_ns();
-      const uint64_t delta = deadline > now ? deadline - now : 0;
-      timeout.tv_sec = static_cast<time_t>(delta / 1'000'000'000ULL);
-      timeout.tv_nsec = static_cast<long>(delta % 1'000'000'000ULL);
+      timeout = time_until(deadline);
       wait_for = &timeout;
     }
     if (wait_for == nullptr || timeout.tv_sec != 0 || timeout.tv_nsec != 0)

@@ -207,6 +207,14 @@ Response accept_read(const Request& req, ResponderPort& port, bool reliable, iov
   return proceed();
 }
 
+Response recheck_read(const Request& req, ResponderPort& port, iovec& from) {
+  const ResponderQp qp = port.qp();
+  if (qp.type != req.qp_type || !receives_in_state(qp.state) || req.op != Operation::kRead ||
+      qp.max_dest_rd_atomic == 0 || !remote_range(port, qp, req, IBV_ACCESS_REMOTE_READ, req.length, from))
+    return silence();
+  return proceed();
+}
+
 Response ready_for_last(MessageInProgress& m, ResponderPort& port) {
   if (m.op != Operation::kWriteWithImm || m.has_wqe) return proceed();
   if (!port.take_receive(m.wqe)) return not_ready(port, m.reliable, port.qp().min_rnr_timer);

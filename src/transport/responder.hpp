@@ -73,6 +73,12 @@ Response accept(const Request& request, ResponderPort& port, bool reliable, Mess
 // is the responder's range to answer with (read it through the port).
 Response accept_read(const Request& request, ResponderPort& port, bool reliable, iovec& from);
 
+// The same for a duplicate READ request (a replay): it changes nothing, and
+// one that can no longer be answered (its MR deregistered since) is dropped
+// silently — the READ it repeats was answered, and the QP must not go to
+// ERROR for a stale packet.
+Response recheck_read(const Request& request, ResponderPort& port, iovec& from);
+
 // One packet's payload, placed after what came before. A SEND longer than
 // its receive WQE, or a WRITE past its RETH length, fails here.
 Response place(MessageInProgress& message, const iovec* data, int ndata, uint64_t length, ResponderPort& port);

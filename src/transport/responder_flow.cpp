@@ -147,8 +147,7 @@ void ResponderFlow::duplicate(const wire::ParsedPacket& packet, ResponderPort& p
     again.npsn = packets_for(again.request.length, config_.mtu);
     if (psn_diff(psn_add(again.psn, again.npsn), psn_add(r.psn, r.npsn)) > 0) return;  // not within the READ
     iovec from;
-    if (accept_read(again.request, port, true, from).syndrome.answer == Answer::kAck)
-      send_read_response(again, from, out);
+    if (recheck_read(again.request, port, from).syndrome.answer == Answer::kAck) send_read_response(again, from, out);
     return;
   }
   // A SEND or WRITE already received: say how far we are.

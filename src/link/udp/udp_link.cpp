@@ -465,10 +465,7 @@ void UdpLink::loop() {
     timespec wait{};
     const timespec* timeout = nullptr;
     if (deadline != 0) {
-      const uint64_t now = monotonic_ns();
-      const uint64_t delta = deadline > now ? deadline - now : 0;
-      wait.tv_sec = static_cast<time_t>(delta / 1'000'000'000ULL);
-      wait.tv_nsec = static_cast<long>(delta % 1'000'000'000ULL);
+      wait = time_until(deadline);
       timeout = &wait;
     }
     const int ready = ::ppoll(fds, 4, timeout, nullptr);
