@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -441,10 +442,31 @@ int stale_target_child(int rfd, int wfd) {
   return 0;
 }
 
+// A runtime directory of the test's own (SOFTHCA_RUNTIME_DIR), so that only
+// the test's processes take QPNs there; unset and removed with the object.
+class PrivateRuntimeDir {
+ public:
+  explicit PrivateRuntimeDir(const char* name) : path_(std::string("/dev/shm/softhca-") + name + "-XXXXXX") {
+    ok_ = ::mkdtemp(path_.data()) != nullptr && ::setenv("SOFTHCA_RUNTIME_DIR", path_.c_str(), 1) == 0;
+  }
+  ~PrivateRuntimeDir() {
+    ::unsetenv("SOFTHCA_RUNTIME_DIR");
+    std::error_code error;
+    std::filesystem::remove_all(path_, error);
+    if (error) ADD_FAILURE() << "cannot remove " << path_ << ": " << error.message();
+  }
+  PrivateRuntimeDir(const PrivateRuntimeDir&) = delete;
+  PrivateRuntimeDir& operator=(const PrivateRuntimeDir&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  std::string path_;
+  bool ok_ = false;
+};
+
 TEST(StaleConnection, NewQpWithTheSameQpnReceivesNothing) {
-  char dir[] = "/dev/shm/softhca-stale-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  ASSERT_EQ(::setenv("SOFTHCA_RUNTIME_DIR", dir, 1), 0);
+  PrivateRuntimeDir dir("stale-test");
+  ASSERT_TRUE(dir.ok());
   {
     Child child(stale_target_child);
     ASSERT_TRUE(child.ok());
@@ -484,9 +506,6 @@ TEST(StaleConnection, NewQpWithTheSameQpnReceivesNothing) {
     EXPECT_EQ(ibv_destroy_qp(a), 0);
     EXPECT_EQ(ibv_destroy_cq(cq), 0);
   }
-  ::unsetenv("SOFTHCA_RUNTIME_DIR");
-  std::string cleanup = std::string("rm -rf ") + dir;
-  EXPECT_EQ(std::system(cleanup.c_str()), 0);
 }
 
 // A host is a network namespace: a process that moved to a namespace of its
@@ -534,9 +553,8 @@ int other_host_child(int rfd, int wfd) {
 }
 
 TEST(TwoHosts, AProcessInAnotherNetworkNamespaceIsAnotherHost) {
-  char dir[] = "/dev/shm/softhca-netns-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  ASSERT_EQ(::setenv("SOFTHCA_RUNTIME_DIR", dir, 1), 0);
+  PrivateRuntimeDir dir("netns-test");
+  ASSERT_TRUE(dir.ok());
   bool skipped = false;
   {
     Child child(other_host_child);
@@ -580,9 +598,6 @@ TEST(TwoHosts, AProcessInAnotherNetworkNamespaceIsAnotherHost) {
     EXPECT_EQ(ibv_destroy_qp(a), 0);
     EXPECT_EQ(ibv_destroy_cq(cq), 0);
   }
-  ::unsetenv("SOFTHCA_RUNTIME_DIR");
-  std::string cleanup = std::string("rm -rf ") + dir;
-  EXPECT_EQ(std::system(cleanup.c_str()), 0);
   if (skipped) GTEST_SKIP() << "unshare(CLONE_NEWNET) is not permitted here";
 }
 
