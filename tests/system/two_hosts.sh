@@ -7,13 +7,15 @@
 #
 #   two_hosts.sh --name NAME --libdir DIR --port PORT --timeout SECS \
 #                --server 'CMD ARGS' --client 'CMD ARGS' [--expect RE]... [--env VAR=VALUE]...
-#                [--cut-after SECS --client-fails-within SECS]
+#                [--cut-after-packets N --client-fails-within SECS]
 #
-# --cut-after SECS takes the server's host off the network SECS after the
-# client started (its veth goes down and its processes are killed): then the
-# run passes when the client exits non-zero within --client-fails-within
-# seconds of the cut (its QPs ended in error instead of hanging) and its
-# output matches every --expect.
+# --cut-after-packets N takes the server's host off the network (its veth
+# goes down and its processes are killed) once its veth has received N
+# packets (traffic is flowing; the programs' own output is block-buffered
+# into a file and shows nothing until they exit): then the run passes when
+# the client exits non-zero within --client-fails-within seconds of the cut
+# (its QPs ended in error instead of hanging) and its output matches every
+# --expect.
 #
 # In the commands, @SERVER@ and @CLIENT@ stand for the hosts' addresses.
 # The client starts once the server listens on TCP PORT in its namespace
@@ -24,7 +26,7 @@
 # made are removed.
 set -u -o pipefail
 
-name="" libdir="" port="" timeout=60 server="" client="" cut_after="" fail_within=""
+name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" fail_within=""
 expects=() envs=()
 while (($#)); do
   case $1 in
@@ -36,7 +38,7 @@ while (($#)); do
     --client) client=$2; shift ;;
     --expect) expects+=("$2"); shift ;;
     --env) envs+=("$2"); shift ;;
-    --cut-after) cut_after=$2; shift ;;
+    --cut-after-packets) cut_packets=$2; shift ;;
     --client-fails-within) fail_within=$2; shift ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "two_hosts.sh: unknown argument $1" >&2; exit 2 ;;
@@ -94,11 +96,18 @@ for ((i = 0; i < 400; i++)); do
   sleep 0.05
 done
 status=PASS
-if ((ready)) && [[ -n $cut_after ]]; then
+if ((ready)) && [[ -n $cut_packets ]]; then
   run_on "$ns_b" "$work/client" "$(expand "$client")" &
   client_pid=$!
   pids+=($client_pid)
-  sleep "$cut_after"
+  # Cut once traffic flows (bounded; a client that dies first is judged
+  # below like any other).
+  for ((i = 0; i < 20 * timeout; i++)); do
+    received=$(ip netns exec "$ns_a" cat "/sys/class/net/$veth_a/statistics/rx_packets" 2>/dev/null || echo 0)
+    ((received >= cut_packets)) && break
+    kill -0 "$client_pid" 2>/dev/null || break
+    sleep 0.05
+  done
   ip -n "$ns_a" link set "$veth_a" down
   kill -KILL -- "-$server_pid" 2>/dev/null
   cut_at=$SECONDS
@@ -126,7 +135,7 @@ else
 fi
 sed "s/^/[$name server] /" "$work/server"
 sed "s/^/[$name client] /" "$work/client"
-[[ -n $cut_after || ($server_rc == 0 && $client_rc == 0) ]] || status=FAIL
+[[ -n $cut_packets || ($server_rc == 0 && $client_rc == 0) ]] || status=FAIL
 for re in "${expects[@]}"; do
   grep -Eq -- "$re" "$work/client" || { echo "[$name] the client's output lacks /$re/"; status=FAIL; }
 done
