@@ -18,7 +18,7 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 3;  // 2: the multicast group table; 3: the access fence
+constexpr uint32_t kVersion = 4;  // 2: the multicast group table; 3: the access fence; 4: counters
 
 uint64_t now_ns() {
   timespec ts;
@@ -66,8 +66,10 @@ Result<HostRegistry*> HostRegistry::open() {
   return open_in(*dir, false);
 }
 
+std::string HostRegistry::path_in(const std::string& dir) { return dir + "/registry-v" + std::to_string(kVersion); }
+
 Result<HostRegistry*> HostRegistry::open_in(const std::string& dir, bool unlink_on_close) {
-  return open_named(dir + "/registry-v" + std::to_string(kVersion), unlink_on_close);
+  return open_named(path_in(dir), unlink_on_close);
 }
 
 Result<HostRegistry*> HostRegistry::open_named(const std::string& path, bool unlink_on_close) {
@@ -103,6 +105,11 @@ bool HostRegistry::process_alive(uint32_t index, uint32_t pid) const {
 }
 
 void HostRegistry::release_process_objects_locked(uint32_t proc) {
+  // Its counts stay in the port's totals; the next process starts from zero.
+  for (size_t c = 0; c < kCounterCount; ++c) {
+    const uint64_t n = layout_->process_counters[proc].value[c].exchange(0, std::memory_order_relaxed);
+    layout_->retired_counters.value[c].fetch_add(n, std::memory_order_relaxed);
+  }
   // A dead process's accesses ended with it.
   for (auto& slot : layout_->accesses[proc].slots) {
     const uint64_t v = slot.load(std::memory_order_relaxed);
@@ -117,6 +124,15 @@ void HostRegistry::release_process_objects_locked(uint32_t proc) {
       mr.key.store(0, std::memory_order_release);
       mr.seq.fetch_add(1, std::memory_order_release);
     }
+}
+
+std::array<uint64_t, kCounterCount> HostRegistry::port_counters() const {
+  std::array<uint64_t, kCounterCount> total{};
+  for (size_t c = 0; c < kCounterCount; ++c) total[c] = layout_->retired_counters.value[c].load(std::memory_order_relaxed);
+  for (uint32_t p = 0; p < kMaxProcs; ++p)
+    for (size_t c = 0; c < kCounterCount; ++c)
+      total[c] += layout_->process_counters[p].value[c].load(std::memory_order_relaxed);
+  return total;
 }
 
 void HostRegistry::reclaim_dead_locked() {

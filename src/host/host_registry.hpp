@@ -11,10 +11,12 @@
 
 #include <pthread.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
 
+#include "common/counters.hpp"
 #include "common/result.hpp"
 #include "host/shared_file.hpp"
 
@@ -101,6 +103,12 @@ struct RegistryLayout {
   QpSlot qps[kMaxQpSlots];
   MrSlot mrs[kMaxMrSlots];
   McastGroup mcast[kMaxMcastGroups];
+  // The port's counters, one set per process so that processes do not
+  // contend on one cache line per packet; a process's set is added to
+  // `retired_counters` when its slot is freed, so the port's totals never
+  // go back.
+  Counters process_counters[kMaxProcs];
+  Counters retired_counters;
 };
 
 class HostRegistry {
@@ -110,6 +118,8 @@ class HostRegistry {
   static Result<HostRegistry*> open();
   // The registry of directory `dir` (for tests: unlinked when closed if asked).
   static Result<HostRegistry*> open_in(const std::string& dir, bool unlink_on_close);
+  // The registry file of host directory `dir` (it may not exist yet).
+  static std::string path_in(const std::string& dir);
   // For tests: a registry with a private name, unlinked when closed.
   static Result<HostRegistry*> open_named(const std::string& name, bool unlink_on_close);
   ~HostRegistry();
@@ -156,6 +166,13 @@ class HostRegistry {
   uint32_t mcast_members(const uint8_t* mgid, uint32_t* out) const;
 
   const ProcSlot& proc(uint32_t index) const { return layout_->procs[index]; }
+  // QP slot `index` (0 <= index < kMaxQpSlots), for tools that list every QP.
+  const QpSlot& qp_slot(uint32_t index) const { return layout_->qps[index]; }
+
+  // Process `proc`'s share of the port's counters.
+  Counters& process_counters(uint32_t proc) { return layout_->process_counters[proc]; }
+  // The port's counters: every process's, live or gone.
+  std::array<uint64_t, kCounterCount> port_counters() const;
   bool process_alive(uint32_t index) const;
   // Whether process `pid`, seen in slot `index` earlier, still runs. False
   // once the slot was reclaimed, even if a new process has taken it since.

@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/counters.hpp"
+
 namespace softhca::host {
 
 // One completion, laid out for a 64-byte cache line.
@@ -278,6 +280,8 @@ struct SharedQp {
   // that had the same QPN finds a different incarnation and gets no answer,
   // as the PSN check drops a stale connection's packets on RoCE.
   std::atomic<uint64_t> incarnation;
+  // The QP's counters (common/counters.hpp), read by `softhca stat`.
+  Counters counters;
 
   static constexpr uint32_t kDestroyed = 0xFFFF;
 };

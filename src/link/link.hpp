@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 
+#include "common/counters.hpp"
 #include "transport/request.hpp"
 #include "transport/responder.hpp"
 
@@ -35,6 +36,8 @@ struct ChannelConfig {
   uint32_t mtu = 1024;           // the path MTU in bytes
   uint32_t rq_psn = 0;
   uint32_t max_dest_rd_atomic = 0;
+  // The QP's counters (in its SharedQp); the link adds the port's.
+  Counters* qp_counters = nullptr;
   // Called from the link's thread, with no lock of the link held, when the
   // channel has answers to take (next_answer). It must not call back into
   // the channel there; the engine takes them under its own lock
@@ -86,6 +89,7 @@ struct Datagram {
   uint8_t hop_limit = 0;
   uint32_t flow_label = 0;
   bool block_self_multicast = false;  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
+  Counters* qp_counters = nullptr;    // the sending QP's
 };
 
 class Link {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/iovec.hpp"
+#include "transport/answer_counters.hpp"
 #include "transport/completer.hpp"
 #include "transport/ibta_timers.hpp"
 #include "transport/psn.hpp"
@@ -191,7 +192,11 @@ void RequesterFlow::retransmit_from(uint32_t psn, PacketSink& out) {
       psn = o.read_next;
     break;
   }
-  if (psn_diff(send_psn_, psn) > 0) retransmitted_ += static_cast<uint32_t>(psn_diff(send_psn_, psn));
+  if (psn_diff(send_psn_, psn) > 0) {
+    const auto again = static_cast<uint32_t>(psn_diff(send_psn_, psn));
+    retransmitted_ += again;
+    config_.counters.add(Counter::kRetransmittedPkts, again);
+  }
   send_psn_ = psn;
   if (psn_diff(una_psn_, psn) > 0) una_psn_ = psn;
   pump(out);
@@ -266,6 +271,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       acknowledge_through(psn_add(psn, kPsnMask), now_ns, out);  // psn - 1
       if (outstanding_.empty() || psn_diff(psn, outstanding_.front().first_psn) < 0) return;
       if (s.is_rnr_nak()) {
+        count_received_answer(config_.counters, Answer::kRnrNak);
         if (after_rnr_nak(config_.rnr_retry, rnr_left_) == RetryVerdict::kGiveUp) {
           fail_front(IBV_WC_RNR_RETRY_EXC_ERR);
           return;
@@ -280,17 +286,21 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       if (!code) return;
       switch (*code) {
         case wire::NakCode::kPsnSequenceError:
+          count_received_answer(config_.counters, Answer::kNakSequenceError);
           retransmit_from(psn, out);
           arm_ack_timer(now_ns);
           return;
         case wire::NakCode::kInvalidRequest:
         case wire::NakCode::kInvalidRdRequest:
+          count_received_answer(config_.counters, Answer::kNakInvalidRequest);
           fail_front(status_of_nak(Answer::kNakInvalidRequest));
           return;
         case wire::NakCode::kRemoteAccessError:
+          count_received_answer(config_.counters, Answer::kNakRemoteAccess);
           fail_front(status_of_nak(Answer::kNakRemoteAccess));
           return;
         case wire::NakCode::kRemoteOperationalError:
+          count_received_answer(config_.counters, Answer::kNakRemoteOperational);
           fail_front(status_of_nak(Answer::kNakRemoteOperational));
           return;
       }
@@ -329,6 +339,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
         read->read_seen = psn;
         if (psn_diff(psn, read->read_next) > 0 && (read->read_asked != read->read_next || new_round)) {
           retransmitted_ += 1;
+          config_.counters.add(Counter::kRetransmittedPkts);
           transmit_packet(*read, 0, out);
         }
         return;
@@ -376,6 +387,7 @@ void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
     fail_front(IBV_WC_RETRY_EXC_ERR);
     return;
   }
+  config_.counters.add(Counter::kCompleterRetryErr);
   retransmit_from(una_psn_, out);
   arm_ack_timer(now_ns);
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 
+#include "common/counters.hpp"
 #include "common/limits.hpp"
 #include "transport/packet_sink.hpp"
 #include "transport/request.hpp"
@@ -49,6 +50,7 @@ struct RequesterConfig {
   uint8_t retry_cnt = 7;
   uint8_t rnr_retry = 7;
   uint8_t timeout = 14;      // IBTA code: 4.096 us * 2^timeout; 0 = wait for ever
+  CounterSink counters;      // retransmissions, timeouts, NAKs received
 };
 
 struct RequesterCompletion {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/iovec.hpp"
+#include "transport/answer_counters.hpp"
 #include "transport/psn.hpp"
 
 namespace softhca::transport {
@@ -68,6 +69,7 @@ Request ResponderFlow::request_of(const wire::ParsedPacket& packet, Operation op
 
 void ResponderFlow::answer(const Syndrome& syndrome, uint32_t psn, PacketSink& out) {
   if (!config_.reliable || syndrome.answer == Answer::kSilence) return;
+  count_sent_answer(config_.counters, syndrome.answer);
   wire::Headers h;
   h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAcknowledge);
   h.bth.dest_qpn = config_.peer_qpn;
@@ -130,6 +132,7 @@ void ResponderFlow::send_atomic_ack(const ReadOrAtomic& atomic, PacketSink& out)
 
 void ResponderFlow::duplicate(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
   ++duplicates_;
+  config_.counters.add(Counter::kDuplicateRequest);
   const uint32_t psn = packet.headers.bth.psn;
   for (const ReadOrAtomic& r : recent_) {
     if (r.atomic) {
@@ -285,6 +288,7 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
       // gap, and the packet we wait for was lost once more), NAK again at
       // once rather than leave the requester to its ACK timer.
       ++out_of_sequence_;
+      config_.counters.add(Counter::kOutOfSeqRequest);
       const bool new_round = nak_sent_ && psn_diff(psn, last_gap_psn_) < 0;
       last_gap_psn_ = psn;
       if (!nak_sent_ || new_round) {
@@ -297,6 +301,7 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
   } else if (d != 0) {
     // UC: a gap loses the message in progress; this packet starts afresh.
     ++out_of_sequence_;
+    config_.counters.add(Counter::kOutOfSeqRequest);
     if (in_message_) {
       if (message_.has_wqe && (message_.op == Operation::kSend || message_.op == Operation::kSendWithImm))
         spare_wqe_ = message_.wqe;

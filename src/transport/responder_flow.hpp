@@ -13,6 +13,7 @@
 #include <deque>
 #include <optional>
 
+#include "common/counters.hpp"
 #include "transport/packet_sink.hpp"
 #include "transport/responder.hpp"
 #include "wire/packet.hpp"
@@ -25,6 +26,7 @@ struct ResponderConfig {
   bool reliable = true;
   uint32_t start_psn = 0;  // rq_psn
   uint32_t resources = 16;  // max_dest_rd_atomic: READ/atomic requests kept for replay
+  CounterSink counters;     // duplicates, out-of-sequence requests, NAKs sent
 };
 
 class ResponderFlow {

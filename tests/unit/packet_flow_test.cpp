@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "fake_responder_port.hpp"
@@ -101,12 +102,16 @@ class PacketFlow : public ::testing::Test {
     rc.retry_cnt = retry_cnt;
     rc.rnr_retry = rnr_retry;
     rc.timeout = 10;  // 4.2 ms of virtual time
+    requester_counters_ = std::make_unique<Counters>();
+    responder_counters_ = std::make_unique<Counters>();
+    rc.counters = CounterSink(requester_counters_.get(), nullptr);
     requester_.emplace(rc);
     ResponderConfig sc;
     sc.peer_qpn = kRequesterQpn;
     sc.mtu = kMtu;
     sc.reliable = reliable;
     sc.start_psn = psn;
+    sc.counters = CounterSink(responder_counters_.get(), nullptr);
     responder_.emplace(sc);
     port_.qp_.type = reliable ? IBV_QPT_RC : IBV_QPT_UC;
   }
@@ -151,7 +156,11 @@ class PacketFlow : public ::testing::Test {
     return v;
   }
 
+  uint64_t requester_count(Counter c) const { return requester_counters_->get(c); }
+  uint64_t responder_count(Counter c) const { return responder_counters_->get(c); }
+
   FakePort port_{256 * 1024};
+  std::unique_ptr<Counters> requester_counters_, responder_counters_;
   Wire to_responder_, to_requester_;
   std::optional<RequesterFlow> requester_;
   std::optional<ResponderFlow> responder_;
@@ -195,6 +204,26 @@ TEST_F(PacketFlow, LostWritePacketsAreSentAgainFromTheGap) {
   EXPECT_GT(requester_->retransmitted_packets(), 0u);
   EXPECT_GT(responder_->out_of_sequence(), 0u);
   EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+}
+
+TEST_F(PacketFlow, CountersTellOneLossAndItsRecovery) {
+  start();
+  auto data = pattern(4 * kMtu, 12);
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index == 1 ? Wire::Fault{0, false} : Wire::Fault{};  // the second packet, once
+  };
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  // The responder saw packets 3 and 4 past the gap and NAKed once; the
+  // requester went back to packet 2 and sent 2, 3 and 4 again.
+  EXPECT_EQ(responder_count(Counter::kOutOfSeqRequest), 2u);
+  EXPECT_EQ(responder_count(Counter::kSentSeqNak), 1u);
+  EXPECT_EQ(responder_count(Counter::kDuplicateRequest), 0u);
+  EXPECT_EQ(requester_count(Counter::kRcvdSeqErr), 1u);
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 3u);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
 }
 
 TEST_F(PacketFlow, AMessageLongerThanTheWindowGoesOutAsAcksComeBack) {
@@ -391,6 +420,8 @@ TEST_F(PacketFlow, RnrRetryZeroGivesUp) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
   EXPECT_TRUE(requester_->failed());
+  EXPECT_EQ(responder_count(Counter::kSendRnrErr), 1u);
+  EXPECT_EQ(requester_count(Counter::kRcvdRnrErr), 1u);
 }
 
 TEST_F(PacketFlow, SilenceEndsInRetryExceededAfterRetryCntTimeouts) {
@@ -404,6 +435,8 @@ TEST_F(PacketFlow, SilenceEndsInRetryExceededAfterRetryCntTimeouts) {
   EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
   EXPECT_EQ(to_responder_.sent(), 1u + retry_cnt) << "the first transmission and retry_cnt more";
   EXPECT_EQ(requester_->retransmitted_packets(), retry_cnt);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), retry_cnt) << "one per expiry that sent again";
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), retry_cnt);
   EXPECT_EQ(now_, (retry_cnt + 1) * ack_timeout_ns(10));
 }
 
@@ -429,6 +462,8 @@ TEST_F(PacketFlow, ARemoteAccessErrorIsNakedAndEndsTheFlow) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].status, IBV_WC_REM_ACCESS_ERR);
   EXPECT_EQ(port_.events.back(), IBV_EVENT_QP_ACCESS_ERR);
+  EXPECT_EQ(responder_count(Counter::kSentNakRemoteAccess), 1u);
+  EXPECT_EQ(requester_count(Counter::kRcvdNakRemoteAccess), 1u);
 }
 
 TEST_F(PacketFlow, UcDropsAMessageWithAGapAndReusesItsReceive) {

@@ -31,6 +31,8 @@ extern const Command kRunCommand;
 extern const Command kDevicesCommand;
 // info.cpp
 extern const Command kInfoCommand;
+// stat.cpp
+extern const Command kStatCommand;
 
 // run.cpp: the library directory `softhca run` uses without --libdir:
 // <directory of this executable>/../lib, i.e. build/lib for build/bin/softhca.

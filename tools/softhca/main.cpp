@@ -3,6 +3,7 @@
 //   softhca run [--] PROGRAM ARGS...   run a program on softhca
 //   softhca devices [NAME]             list devices, ports and GIDs
 //   softhca info [-c]                  version, directories; -c: every setting
+//   softhca stat [-a] [--port|--qp N]  counters of the port and of each QP
 //   softhca help [COMMAND]             usage
 #include <array>
 #include <cstdio>
@@ -17,7 +18,7 @@ bool is_help_flag(std::string_view arg) { return arg == "-h" || arg == "--help";
 
 namespace {
 
-constexpr std::array kCommands = {&kRunCommand, &kDevicesCommand, &kInfoCommand};
+constexpr std::array kCommands = {&kRunCommand, &kDevicesCommand, &kInfoCommand, &kStatCommand};
 
 const Command* find_command(std::string_view name) {
   for (const Command* command : kCommands) {

@@ -400,7 +400,16 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   return err;
 }
 
+CounterSink QueuePair::counters() const {
+  return CounterSink(&shared_->counters, &node_.registry().process_counters(node_.proc()));
+}
+
 void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
+  if (status == IBV_WC_SUCCESS && (wqe.opcode == IBV_WR_SEND || wqe.opcode == IBV_WR_SEND_WITH_IMM ||
+                                   wqe.opcode == IBV_WR_SEND_WITH_INV))
+    counters().add(Counter::kRdmaSends);
+  if (status == IBV_WC_RETRY_EXC_ERR) counters().add(Counter::kRetryExceededErr);
+  if (status == IBV_WC_RNR_RETRY_EXC_ERR) counters().add(Counter::kRetryRnrExceededErr);
   if (status != IBV_WC_SUCCESS)
     SOFTHCA_INFO("qp 0x%x: send wr 0x%llx (opcode %u) completes with status %d; the qp goes to ERROR", qpn_,
                  static_cast<unsigned long long>(wqe.wr_id), wqe.opcode, static_cast<int>(status));
@@ -611,6 +620,7 @@ void QueuePair::open_channel_locked() {
   config.mtu = std::min(128u << attrs_.path_mtu, device_info().active_mtu_bytes);
   config.rq_psn = attrs_.rq_psn;
   config.max_dest_rd_atomic = attrs_.max_dest_rd_atomic;
+  config.qp_counters = &shared_->counters;
   Node* node = &node_;
   const uint32_t id = id_;
   config.on_answers = [node, id] { node->qps().with(id, [](QueuePair& qp) { qp.take_answers(); }); };

@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/counters.hpp"
 #include "common/result.hpp"
 #include "common/spinlock.hpp"
 #include "engine/context.hpp"
@@ -117,6 +118,8 @@ class QueuePair {
   void publish_responder_state();
   void raise_event(ibv_event_type type);
   bool signaled(const SendWqe& wqe) const;
+  // This QP's counters and its port's (this process's share of them).
+  CounterSink counters() const;
 
   ProtectionDomain& pd_;
   Context& context_;

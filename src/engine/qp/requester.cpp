@@ -10,6 +10,7 @@
 #include "engine/node.hpp"
 #include "engine/protection_domain.hpp"
 #include "engine/qp/queue_pair.hpp"
+#include "transport/answer_counters.hpp"
 #include "transport/memory_key.hpp"
 #include "wire/ud_grh.hpp"
 
@@ -131,6 +132,7 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
     to.hop_limit = av.hop_limit;
     to.flow_label = av.flow_label;
     to.block_self_multicast = init_.block_self_multicast;
+    to.qp_counters = &shared_->counters;
     // Without a GRH there is no address: the message is lost, as UD allows.
     // Multicast groups are delivered on this host only, for now.
     const bool multicast = to.is_global && wire::is_multicast_gid(to.dgid);
@@ -155,6 +157,10 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
   if (response.busy) return Step{Step::Kind::kNoRoom, {}};
   // UC has no acknowledgements: the message is done once it is sent.
   if (!reliable) return verdict(Verdict::complete(IBV_WC_SUCCESS));
+  transport::count_received_answer(counters(), response.syndrome.answer);
+  // Silence after an earlier attempt: that attempt's ACK timer ran out.
+  if (response.syndrome.answer == transport::Answer::kSilence && wqe.retry.deadline_ns != 0)
+    counters().add(Counter::kCompleterRetryErr);
   const Verdict v = transport::on_answer(response.syndrome, wqe.retry, attrs_.rnr_retry, attrs_.timeout, now_ns);
   if (v.kind == Verdict::Kind::kComplete && v.status == IBV_WC_SUCCESS &&
       (op == Operation::kCompareSwap || op == Operation::kFetchAdd)) {

@@ -6,6 +6,7 @@
 #include "link/link.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
+#include "transport/answer_counters.hpp"
 #include "wire/ud_grh.hpp"
 
 namespace softhca::shm {
@@ -42,7 +43,11 @@ class ShmChannel final : public link::Channel {
     }
     MemoryAccess access(host_, target_.proc);
     ShmResponderPort port(host_, target_);
-    return transport::respond(request, port, reliable_);
+    const transport::Response response = transport::respond(request, port, reliable_);
+    transport::count_sent_answer(
+        CounterSink(&target_.qp->counters, &host_.registry().process_counters(target_.proc)),
+        response.syndrome.answer);
+    return response;
   }
 
  private:

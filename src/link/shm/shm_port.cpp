@@ -146,6 +146,10 @@ transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp o
 }
 
 void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
+  if (c.status == IBV_WC_SUCCESS) {
+    target_.qp->counters.add(Counter::kRdmaRecvs);
+    host_.registry().process_counters(target_.proc).add(Counter::kRdmaRecvs);
+  }
   host::Cqe cqe{};
   cqe.wr_id = c.wr_id;
   cqe.status = c.status;

@@ -70,8 +70,9 @@ class UdpLink;
 // Encodes packets for one flow (addresses, ports) and has the link send them.
 class FlowSink final : public transport::PacketSink {
  public:
-  FlowSink(UdpLink& link, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit)
-      : link_(link), src_(src), dst_(dst), traffic_class_(traffic_class), hop_limit_(hop_limit) {}
+  FlowSink(UdpLink& link, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit,
+           CounterSink counters)
+      : link_(link), src_(src), dst_(dst), traffic_class_(traffic_class), hop_limit_(hop_limit), counters_(counters) {}
 
   void send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) override;
 
@@ -79,6 +80,7 @@ class FlowSink final : public transport::PacketSink {
   UdpLink& link_;
   wire::Gid src_, dst_;
   uint8_t traffic_class_, hop_limit_;
+  CounterSink counters_;
 };
 
 
@@ -90,10 +92,12 @@ struct ChannelState {
   std::optional<transport::RequesterFlow> requester;
   transport::ResponderFlow responder;
   bool closed = false;
-  explicit ChannelState(const link::ChannelConfig& c)
+  CounterSink counters;  // the QP's and the port's
+  ChannelState(const link::ChannelConfig& c, Counters* port)
       : config(c),
         responder(transport::ResponderConfig{c.dest_qpn, c.mtu, c.qp_type == IBV_QPT_RC, c.rq_psn,
-                                             c.max_dest_rd_atomic}) {}
+                                             c.max_dest_rd_atomic, CounterSink(c.qp_counters, port)}),
+        counters(c.qp_counters, port) {}
 };
 
 class UdpLink final : public link::Link {
@@ -110,6 +114,8 @@ class UdpLink final : public link::Link {
   }
 
   Sockets* sockets() { return sockets_.get(); }
+  // This process's share of the port's counters.
+  Counters* port_counters() { return &host_.registry().process_counters(host_.proc()); }
   // Sends one encoded packet of `flow`, through the fault schedule when
   // SOFTHCA_FAULT asks for one, into the capture when SOFTHCA_PCAP does.
   void transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet);
@@ -196,13 +202,17 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
     SOFTHCA_DEBUG("udp link: cannot encode opcode 0x%x", h.bth.opcode);
     return;
   }
+  counters_.add(Counter::kSentPkts);
+  counters_.add(Counter::kSentBytes, *encoded);
   link_.transmit(flow, std::span<const uint8_t>(packet, *encoded));
 }
 
 void UdpLink::send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet) {
   if (capture_) [[maybe_unused]] auto written = capture_->write(flow, packet, realtime_ns());
-  if (auto sent = sockets_->send(flow.src_gid, flow.dst_gid, flow.traffic_class, flow.hop_limit, packet); !sent)
+  if (auto sent = sockets_->send(flow.src_gid, flow.dst_gid, flow.traffic_class, flow.hop_limit, packet); !sent) {
+    port_counters()->add(Counter::kSendErr);
     SOFTHCA_DEBUG("udp link: send failed: %s", std::strerror(to_errno(sent.error())));
+  }
 }
 
 void UdpLink::transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet) {
@@ -292,7 +302,7 @@ class UdpChannel final : public link::Channel {
     for (int i = 0; i < m.nlocal; ++i) m.local[i] = request.data[i];
     m.length = request.length;
     FlowSink sink(link_, gid_of(state_->config.sgid), gid_of(state_->config.dgid),
-                  state_->config.traffic_class, state_->config.hop_limit);
+                  state_->config.traffic_class, state_->config.hop_limit, state_->counters);
     const bool had_deadline = state_->requester->deadline() != 0;
     state_->requester->post(m, monotonic_ns(), sink);
     if (state_->config.qp_type != IBV_QPT_RC) {
@@ -318,6 +328,7 @@ class UdpChannel final : public link::Channel {
     c.retry_cnt = send.retry_cnt;
     c.rnr_retry = send.rnr_retry;
     c.timeout = send.timeout;
+    c.counters = state_->counters;
     if (!state_->requester) state_->requester.emplace(c);
   }
 
@@ -341,7 +352,7 @@ class UdpChannel final : public link::Channel {
 
 std::unique_ptr<link::Channel> UdpLink::open_channel(const link::ChannelConfig& config) {
   if (!start()) return nullptr;
-  auto state = std::make_shared<ChannelState>(config);
+  auto state = std::make_shared<ChannelState>(config, port_counters());
   {
     std::lock_guard guard(mutex_);
     channels_[config.local_qpn] = state;
@@ -416,7 +427,8 @@ void UdpLink::send_datagram(const link::Datagram& to, const transport::Request& 
   h.bth.solicited = request.solicited;
   h.deth = wire::Deth{request.qkey, request.src_qpn};
   if (request.op == transport::Operation::kSendWithImm) h.immdt = wire::ImmDt{ntohl(request.imm_data)};
-  FlowSink sink(*this, gid_of(to.sgid), gid_of(to.dgid), to.traffic_class, to.hop_limit);
+  FlowSink sink(*this, gid_of(to.sgid), gid_of(to.dgid), to.traffic_class, to.hop_limit,
+                CounterSink(to.qp_counters, port_counters()));
   sink.send(h, request.data, request.ndata, static_cast<uint32_t>(request.length));
 }
 
@@ -436,7 +448,7 @@ uint64_t UdpLink::run_timers(uint64_t now) {
       transport::RequesterFlow& r = *state->requester;
       if (r.deadline() != 0 && now >= r.deadline()) {
         FlowSink sink(*this, gid_of(state->config.sgid), gid_of(state->config.dgid), state->config.traffic_class,
-                      state->config.hop_limit);
+                      state->config.hop_limit, state->counters);
         const bool was_failed = r.failed();
         r.on_timer(now, sink);
         answers = r.failed() != was_failed;
@@ -556,6 +568,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   if (!n) return;
   const auto parsed = wire::parse(std::span<const uint8_t>(image, *n), bytes);
   if (!parsed) {
+    port_counters()->add(parsed.error() == wire::ParseError::kBadIcrc ? Counter::kIcrcDrops : Counter::kMalformedDrops);
     SOFTHCA_DEBUG("udp link: dropped a packet: %.*s", static_cast<int>(wire::to_string(parsed.error()).size()),
                   wire::to_string(parsed.error()).data());
     return;
@@ -564,7 +577,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   const uint32_t qpn = packet.headers.bth.dest_qpn;
   if (capture_) [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns());
   if (packet.info.transport == wire::Transport::kUd) {
-    if (!datagram(packet, from)) hand_off(qpn, from, bytes);
+    if (!datagram(packet, from) && !hand_off(qpn, from, bytes)) port_counters()->add(Counter::kUnknownQpDrops);
     return;
   }
   std::shared_ptr<ChannelState> state;
@@ -575,16 +588,18 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   }
   if (!state) {
     // Another process's QP (or nobody's: as a NIC, drop).
-    hand_off(qpn, from, bytes);
+    if (!hand_off(qpn, from, bytes)) port_counters()->add(Counter::kUnknownQpDrops);
     return;
   }
+  state->counters.add(Counter::kRcvdPkts);
+  state->counters.add(Counter::kRcvdBytes, bytes.size());
   bool answers = false;
   {
     std::lock_guard guard(state->mutex);
     if (state->closed) return;
     // Answers go back to where the request came from (its source address is
     // the peer's GID; our address is the one it was sent to).
-    FlowSink sink(*this, from.dst, from.src, state->config.traffic_class, state->config.hop_limit);
+    FlowSink sink(*this, from.dst, from.src, state->config.traffic_class, state->config.hop_limit, state->counters);
     const wire::Operation op = packet.info.operation;
     const bool response = op == wire::Operation::kAcknowledge || op == wire::Operation::kAtomicAcknowledge ||
                           op == wire::Operation::kRdmaReadResponse;
@@ -611,6 +626,9 @@ bool UdpLink::datagram(const wire::ParsedPacket& packet, const Received& from) {
   shm::TargetQp target;
   if (!shm::resolve(host_, packet.headers.bth.dest_qpn, target)) return true;
   if (target.proc != host_.proc()) return false;
+  const CounterSink counters(&target.qp->counters, port_counters());
+  counters.add(Counter::kRcvdPkts);
+  counters.add(Counter::kRcvdBytes, from.length);
   shm::TargetUse use(target.qp);
   shm::MemoryAccess access(host_, target.proc);
   shm::ShmResponderPort port(host_, target);

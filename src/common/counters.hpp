@@ -1,0 +1,114 @@
+// The device's counters: what a NIC's hardware counters tell an operator
+// (packets, retransmissions, NAKs, drops), per QP and per port. They live in
+// shared memory (a QP's in its SharedQp, a port's per process in the host
+// registry) so that `softhca stat` reads them from outside the programs,
+// and are bumped with relaxed atomics: a count may lag, never tear.
+//
+// Names are those of the kernel's Soft-RoCE (rxe) hw counters where one
+// exists, so that scripts written for `rdma statistic` read ours too; the
+// rest are ours, in the same style.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace softhca {
+
+enum class Counter : uint8_t {
+  kSentPkts,             // packets the udp link sent
+  kRcvdPkts,             // packets the udp link received and accepted (ICRC good, for a QP here)
+  kSentBytes,            // their bytes, RoCEv2 headers to ICRC (not IP/UDP)
+  kRcvdBytes,
+  kRdmaSends,            // SEND messages that completed successfully at the requester
+  kRdmaRecvs,            // receive WQEs consumed by an incoming SEND (or WRITE with immediate)
+  kDuplicateRequest,     // responder: a request with a PSN already seen (a retransmission)
+  kOutOfSeqRequest,      // responder: a request past the expected PSN (one before it was lost)
+  kSentSeqNak,           // responder: NAK PSN sequence error sent
+  kSendRnrErr,           // responder: RNR NAK sent (no receive WQE)
+  kSentNakInvalidRequest,
+  kSentNakRemoteAccess,
+  kSentNakRemoteOperation,
+  kRcvdSeqErr,           // requester: NAK PSN sequence error received
+  kRcvdRnrErr,           // requester: RNR NAK received
+  kRcvdNakInvalidRequest,
+  kRcvdNakRemoteAccess,
+  kRcvdNakRemoteOperation,
+  kCompleterRetryErr,    // requester: the ACK timer expired and packets were sent again
+  kRetransmittedPkts,    // requester: packets sent more than once (timer or go-back-N)
+  kRetryExceededErr,     // completions with IBV_WC_RETRY_EXC_ERR
+  kRetryRnrExceededErr,  // completions with IBV_WC_RNR_RETRY_EXC_ERR
+  kIcrcDrops,            // port: packets dropped for a bad ICRC (corrupted on the way)
+  kMalformedDrops,       // port: packets dropped as malformed (truncated, bad headers, bad opcode)
+  kUnknownQpDrops,       // port: packets for a QPN no process of this host has
+  kSendErr,              // port: packets the operating system refused to send
+};
+inline constexpr std::size_t kCounterCount = static_cast<std::size_t>(Counter::kSendErr) + 1;
+
+struct CounterInfo {
+  std::string_view name;
+  std::string_view help;
+};
+
+// One row per Counter, in its order.
+inline constexpr std::array<CounterInfo, kCounterCount> kCounterInfo = {{
+    {"sent_pkts", "packets sent on the udp link"},
+    {"rcvd_pkts", "packets received on the udp link and accepted"},
+    {"sent_bytes", "bytes of the packets sent (BTH to ICRC)"},
+    {"rcvd_bytes", "bytes of the packets received (BTH to ICRC)"},
+    {"rdma_sends", "SEND messages completed by the requester"},
+    {"rdma_recvs", "receive WQEs consumed by incoming messages"},
+    {"duplicate_request", "requests received again (retransmissions)"},
+    {"out_of_seq_request", "requests received past a gap in the PSNs"},
+    {"sent_seq_nak", "NAKs for a PSN sequence error sent"},
+    {"send_rnr_err", "RNR NAKs sent (no receive WQE posted)"},
+    {"sent_nak_inv_req", "NAKs for an invalid request sent"},
+    {"sent_nak_rem_access", "NAKs for a remote access error sent"},
+    {"sent_nak_rem_op", "NAKs for a remote operational error sent"},
+    {"rcvd_seq_err", "NAKs for a PSN sequence error received"},
+    {"rcvd_rnr_err", "RNR NAKs received"},
+    {"rcvd_nak_inv_req", "NAKs for an invalid request received"},
+    {"rcvd_nak_rem_access", "NAKs for a remote access error received"},
+    {"rcvd_nak_rem_op", "NAKs for a remote operational error received"},
+    {"completer_retry_err", "ACK timeouts that made the requester send again"},
+    {"retransmitted_pkts", "packets the requester sent again"},
+    {"retry_exceeded_err", "work completions with RETRY_EXC_ERR"},
+    {"retry_rnr_exceeded_err", "work completions with RNR_RETRY_EXC_ERR"},
+    {"icrc_err_drops", "packets dropped for a bad ICRC"},
+    {"malformed_drops", "packets dropped as malformed"},
+    {"unknown_qp_drops", "packets dropped: no QP of this host has their QPN"},
+    {"send_err", "packets the operating system refused to send"},
+}};
+
+constexpr const CounterInfo& info(Counter c) { return kCounterInfo[static_cast<std::size_t>(c)]; }
+
+// A set of counters in shared memory (zeroed memory is a valid, all-zero set).
+struct alignas(64) Counters {
+  std::atomic<uint64_t> value[kCounterCount];
+
+  void add(Counter c, uint64_t n = 1) { value[static_cast<std::size_t>(c)].fetch_add(n, std::memory_order_relaxed); }
+  uint64_t get(Counter c) const { return value[static_cast<std::size_t>(c)].load(std::memory_order_relaxed); }
+};
+
+// Where one QP's events are counted: its own set and its port's (either may
+// be absent: unit tests, or a packet not yet tied to a QP).
+class CounterSink {
+ public:
+  CounterSink() = default;
+  CounterSink(Counters* qp, Counters* port) : qp_(qp), port_(port) {}
+
+  void add(Counter c, uint64_t n = 1) const {
+    if (qp_ != nullptr) qp_->add(c, n);
+    if (port_ != nullptr) port_->add(c, n);
+  }
+  Counters* qp() const { return qp_; }
+  Counters* port() const { return port_; }
+
+ private:
+  Counters* qp_ = nullptr;
+  Counters* port_ = nullptr;
+};
+
+}  // namespace softhca
