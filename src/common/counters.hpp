@@ -40,6 +40,8 @@ enum class Counter : uint8_t {
   kRetransmittedPkts,    // requester: packets sent more than once (timer or go-back-N)
   kRetryExceededErr,     // completions with IBV_WC_RETRY_EXC_ERR
   kRetryRnrExceededErr,  // completions with IBV_WC_RNR_RETRY_EXC_ERR
+  kForwardedPkts,        // port: packets received for another process of this host, handed to it
+  kForwardDrops,         // port: such packets lost because their owner did not take them in time
   kIcrcDrops,            // port: packets dropped for a bad ICRC (corrupted on the way)
   kMalformedDrops,       // port: packets dropped as malformed (truncated, bad headers, bad opcode)
   kUnknownQpDrops,       // port: packets for a QPN no process of this host has
@@ -76,6 +78,8 @@ inline constexpr std::array<CounterInfo, kCounterCount> kCounterInfo = {{
     {"retransmitted_pkts", "packets the requester sent again"},
     {"retry_exceeded_err", "work completions with RETRY_EXC_ERR"},
     {"retry_rnr_exceeded_err", "work completions with RNR_RETRY_EXC_ERR"},
+    {"forwarded_pkts", "packets handed to the process of this host that owns their QP"},
+    {"forward_drops", "packets lost because the owner of their QP did not take them in time"},
     {"icrc_err_drops", "packets dropped for a bad ICRC"},
     {"malformed_drops", "packets dropped as malformed"},
     {"unknown_qp_drops", "packets dropped: no QP of this host has their QPN"},

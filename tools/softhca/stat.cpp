@@ -209,6 +209,7 @@ const Command kStatCommand = {
         "  rcvd_seq_err, rcvd_rnr_err, rcvd_nak_*       requester: NAKs received\n"
         "  completer_retry_err, retransmitted_pkts      requester: timeouts, resends\n"
         "  retry_exceeded_err, retry_rnr_exceeded_err   completions that gave up\n"
+        "  forwarded_pkts, forward_drops  packets handed to the process owning their QP\n"
         "  icrc_err_drops, malformed_drops, unknown_qp_drops, send_err   port drops\n"
         "\n"
         "Processes on one host talk through shared memory, not packets: their\n"

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -52,6 +53,10 @@ struct Handoff {
 std::string handoff_path(const std::string& host_dir, uint32_t pid) {
   return host_dir + "/udp-" + std::to_string(pid) + ".sock";
 }
+
+// How long a hand-off waits for room in its owner's queue before the packet
+// is given up for lost (the transport then recovers it as any loss).
+constexpr long kHandOffPatienceUs = 5000;
 
 uint64_t realtime_ns() {
   timespec ts;
@@ -139,9 +144,11 @@ class UdpLink final : public link::Link {
   void receive_from(int fd);
   void receive_handoffs();
   void handle(const Received& from, std::span<const uint8_t> bytes);
-  // Sends a packet whose QP belongs to another process of this host to it;
-  // false when the QPN is nobody's (or ours).
-  bool hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes);
+  // Sends a packet whose QP belongs to another process of this host to it.
+  enum class HandOff { kNobodys, kHanded, kLost };
+  HandOff hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes);
+  // Counts a packet that is not this process's: handed on, or dropped.
+  void count_hand_off(HandOff result);
   // False when the destination QP is not this process's.
   bool datagram(const wire::ParsedPacket& packet, const Received& from);
   uint64_t run_timers(uint64_t now);
@@ -151,7 +158,8 @@ class UdpLink final : public link::Link {
   std::atomic<bool> started_{false};
   std::unique_ptr<Sockets> sockets_;
   int wake_fd_ = -1;
-  int handoff_fd_ = -1;
+  int handoff_fd_ = -1;       // where other processes hand us our packets
+  int handoff_send_fd_ = -1;  // how we hand them theirs: blocking, with a short timeout
   std::string host_dir_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
@@ -395,6 +403,16 @@ bool UdpLink::start() {
           handoff_fd_ = -1;
         }
       }
+      // A Unix datagram socket queues only net.unix.max_dgram_qlen packets
+      // (10 by default) for its reader: a sender that finds the owner's
+      // queue full waits for room, briefly, rather than drop the packet at
+      // once. The wait is bounded so that a stopped or wedged owner (or two
+      // owners handing to each other) costs a few lost packets, never a
+      // stuck link thread.
+      handoff_send_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      const timeval patience{0, kHandOffPatienceUs};
+      if (handoff_send_fd_ >= 0)
+        ::setsockopt(handoff_send_fd_, SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
       if (handoff_fd_ < 0)
         SOFTHCA_WARN("udp link: no hand-off socket in %s: packets other processes receive for this one are lost",
                      host_dir_.c_str());
@@ -416,6 +434,7 @@ void UdpLink::stop() {
     ::close(handoff_fd_);
     ::unlink(handoff_path(host_dir_, host_.pid()).c_str());
   }
+  if (handoff_send_fd_ >= 0) ::close(handoff_send_fd_);
 }
 
 void UdpLink::send_datagram(const link::Datagram& to, const transport::Request& request) {
@@ -523,17 +542,17 @@ void UdpLink::receive_handoffs() {
   }
 }
 
-bool UdpLink::hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes) {
+UdpLink::HandOff UdpLink::hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes) {
   const host::QpSlot* slot = host_.registry().find_qp(qpn);
-  if (slot == nullptr || host_dir_.empty()) return false;
+  if (slot == nullptr || host_dir_.empty()) return HandOff::kNobodys;
   const uint32_t proc = slot->proc;
-  if (proc == host_.proc()) return false;
+  if (proc == host_.proc()) return HandOff::kNobodys;  // ours, but not (or no longer) connected
   const uint32_t pid = host_.pid_of(proc);
-  if (pid == 0) return false;
+  if (pid == 0) return HandOff::kNobodys;
   const std::string path = handoff_path(host_dir_, pid);
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
-  if (path.size() >= sizeof a.sun_path) return false;
+  if (path.size() >= sizeof a.sun_path || handoff_send_fd_ < 0) return HandOff::kLost;
   std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
   Handoff h{from.src, from.dst, from.src_port, {0, 0, 0}};
   iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t*>(bytes.data()), bytes.size()}};
@@ -542,9 +561,18 @@ bool UdpLink::hand_off(uint32_t qpn, const Received& from, std::span<const uint8
   msg.msg_namelen = sizeof a;
   msg.msg_iov = iov;
   msg.msg_iovlen = 2;
-  const int fd = handoff_fd_ >= 0 ? handoff_fd_ : -1;
-  if (fd < 0) return false;
-  return ::sendmsg(fd, &msg, MSG_DONTWAIT) >= 0;
+  while (::sendmsg(handoff_send_fd_, &msg, MSG_NOSIGNAL) < 0) {
+    if (errno != EINTR) return HandOff::kLost;  // EAGAIN: the owner's queue stayed full past the patience
+  }
+  return HandOff::kHanded;
+}
+
+void UdpLink::count_hand_off(HandOff result) {
+  switch (result) {
+    case HandOff::kNobodys: port_counters()->add(Counter::kUnknownQpDrops); return;
+    case HandOff::kHanded: port_counters()->add(Counter::kForwardedPkts); return;
+    case HandOff::kLost: port_counters()->add(Counter::kForwardDrops); return;
+  }
 }
 
 void UdpLink::receive_from(int fd) {
@@ -577,7 +605,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   const uint32_t qpn = packet.headers.bth.dest_qpn;
   if (capture_) [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns());
   if (packet.info.transport == wire::Transport::kUd) {
-    if (!datagram(packet, from) && !hand_off(qpn, from, bytes)) port_counters()->add(Counter::kUnknownQpDrops);
+    if (!datagram(packet, from)) count_hand_off(hand_off(qpn, from, bytes));
     return;
   }
   std::shared_ptr<ChannelState> state;
@@ -588,7 +616,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   }
   if (!state) {
     // Another process's QP (or nobody's: as a NIC, drop).
-    if (!hand_off(qpn, from, bytes)) port_counters()->add(Counter::kUnknownQpDrops);
+    count_hand_off(hand_off(qpn, from, bytes));
     return;
   }
   state->counters.add(Counter::kRcvdPkts);
