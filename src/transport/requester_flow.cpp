@@ -17,10 +17,15 @@ namespace {
 
 // How much may be unacknowledged at once: enough to keep a link busy for an
 // RTT, little enough that a burst fits the receiver's socket buffer and that
-// go-back-N after a loss resends a bounded amount. (No congestion control:
-// a fixed window, as rxe has.)
+// go-back-N after a loss resends a bounded amount.
 constexpr size_t kWindowMessages = 128;
 constexpr uint32_t kWindowPackets = 128;
+// After a loss the window shrinks (halved for a PSN gap, to the least for a
+// timeout) and grows back by a packet per window acknowledged: go-back-N
+// resends what was in flight behind the lost packet, so on a lossy path a
+// smaller window wastes less. This is not congestion control (no rate, no
+// ECN); it bounds the cost of a loss.
+constexpr uint32_t kLeastWindowPackets = 16;
 
 bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
 bool has_imm(Operation op) { return op == Operation::kSendWithImm || op == Operation::kWriteWithImm; }
@@ -92,7 +97,7 @@ void RequesterFlow::pump(PacketSink& out) {
   for (Outstanding& o : outstanding_) {
     if (psn_diff(send_psn_, next_psn_) >= 0) return;
     if (psn_diff(o.last_psn(), send_psn_) < 0) continue;  // all of it sent
-    if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(kWindowPackets)) return;
+    if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(window_)) return;
     if (is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite) {
       if (o.message.op == Operation::kRead && psn_diff(send_psn_, o.first_psn) > 0) o.read_next = send_psn_;
       transmit_packet(o, 0, out);
@@ -100,7 +105,7 @@ void RequesterFlow::pump(PacketSink& out) {
       continue;
     }
     for (uint32_t i = static_cast<uint32_t>(psn_diff(send_psn_, o.first_psn)); i < o.npsn; ++i) {
-      if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(kWindowPackets)) return;
+      if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(window_)) return;
       transmit_packet(o, i, out);
       send_psn_ = psn_add(o.first_psn, i + 1);
     }
@@ -108,7 +113,15 @@ void RequesterFlow::pump(PacketSink& out) {
 }
 
 void RequesterFlow::advance_una(uint32_t psn_after) {
-  if (psn_diff(psn_after, una_psn_) > 0) una_psn_ = psn_after;
+  if (psn_diff(psn_after, una_psn_) > 0) {
+    // A packet per window acknowledged, back up to the full window.
+    acked_toward_growth_ += static_cast<uint32_t>(psn_diff(psn_after, una_psn_));
+    while (window_ < kWindowPackets && acked_toward_growth_ >= window_) {
+      acked_toward_growth_ -= window_;
+      ++window_;
+    }
+    una_psn_ = psn_after;
+  }
   if (psn_diff(una_psn_, send_psn_) > 0) send_psn_ = una_psn_;
 }
 
@@ -127,7 +140,7 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& 
       // path does not answer the whole rest once per lost packet.
       const uint32_t done = static_cast<uint32_t>(psn_diff(o.read_next, o.first_psn));
       const uint64_t offset = uint64_t{done} * config_.mtu;
-      const uint32_t packets = done == 0 ? o.npsn : std::min(o.npsn - done, kWindowPackets);
+      const uint32_t packets = done == 0 ? o.npsn : std::min(o.npsn - done, window_);
       const uint64_t length = std::min<uint64_t>(m.length - offset, uint64_t{packets} * config_.mtu);
       h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadRequest);
       h.bth.psn = o.read_next;
@@ -170,7 +183,7 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& 
   h.bth.solicited = last && m.solicited;
   // Ask for an ACK at the end of each message, every 32 packets inside a
   // long one, and when the window fills, so that it moves on.
-  const bool fills_window = psn_diff(psn_add(h.bth.psn, 1), una_psn_) >= static_cast<int32_t>(kWindowPackets);
+  const bool fills_window = psn_diff(psn_add(h.bth.psn, 1), una_psn_) >= static_cast<int32_t>(window_);
   h.bth.ack_req = config_.reliable && (last || (i % 32) == 31 || fills_window);
   if (!send && (segment == wire::Segment::kFirst || segment == wire::Segment::kOnly))
     h.reth = wire::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)};
@@ -200,6 +213,11 @@ void RequesterFlow::retransmit_from(uint32_t psn, PacketSink& out) {
   send_psn_ = psn;
   if (psn_diff(una_psn_, psn) > 0) una_psn_ = psn;
   pump(out);
+}
+
+void RequesterFlow::shrink_window(uint32_t packets) {
+  window_ = std::max(kLeastWindowPackets, std::min(window_, packets));
+  acked_toward_growth_ = 0;
 }
 
 void RequesterFlow::complete_front(ibv_wc_status status) {
@@ -287,6 +305,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       switch (*code) {
         case wire::NakCode::kPsnSequenceError:
           count_received_answer(config_.counters, Answer::kNakSequenceError);
+          shrink_window(window_ / 2);
           retransmit_from(psn, out);
           arm_ack_timer(now_ns);
           return;
@@ -388,6 +407,7 @@ void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
     return;
   }
   config_.counters.add(Counter::kCompleterRetryErr);
+  shrink_window(kLeastWindowPackets);
   retransmit_from(una_psn_, out);
   arm_ack_timer(now_ns);
 }

@@ -80,6 +80,7 @@ class RequesterFlow {
 
   uint32_t next_psn() const { return next_psn_; }
   uint64_t retransmitted_packets() const { return retransmitted_; }
+  uint32_t window_packets() const { return window_; }
 
  private:
   struct Outstanding {
@@ -108,6 +109,8 @@ class RequesterFlow {
   void fail_front(ibv_wc_status status);
   void progress_made(uint64_t now_ns);
   void arm_ack_timer(uint64_t now_ns);
+  // After a loss: at most `packets` in flight from now (never below the least window).
+  void shrink_window(uint32_t packets);
 
   RequesterConfig config_;
   std::deque<Outstanding> outstanding_;
@@ -123,6 +126,8 @@ class RequesterFlow {
   uint8_t rnr_left_;
   bool failed_ = false;
   uint64_t retransmitted_ = 0;
+  uint32_t window_ = 128;               // packets that may be unacknowledged now
+  uint32_t acked_toward_growth_ = 0;    // packets acknowledged since the window last grew
 };
 
 }  // namespace softhca::transport

@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -56,7 +57,10 @@ std::string handoff_path(const std::string& host_dir, uint32_t pid) {
 
 // How long a hand-off waits for room in its owner's queue before the packet
 // is given up for lost (the transport then recovers it as any loss).
-constexpr long kHandOffPatienceUs = 5000;
+// (An owner that made us wait that long in vain gets no more waiting until
+// it takes a packet again, so that a stopped process costs its own packets,
+// not everyone's throughput.)
+constexpr uint64_t kHandOffPatienceNs = 25'000'000;
 
 uint64_t realtime_ns() {
   timespec ts;
@@ -72,12 +76,30 @@ wire::Gid gid_of(const uint8_t* raw) {
 
 class UdpLink;
 
-// Encodes packets for one flow (addresses, ports) and has the link send them.
+// Packets encoded for sending together: a burst of a window goes out in a
+// few system calls (sendmmsg) instead of one per packet.
+struct SendBatch {
+  static constexpr size_t kPackets = 64;
+  static constexpr size_t kSlotBytes = wire::kMaxPayload + 128;
+  std::vector<uint8_t> storage = std::vector<uint8_t>(kPackets * kSlotBytes);
+  std::array<OutgoingPacket, kPackets> packets{};
+  std::array<uint16_t, kPackets> source_ports{};  // for the capture
+  size_t count = 0;
+  uint8_t* slot(size_t i) { return storage.data() + i * kSlotBytes; }
+};
+
+// Encodes packets for one flow (addresses, ports) and has the link send them,
+// batched: they leave when the sink is full or goes away, so a sink lives for
+// one operation (a post, a received packet, a timer) under its channel's lock,
+// which keeps the channel's packets in order.
 class FlowSink final : public transport::PacketSink {
  public:
   FlowSink(UdpLink& link, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit,
            CounterSink counters)
       : link_(link), src_(src), dst_(dst), traffic_class_(traffic_class), hop_limit_(hop_limit), counters_(counters) {}
+  ~FlowSink();
+  FlowSink(const FlowSink&) = delete;
+  FlowSink& operator=(const FlowSink&) = delete;
 
   void send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) override;
 
@@ -86,6 +108,7 @@ class FlowSink final : public transport::PacketSink {
   wire::Gid src_, dst_;
   uint8_t traffic_class_, hop_limit_;
   CounterSink counters_;
+  std::unique_ptr<SendBatch> batch_;
 };
 
 
@@ -124,6 +147,11 @@ class UdpLink final : public link::Link {
   // Sends one encoded packet of `flow`, through the fault schedule when
   // SOFTHCA_FAULT asks for one, into the capture when SOFTHCA_PCAP does.
   void transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet);
+  // Whether packets go one by one through the fault schedule (not batched).
+  bool injecting_faults() const { return faults_.has_value(); }
+  // Batches for FlowSinks: taken from a pool, sent and given back.
+  std::unique_ptr<SendBatch> take_batch();
+  void send_batch(std::unique_ptr<SendBatch> batch);
   void wake() {
     const uint64_t one = 1;
     if (wake_fd_ >= 0) [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
@@ -158,8 +186,23 @@ class UdpLink final : public link::Link {
   std::atomic<bool> started_{false};
   std::unique_ptr<Sockets> sockets_;
   int wake_fd_ = -1;
-  int handoff_fd_ = -1;       // where other processes hand us our packets
-  int handoff_send_fd_ = -1;  // how we hand them theirs: blocking, with a short timeout
+  // Where other processes hand us our packets: a listening SOCK_SEQPACKET
+  // socket and a connection per process that hands us some. (Connected, a
+  // Unix socket's queue is bounded by bytes, not by net.unix.max_dgram_qlen
+  // packets as an unconnected datagram socket's is: ten by default.)
+  int handoff_fd_ = -1;
+  std::mutex handoff_conns_mutex_;  // the list; receiving from them is under receive_mutex_
+  std::vector<int> handoff_conns_;
+  // How we hand other processes theirs: a connection to each owner (by
+  // pid), on which poll() waits for room. Used under receive_mutex_, as
+  // hand_off is.
+  struct HandOffPeer {
+    int fd = -1;
+    bool stalled = false;  // the last wait for it ran out
+  };
+  std::unordered_map<uint32_t, HandOffPeer> handoff_peers_;
+  bool draining_handoffs_ = false;  // receive_handoffs runs inside a hand-off's wait
+  HandOffPeer* handoff_peer(uint32_t pid);
   std::string host_dir_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
@@ -179,6 +222,17 @@ class UdpLink final : public link::Link {
   // returns the next due time, 0 for none.
   uint64_t release_delayed(uint64_t now);
   std::mutex receive_mutex_;
+  // Where receive_from puts a batch of datagrams (under receive_mutex_).
+  static constexpr size_t kReceiveBatch = 32;
+  static constexpr size_t kReceiveSlotBytes = wire::kMaxPayload + 256;
+  std::vector<uint8_t> receive_storage_ = std::vector<uint8_t>(kReceiveBatch * kReceiveSlotBytes);
+  std::array<Received, kReceiveBatch> received_{};
+  // Whether the IPv6 socket ever had something: an application thread that
+  // receives (poll) reads it only then, a system call saved per empty poll.
+  std::atomic<bool> v6_used_{false};
+  std::atomic<bool> link_sleeping_{false};  // the link's thread waits in ppoll
+  std::mutex batch_pool_mutex_;
+  std::vector<std::unique_ptr<SendBatch>> batch_pool_;
   std::mutex mutex_;  // channels_
   std::unordered_map<uint32_t, std::shared_ptr<ChannelState>> channels_;
 };
@@ -203,16 +257,64 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
   uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
   const auto n = wire::write_ip_udp_headers(flow, size, image);
   if (!n) return;
-  uint8_t packet[wire::kMaxPayload + 128];
-  const auto encoded =
-      wire::encode(h, std::span<const uint8_t>(data, length), std::span<const uint8_t>(image, *n), packet);
+  const bool batched = !link_.injecting_faults();
+  if (batched && !batch_) batch_ = link_.take_batch();
+  uint8_t single[SendBatch::kSlotBytes];
+  uint8_t* into = batched ? batch_->slot(batch_->count) : single;
+  const auto encoded = wire::encode(h, std::span<const uint8_t>(data, length), std::span<const uint8_t>(image, *n),
+                                    std::span<uint8_t>(into, SendBatch::kSlotBytes));
   if (!encoded) {
     SOFTHCA_DEBUG("udp link: cannot encode opcode 0x%x", h.bth.opcode);
     return;
   }
   counters_.add(Counter::kSentPkts);
   counters_.add(Counter::kSentBytes, *encoded);
-  link_.transmit(flow, std::span<const uint8_t>(packet, *encoded));
+  if (!batched) {
+    link_.transmit(flow, std::span<const uint8_t>(into, *encoded));
+    return;
+  }
+  batch_->packets[batch_->count] =
+      OutgoingPacket{src_, dst_, flow.traffic_class, flow.hop_limit, std::span<const uint8_t>(into, *encoded)};
+  batch_->source_ports[batch_->count] = flow.src_port;
+  if (++batch_->count == SendBatch::kPackets) link_.send_batch(std::move(batch_));
+}
+
+FlowSink::~FlowSink() {
+  if (batch_) link_.send_batch(std::move(batch_));
+}
+
+std::unique_ptr<SendBatch> UdpLink::take_batch() {
+  {
+    std::lock_guard guard(batch_pool_mutex_);
+    if (!batch_pool_.empty()) {
+      auto batch = std::move(batch_pool_.back());
+      batch_pool_.pop_back();
+      return batch;
+    }
+  }
+  return std::make_unique<SendBatch>();
+}
+
+void UdpLink::send_batch(std::unique_ptr<SendBatch> batch) {
+  const std::span<const OutgoingPacket> packets(batch->packets.data(), batch->count);
+  if (capture_) {
+    for (size_t i = 0; i < packets.size(); ++i) {
+      wire::UdpFlow flow;
+      flow.src_gid = packets[i].src;
+      flow.dst_gid = packets[i].dst;
+      flow.src_port = batch->source_ports[i];
+      flow.traffic_class = packets[i].traffic_class;
+      flow.hop_limit = packets[i].hop_limit;
+      [[maybe_unused]] auto written = capture_->write(flow, packets[i].bytes, realtime_ns());
+    }
+  }
+  if (const size_t refused = sockets_->send_batch(packets); refused > 0) {
+    port_counters()->add(Counter::kSendErr, refused);
+    SOFTHCA_DEBUG("udp link: %zu of %zu packets refused: %s", refused, packets.size(), std::strerror(errno));
+  }
+  batch->count = 0;
+  std::lock_guard guard(batch_pool_mutex_);
+  batch_pool_.push_back(std::move(batch));
 }
 
 void UdpLink::send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet) {
@@ -392,27 +494,17 @@ bool UdpLink::start() {
     if (auto dir = host::host_directory()) {
       host_dir_ = *dir;
       const std::string path = handoff_path(host_dir_, host_.pid());
-      handoff_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      handoff_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
       sockaddr_un a{};
       a.sun_family = AF_UNIX;
       if (handoff_fd_ >= 0 && path.size() < sizeof a.sun_path) {
         std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
         ::unlink(path.c_str());  // a dead process's, whose pid we now have
-        if (::bind(handoff_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        if (::bind(handoff_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(handoff_fd_, 128) != 0) {
           ::close(handoff_fd_);
           handoff_fd_ = -1;
         }
       }
-      // A Unix datagram socket queues only net.unix.max_dgram_qlen packets
-      // (10 by default) for its reader: a sender that finds the owner's
-      // queue full waits for room, briefly, rather than drop the packet at
-      // once. The wait is bounded so that a stopped or wedged owner (or two
-      // owners handing to each other) costs a few lost packets, never a
-      // stuck link thread.
-      handoff_send_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-      const timeval patience{0, kHandOffPatienceUs};
-      if (handoff_send_fd_ >= 0)
-        ::setsockopt(handoff_send_fd_, SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
       if (handoff_fd_ < 0)
         SOFTHCA_WARN("udp link: no hand-off socket in %s: packets other processes receive for this one are lost",
                      host_dir_.c_str());
@@ -430,11 +522,12 @@ void UdpLink::stop() {
     thread_.join();
   }
   if (wake_fd_ >= 0) ::close(wake_fd_);
+  for (int fd : handoff_conns_) ::close(fd);
   if (handoff_fd_ >= 0) {
     ::close(handoff_fd_);
     ::unlink(handoff_path(host_dir_, host_.pid()).c_str());
   }
-  if (handoff_send_fd_ >= 0) ::close(handoff_send_fd_);
+  for (auto& [pid, peer] : handoff_peers_) ::close(peer.fd);
 }
 
 void UdpLink::send_datagram(const link::Datagram& to, const transport::Request& request) {
@@ -481,7 +574,7 @@ uint64_t UdpLink::run_timers(uint64_t now) {
 }
 
 void UdpLink::loop() {
-  std::vector<uint8_t> buffer(wire::kMaxPayload + 256);
+  std::vector<pollfd> fds;
   while (!stopping_.load()) {
     const uint64_t now_ns = monotonic_ns();
     uint64_t deadline = run_timers(now_ns);
@@ -489,57 +582,119 @@ void UdpLink::loop() {
       const uint64_t released = release_delayed(now_ns);
       if (released != 0 && (deadline == 0 || released < deadline)) deadline = released;
     }
-    pollfd fds[4] = {{sockets_->v4_fd(), POLLIN, 0},
-                     {sockets_->v6_fd(), POLLIN, 0},
-                     {wake_fd_, POLLIN, 0},
-                     {handoff_fd_, POLLIN, 0}};
+    fds.assign({{sockets_->v4_fd(), POLLIN, 0},
+                {sockets_->v6_fd(), POLLIN, 0},
+                {wake_fd_, POLLIN, 0},
+                {handoff_fd_, POLLIN, 0}});
+    {
+      std::lock_guard guard(handoff_conns_mutex_);
+      for (int fd : handoff_conns_) fds.push_back({fd, POLLIN, 0});
+    }
     timespec wait{};
     const timespec* timeout = nullptr;
     if (deadline != 0) {
       wait = time_until(deadline);
       timeout = &wait;
     }
-    const int ready = ::ppoll(fds, 4, timeout, nullptr);
+    link_sleeping_.store(true, std::memory_order_relaxed);
+    const int ready = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
+    link_sleeping_.store(false, std::memory_order_relaxed);
     if (ready <= 0) continue;
     if (fds[2].revents & POLLIN) {
       uint64_t count;
       [[maybe_unused]] ssize_t n = ::read(wake_fd_, &count, sizeof count);
     }
-    if ((fds[0].revents | fds[1].revents | fds[3].revents) & POLLIN) {
+    bool handoffs = false;
+    for (size_t i = 3; i < fds.size(); ++i) handoffs |= fds[i].revents != 0;
+    if (((fds[0].revents | fds[1].revents) & POLLIN) || handoffs) {
       // An application thread may be receiving right now: then it handles
       // these too, and this thread must not spin on their readiness.
       std::lock_guard guard(receive_mutex_);
-      receive_from(fds[0].fd);
-      receive_from(fds[1].fd);
-      receive_handoffs();
+      if (fds[0].revents & POLLIN) receive_from(fds[0].fd);
+      if (fds[1].revents & POLLIN) {
+        v6_used_.store(true, std::memory_order_relaxed);
+        receive_from(fds[1].fd);
+      }
+      if (handoffs) receive_handoffs();
     }
   }
 }
 
 void UdpLink::receive_all() {
+  // Only while the link's thread sleeps: once it is awake it receives, and
+  // an application thread that polls in a loop must not keep the receive
+  // lock from it (it would take the lock back after each of its own system
+  // calls and starve the thread of what only it handles).
+  if (!link_sleeping_.load(std::memory_order_relaxed)) return;
   std::unique_lock guard(receive_mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;
   receive_from(sockets_->v4_fd());
-  receive_from(sockets_->v6_fd());
-  receive_handoffs();
+  if (v6_used_.load(std::memory_order_relaxed)) receive_from(sockets_->v6_fd());
+  // New hand-off connections wake the link's thread, which accepts them.
 }
 
 void UdpLink::receive_handoffs() {
   if (handoff_fd_ < 0) return;
-  uint8_t buffer[sizeof(Handoff) + wire::kMaxPayload + 256];
-  for (int i = 0; i < 256; ++i) {
-    const ssize_t n = ::recv(handoff_fd_, buffer, sizeof buffer, MSG_DONTWAIT);
-    if (n < 0) return;
-    if (static_cast<size_t>(n) <= sizeof(Handoff)) continue;
-    Handoff h;
-    std::memcpy(&h, buffer, sizeof h);
-    Received from;
-    from.src = h.src;
-    from.dst = h.dst;
-    from.src_port = h.src_port;
-    from.length = static_cast<size_t>(n) - sizeof h;
-    handle(from, std::span<const uint8_t>(buffer + sizeof h, from.length));
+  // Processes that start handing us packets.
+  for (;;) {
+    const int conn = ::accept4(handoff_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) break;
+    std::lock_guard guard(handoff_conns_mutex_);
+    handoff_conns_.push_back(conn);
   }
+  std::vector<int> conns;
+  {
+    std::lock_guard guard(handoff_conns_mutex_);
+    conns = handoff_conns_;
+  }
+  uint8_t buffer[sizeof(Handoff) + wire::kMaxPayload + 256];
+  for (const int conn : conns) {
+    bool gone = false;
+    for (int i = 0; i < 256; ++i) {
+      const ssize_t n = ::recv(conn, buffer, sizeof buffer, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      if (n <= 0) {
+        gone = true;  // the process that handed us packets ended
+        break;
+      }
+      if (static_cast<size_t>(n) <= sizeof(Handoff)) continue;
+      Handoff h;
+      std::memcpy(&h, buffer, sizeof h);
+      Received from;
+      from.src = h.src;
+      from.dst = h.dst;
+      from.src_port = h.src_port;
+      from.length = static_cast<size_t>(n) - sizeof h;
+      handle(from, std::span<const uint8_t>(buffer + sizeof h, from.length));
+    }
+    if (gone) {
+      std::lock_guard guard(handoff_conns_mutex_);
+      std::erase(handoff_conns_, conn);
+      ::close(conn);
+    }
+  }
+}
+
+UdpLink::HandOffPeer* UdpLink::handoff_peer(uint32_t pid) {
+  if (auto it = handoff_peers_.find(pid); it != handoff_peers_.end()) return &it->second;
+  const std::string path = handoff_path(host_dir_, pid);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof a.sun_path) return nullptr;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return nullptr;
+  // Room for a burst or two of packets on their way to the owner.
+  const int bytes = 4 << 20;
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes) != 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return nullptr;
+  }
+  HandOffPeer& peer = handoff_peers_[pid];
+  peer.fd = fd;
+  return &peer;
 }
 
 UdpLink::HandOff UdpLink::hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes) {
@@ -549,22 +704,61 @@ UdpLink::HandOff UdpLink::hand_off(uint32_t qpn, const Received& from, std::span
   if (proc == host_.proc()) return HandOff::kNobodys;  // ours, but not (or no longer) connected
   const uint32_t pid = host_.pid_of(proc);
   if (pid == 0) return HandOff::kNobodys;
-  const std::string path = handoff_path(host_dir_, pid);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (path.size() >= sizeof a.sun_path || handoff_send_fd_ < 0) return HandOff::kLost;
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  HandOffPeer* peer = handoff_peer(pid);
+  if (peer == nullptr) {
+    SOFTHCA_DEBUG("udp link: cannot reach process %u to hand it a packet for qp 0x%x: %s", pid, qpn,
+                  std::strerror(errno));
+    return HandOff::kLost;
+  }
   Handoff h{from.src, from.dst, from.src_port, {0, 0, 0}};
   iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t*>(bytes.data()), bytes.size()}};
   msghdr msg{};
-  msg.msg_name = &a;
-  msg.msg_namelen = sizeof a;
   msg.msg_iov = iov;
   msg.msg_iovlen = 2;
-  while (::sendmsg(handoff_send_fd_, &msg, MSG_NOSIGNAL) < 0) {
-    if (errno != EINTR) return HandOff::kLost;  // EAGAIN: the owner's queue stayed full past the patience
+  // When the connection is full (the owner is behind), wait for room rather
+  // than drop at once, and meanwhile take in what others hand us: two
+  // processes handing to each other would otherwise each wait for the
+  // other to drain. The wait is bounded, so a stopped or wedged owner costs
+  // lost packets (the transport recovers them), never a stuck thread.
+  const uint64_t give_up = monotonic_ns() + kHandOffPatienceNs;
+  const int fd = peer->fd;
+  for (;;) {
+    if (::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) {
+      peer->stalled = false;
+      return HandOff::kHanded;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN || draining_handoffs_ || peer->stalled) break;
+    const uint64_t now = monotonic_ns();
+    if (now >= give_up) {
+      peer->stalled = true;
+      SOFTHCA_DEBUG("udp link: process %u took no packet for %llu ms; one for qp 0x%x is lost", pid,
+                    static_cast<unsigned long long>(kHandOffPatienceNs / 1'000'000), qpn);
+      return HandOff::kLost;
+    }
+    std::vector<pollfd> waits{{fd, POLLOUT, 0}, {handoff_fd_, POLLIN, 0}};
+    {
+      std::lock_guard guard(handoff_conns_mutex_);
+      for (int conn : handoff_conns_) waits.push_back({conn, POLLIN, 0});
+    }
+    const timespec wait = time_until(give_up);
+    if (::ppoll(waits.data(), waits.size(), &wait, nullptr) > 0) {
+      bool incoming = false;
+      for (size_t i = 1; i < waits.size(); ++i) incoming |= waits[i].revents != 0;
+      if (incoming) {
+        draining_handoffs_ = true;
+        receive_handoffs();
+        draining_handoffs_ = false;
+      }
+    }
   }
-  return HandOff::kHanded;
+  SOFTHCA_DEBUG("udp link: a packet for qp 0x%x of process %u is lost: %s", qpn, pid, std::strerror(errno));
+  if (errno != EAGAIN && !draining_handoffs_) {
+    // The owner is gone (or its socket with it): forget the connection.
+    ::close(fd);
+    handoff_peers_.erase(pid);
+  }
+  return HandOff::kLost;
 }
 
 void UdpLink::count_hand_off(HandOff result) {
@@ -577,12 +771,17 @@ void UdpLink::count_hand_off(HandOff result) {
 
 void UdpLink::receive_from(int fd) {
   if (fd < 0) return;
-  uint8_t buffer[wire::kMaxPayload + 256];
-  Received from;
-  // A bounded batch, so that timers and the other socket get their turn.
-  for (int i = 0; i < 256 && sockets_->receive(fd, buffer, from); ++i) {
-    if (from.length == 0) continue;
-    handle(from, std::span<const uint8_t>(buffer, from.length));
+  // A bounded number of batches, so that timers and the other sockets get
+  // their turn.
+  for (int round = 0; round < 8; ++round) {
+    const int n = sockets_->receive_batch(fd, receive_storage_, kReceiveSlotBytes, received_);
+    for (int i = 0; i < n; ++i) {
+      const Received& from = received_[static_cast<size_t>(i)];
+      if (from.length == 0) continue;
+      handle(from, std::span<const uint8_t>(receive_storage_.data() + static_cast<size_t>(i) * kReceiveSlotBytes,
+                                            from.length));
+    }
+    if (n < static_cast<int>(kReceiveBatch)) return;
   }
 }
 

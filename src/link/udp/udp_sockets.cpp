@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -98,76 +99,151 @@ Sockets::~Sockets() {
     if (fd >= 0) ::close(fd);
 }
 
+namespace {
+
+// One packet's sendmsg arguments: its destination and the control messages
+// that state its source address, hop limit and traffic class.
+struct PreparedSend {
+  union {
+    sockaddr_in v4;
+    sockaddr_in6 v6;
+  } to;
+  iovec iov;
+  alignas(cmsghdr) unsigned char control[CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2];
+};
+
+template <typename T>
+cmsghdr* put_cmsg(msghdr& msg, cmsghdr* c, int level, int type, const T& value) {
+  c = c == nullptr ? CMSG_FIRSTHDR(&msg) : CMSG_NXTHDR(&msg, c);
+  c->cmsg_level = level;
+  c->cmsg_type = type;
+  c->cmsg_len = CMSG_LEN(sizeof(T));
+  std::memcpy(CMSG_DATA(c), &value, sizeof value);
+  return c;
+}
+
+// Fills `msg` (pointing into `p`) for `packet`; true for IPv4.
+bool prepare(const OutgoingPacket& packet, PreparedSend& p, msghdr& msg) {
+  std::memset(&msg, 0, sizeof msg);
+  std::memset(p.control, 0, sizeof p.control);
+  p.iov = iovec{const_cast<uint8_t*>(packet.bytes.data()), packet.bytes.size()};
+  msg.msg_iov = &p.iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = p.control;
+  const int hops = packet.hop_limit ? packet.hop_limit : 64;
+  const int tclass = packet.traffic_class;
+  if (wire::is_ipv4_mapped(packet.dst)) {
+    std::memset(&p.to.v4, 0, sizeof p.to.v4);
+    p.to.v4.sin_family = AF_INET;
+    p.to.v4.sin_port = htons(wire::kRoceV2Port);
+    std::memcpy(&p.to.v4.sin_addr, packet.dst.data() + 12, 4);
+    msg.msg_name = &p.to.v4;
+    msg.msg_namelen = sizeof p.to.v4;
+    msg.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2;
+    in_pktinfo info{};
+    std::memcpy(&info.ipi_spec_dst, packet.src.data() + 12, 4);
+    cmsghdr* c = put_cmsg(msg, nullptr, IPPROTO_IP, IP_PKTINFO, info);
+    c = put_cmsg(msg, c, IPPROTO_IP, IP_TTL, hops);
+    put_cmsg(msg, c, IPPROTO_IP, IP_TOS, tclass);
+    return true;
+  }
+  std::memset(&p.to.v6, 0, sizeof p.to.v6);
+  p.to.v6.sin6_family = AF_INET6;
+  p.to.v6.sin6_port = htons(wire::kRoceV2Port);
+  std::memcpy(&p.to.v6.sin6_addr, packet.dst.data(), 16);
+  msg.msg_name = &p.to.v6;
+  msg.msg_namelen = sizeof p.to.v6;
+  msg.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2;
+  in6_pktinfo info{};
+  std::memcpy(&info.ipi6_addr, packet.src.data(), 16);
+  cmsghdr* c = put_cmsg(msg, nullptr, IPPROTO_IPV6, IPV6_PKTINFO, info);
+  c = put_cmsg(msg, c, IPPROTO_IPV6, IPV6_HOPLIMIT, hops);
+  put_cmsg(msg, c, IPPROTO_IPV6, IPV6_TCLASS, tclass);
+  return false;
+}
+
+}  // namespace
+
 Result<void> Sockets::send(const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit,
                            std::span<const uint8_t> payload) {
-  iovec iov{const_cast<uint8_t*>(payload.data()), payload.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) unsigned char control[CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2] = {};
-  msg.msg_control = control;
-  const int hops = hop_limit ? hop_limit : 64;
-  const int tclass = traffic_class;
-  int fd = -1;
-  if (wire::is_ipv4_mapped(dst)) {
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(wire::kRoceV2Port);
-    std::memcpy(&to.sin_addr, dst.data() + 12, 4);
-    msg.msg_name = &to;
-    msg.msg_namelen = sizeof to;
-    msg.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_PKTINFO;
-    c->cmsg_len = CMSG_LEN(sizeof(in_pktinfo));
-    in_pktinfo info{};
-    std::memcpy(&info.ipi_spec_dst, src.data() + 12, 4);
-    std::memcpy(CMSG_DATA(c), &info, sizeof info);
-    c = CMSG_NXTHDR(&msg, c);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TTL;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &hops, sizeof hops);
-    c = CMSG_NXTHDR(&msg, c);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TOS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &tclass, sizeof tclass);
-    fd = send4_;
-    if (fd < 0) return fail(std::errc::address_family_not_supported);
-    if (::sendmsg(fd, &msg, 0) < 0) return fail(std::errc(errno));
-    return {};
-  }
-  sockaddr_in6 to{};
-  to.sin6_family = AF_INET6;
-  to.sin6_port = htons(wire::kRoceV2Port);
-  std::memcpy(&to.sin6_addr, dst.data(), 16);
-  msg.msg_name = &to;
-  msg.msg_namelen = sizeof to;
-  msg.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = IPPROTO_IPV6;
-  c->cmsg_type = IPV6_PKTINFO;
-  c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
-  in6_pktinfo info{};
-  std::memcpy(&info.ipi6_addr, src.data(), 16);
-  std::memcpy(CMSG_DATA(c), &info, sizeof info);
-  c = CMSG_NXTHDR(&msg, c);
-  c->cmsg_level = IPPROTO_IPV6;
-  c->cmsg_type = IPV6_HOPLIMIT;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &hops, sizeof hops);
-  c = CMSG_NXTHDR(&msg, c);
-  c->cmsg_level = IPPROTO_IPV6;
-  c->cmsg_type = IPV6_TCLASS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &tclass, sizeof tclass);
-  fd = send6_;
-  if (fd < 0) return fail(std::errc::address_family_not_supported);
-  if (::sendmsg(fd, &msg, 0) < 0) return fail(std::errc(errno));
-  return {};
+  const OutgoingPacket packet{src, dst, traffic_class, hop_limit, payload};
+  return send_batch(std::span<const OutgoingPacket>(&packet, 1)) == 0 ? Result<void>{}
+                                                                       : fail(std::errc(errno));
 }
+
+size_t Sockets::send_batch(std::span<const OutgoingPacket> packets) {
+  constexpr size_t kMax = 64;  // sendmmsg's arguments on the stack
+  PreparedSend prepared[kMax];
+  mmsghdr messages[kMax];
+  size_t refused = 0;
+  size_t at = 0;
+  while (at < packets.size()) {
+    // A run of packets of one IP version, sent with one system call.
+    size_t n = 0;
+    bool v4 = true;
+    for (; at + n < packets.size() && n < kMax; ++n) {
+      const bool this_v4 = prepare(packets[at + n], prepared[n], messages[n].msg_hdr);
+      messages[n].msg_len = 0;
+      if (n == 0) v4 = this_v4;
+      if (this_v4 != v4) break;
+    }
+    const int fd = v4 ? send4_ : send6_;
+    size_t sent = 0;
+    if (fd < 0) {
+      errno = EAFNOSUPPORT;
+    } else {
+      while (sent < n) {
+        const int r = ::sendmmsg(fd, messages + sent, static_cast<unsigned>(n - sent), 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+          // The first packet of the rest was refused (a full send buffer, an
+          // unreachable network): it is lost, as on a wire; go on after it.
+          ++refused;
+          ++sent;
+          continue;
+        }
+        sent += static_cast<size_t>(r);
+      }
+    }
+    if (fd < 0) refused += n;
+    at += n;
+  }
+  return refused;
+}
+
+namespace {
+
+// Where a received datagram came from and was sent to, and its length.
+void describe(const msghdr& msg, size_t length, Received& out) {
+  out = Received{};
+  out.length = length;
+  if (msg.msg_flags & MSG_TRUNC) out.length = 0;  // larger than any packet: dropped as malformed
+  const auto* from = static_cast<const sockaddr_storage*>(msg.msg_name);
+  if (from->ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(from);
+    out.src[10] = out.src[11] = 0xFF;
+    std::memcpy(out.src.data() + 12, &a->sin_addr, 4);
+    out.src_port = ntohs(a->sin_port);
+  } else {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(from);
+    std::memcpy(out.src.data(), &a->sin6_addr, 16);
+    out.src_port = ntohs(a->sin6_port);
+  }
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&msg), c)) {
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+      in_pktinfo info;
+      std::memcpy(&info, CMSG_DATA(c), sizeof info);
+      out.dst[10] = out.dst[11] = 0xFF;
+      std::memcpy(out.dst.data() + 12, &info.ipi_addr, 4);
+    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+      in6_pktinfo info;
+      std::memcpy(&info, CMSG_DATA(c), sizeof info);
+      std::memcpy(out.dst.data(), &info.ipi6_addr, 16);
+    }
+  }
+}
+
+}  // namespace
 
 bool Sockets::receive(int fd, std::span<uint8_t> buffer, Received& out) {
   sockaddr_storage from{};
@@ -182,32 +258,34 @@ bool Sockets::receive(int fd, std::span<uint8_t> buffer, Received& out) {
   msg.msg_controllen = sizeof control;
   const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
   if (n < 0) return false;
-  out = Received{};
-  out.length = static_cast<size_t>(n);
-  if (msg.msg_flags & MSG_TRUNC) out.length = 0;  // larger than any packet: dropped as malformed
-  if (from.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&from);
-    out.src[10] = out.src[11] = 0xFF;
-    std::memcpy(out.src.data() + 12, &a->sin_addr, 4);
-    out.src_port = ntohs(a->sin_port);
-  } else {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&from);
-    std::memcpy(out.src.data(), &a->sin6_addr, 16);
-    out.src_port = ntohs(a->sin6_port);
-  }
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
-      in_pktinfo info;
-      std::memcpy(&info, CMSG_DATA(c), sizeof info);
-      out.dst[10] = out.dst[11] = 0xFF;
-      std::memcpy(out.dst.data() + 12, &info.ipi_addr, 4);
-    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
-      in6_pktinfo info;
-      std::memcpy(&info, CMSG_DATA(c), sizeof info);
-      std::memcpy(out.dst.data(), &info.ipi6_addr, 16);
-    }
-  }
+  describe(msg, static_cast<size_t>(n), out);
   return true;
+}
+
+int Sockets::receive_batch(int fd, std::span<uint8_t> storage, size_t slot_bytes, std::span<Received> out) {
+  constexpr size_t kMax = 64;
+  const size_t want = std::min({out.size(), storage.size() / slot_bytes, kMax});
+  if (fd < 0 || want == 0) return 0;
+  mmsghdr messages[kMax];
+  iovec iov[kMax];
+  sockaddr_storage from[kMax];
+  alignas(cmsghdr) unsigned char control[kMax][128];
+  for (size_t i = 0; i < want; ++i) {
+    iov[i] = iovec{storage.data() + i * slot_bytes, slot_bytes};
+    msghdr& m = messages[i].msg_hdr;
+    std::memset(&m, 0, sizeof m);
+    m.msg_name = &from[i];
+    m.msg_namelen = sizeof from[i];
+    m.msg_iov = &iov[i];
+    m.msg_iovlen = 1;
+    m.msg_control = control[i];
+    m.msg_controllen = sizeof control[i];
+    messages[i].msg_len = 0;
+  }
+  const int n = ::recvmmsg(fd, messages, static_cast<unsigned>(want), MSG_DONTWAIT, nullptr);
+  if (n <= 0) return 0;
+  for (int i = 0; i < n; ++i) describe(messages[i].msg_hdr, messages[i].msg_len, out[static_cast<size_t>(i)]);
+  return n;
 }
 
 }  // namespace softhca::udp

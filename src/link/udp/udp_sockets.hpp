@@ -22,6 +22,16 @@ struct Received {
   size_t length = 0;
 };
 
+// One packet to send: its addresses (the source stated, since the ICRC
+// covers it), IP hop limit and traffic class, and its UDP payload.
+struct OutgoingPacket {
+  wire::Gid src;
+  wire::Gid dst;
+  uint8_t traffic_class = 0;
+  uint8_t hop_limit = 0;
+  std::span<const uint8_t> bytes;
+};
+
 class Sockets {
  public:
   // Fails only when neither IP version can receive on port 4791.
@@ -39,8 +49,14 @@ class Sockets {
   // Sends one UDP payload from `src` to `dst`, port 4791.
   Result<void> send(const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit,
                     std::span<const uint8_t> payload);
+  // Sends `packets` in order, a system call per run of one IP version
+  // (sendmmsg); returns how many were refused (and are lost, as on a wire).
+  size_t send_batch(std::span<const OutgoingPacket> packets);
   // One datagram from receiving socket `fd` into `buffer`; false when none is waiting.
   bool receive(int fd, std::span<uint8_t> buffer, Received& out);
+  // Up to out.size() datagrams at once (recvmmsg), datagram i into
+  // storage[i * slot_bytes, (i + 1) * slot_bytes); returns how many came.
+  int receive_batch(int fd, std::span<uint8_t> storage, size_t slot_bytes, std::span<Received> out);
 
  private:
   Sockets() = default;
