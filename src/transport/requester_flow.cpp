@@ -229,24 +229,37 @@ void RequesterFlow::progress_made(uint64_t now_ns) {
 }
 
 void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSink& out) {
-  bool progressed = false;
+  const uint32_t una_before = una_psn_;
+  bool completed = false;
   if (!outstanding_.empty() && psn_diff(psn, una_psn_) >= 0 && psn_diff(psn, send_psn_) < 0) {
     // Packets up to psn arrived, even mid-message: the window moves.
     advance_una(psn_add(psn, 1));
-    progressed = true;
   }
   while (!outstanding_.empty() && psn_diff(outstanding_.front().last_psn(), psn) <= 0) {
     Outstanding& front = outstanding_.front();
     if (is_read_or_atomic(front)) {
       // Acknowledged past a READ or atomic whose response never came: it was
-      // lost; ask again (the responder replays it).
-      retransmit_from(front.first_psn, out);
+      // lost; ask again (the responder replays it), once. Every duplicate
+      // the go-back-N resends is ACKed past it again, and a responder that
+      // no longer holds it (max_dest_rd_atomic newer ones came since) only
+      // ACKs: asking again on each ACK made a storm that never ended. The
+      // window stays at it either way; the timer asks after that.
+      if (!front.asked_again) {
+        front.asked_again = true;
+        retransmit_from(front.first_psn, out);
+      } else {
+        const uint32_t resume = front.message.op == Operation::kRead ? front.read_next : front.first_psn;
+        if (psn_diff(una_psn_, resume) > 0) una_psn_ = resume;
+      }
       break;
     }
     complete_front(IBV_WC_SUCCESS);
-    progressed = true;
+    completed = true;
   }
-  if (progressed) progress_made(now_ns);
+  // Progress is a completion or a window that moved on in the end: an ACK
+  // that only passed a READ or atomic still waiting does not restore the
+  // retries, or a responder that cannot answer it would keep them full.
+  if (completed || psn_diff(una_psn_, una_before) > 0) progress_made(now_ns);
   pump(out);
 }
 
@@ -345,6 +358,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       iovec from{const_cast<uint8_t*>(packet.payload.data()), packet.payload.size()};
       copy_iovecs(into, n, &from, 1, packet.payload.size());
       front.read_next = psn_add(psn, 1);
+      front.asked_again = false;  // it answers: a later loss may be inferred from an ACK again
       advance_una(psn_add(psn, 1));
       if (psn == front.last_psn()) {
         complete_front(IBV_WC_SUCCESS);

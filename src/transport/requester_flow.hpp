@@ -88,6 +88,9 @@ class RequesterFlow {
     uint32_t read_asked = 0;    // READ: the PSN its latest request asked from
     uint32_t read_seen = 0;     // READ: the PSN of the latest response packet
     uint32_t read_asked_end = 0;  // READ: the PSN after the last one its latest request asked for
+    // READ or atomic: asked again because an ACK passed it with no response;
+    // until a response comes, further such ACKs leave it to the timer.
+    bool asked_again = false;
     uint32_t last_psn() const;
   };
 

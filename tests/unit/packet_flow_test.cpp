@@ -310,6 +310,38 @@ TEST_F(PacketFlow, ALateDuplicateReadOfADeregisteredMrChangesNothing) {
   EXPECT_FALSE(to_requester_.deliver_one([](const wire::ParsedPacket&) {})) << "no NAK for a stale request";
 }
 
+// A responder keeps max_dest_rd_atomic READs for replay; with one, a second
+// READ pushes the first out. If every response to the first is lost, the
+// responder can only ACK its duplicate request, and each ACK past a READ
+// whose response never came made the requester ask again from the READ (and
+// count it as progress, restoring its retries): a storm of requests and ACKs
+// that never ended. It is asked again once; then the timer's retries decide.
+TEST_F(PacketFlow, AReadTheResponderCanNoLongerReplayEndsInRetryExceeded) {
+  start(true, 0x1000, 3);
+  ResponderConfig sc;
+  sc.peer_qpn = kRequesterQpn;
+  sc.mtu = kMtu;
+  sc.start_psn = 0x1000;
+  sc.resources = 1;
+  responder_.emplace(sc);
+  to_requester_.fault = [](const wire::Headers& h, uint64_t) {
+    const bool first_read = h.bth.psn == 0x1000 && h.bth.opcode == static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseOnly);
+    return first_read ? Wire::Fault{0, false} : Wire::Fault{};
+  };
+  // Whatever happens, the wire stops after 2000 requests, so that the test ends.
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index < 2000 ? Wire::Fault{} : Wire::Fault{0, false};
+  };
+  std::vector<uint8_t> a(100, 0), b(100, 0);
+  requester_->post(message(1, Operation::kRead, a), now_, to_responder_);
+  requester_->post(message(2, Operation::kRead, b, kIova + 512), now_, to_responder_);
+  const auto done = run(2);
+  ASSERT_EQ(done.size(), 1u) << "the first READ fails and ends the flow";
+  EXPECT_EQ(done[0].position, 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_LT(to_responder_.sent(), 100u) << "no storm of requests";
+}
+
 TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
   start();
   uint64_t word = 100;
