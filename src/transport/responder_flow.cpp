@@ -13,6 +13,7 @@ namespace {
 
 bool is_last(wire::Segment s) { return s == wire::Segment::kLast || s == wire::Segment::kOnly; }
 bool is_first(wire::Segment s) { return s == wire::Segment::kFirst || s == wire::Segment::kOnly; }
+bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
 
 wire::Syndrome to_wire(const Syndrome& s) {
   switch (s.answer) {
@@ -181,12 +182,19 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
     }
     if (reuse != nullptr) spare_wqe_.reset();
     in_message_ = true;
-  } else if (!in_message_) {
+  } else if (!in_message_ || send != is_send(message_.op)) {
+    // A middle or last packet with no message to continue, or continuing
+    // one of the other kind (a SEND LAST inside a WRITE would complete a
+    // receive WQE the WRITE never took): the opcode sequence is broken.
     if (config_.reliable) {
       port.fail_qp(IBV_EVENT_QP_REQ_ERR);
       answer(Syndrome::nak(Answer::kNakInvalidRequest), psn, out);
+      return;
     }
-    return;  // UC: the rest of a message whose start was lost
+    // UC: the rest of a message whose start was lost; one it broke is lost too.
+    if (in_message_ && message_.has_wqe && is_send(message_.op)) spare_wqe_ = message_.wqe;
+    in_message_ = false;
+    return;
   }
   Request last = request_of(packet, message_.op);
   if (is_last(segment) && h.immdt) {

@@ -342,6 +342,38 @@ TEST_F(PacketFlow, AReadTheResponderCanNoLongerReplayEndsInRetryExceeded) {
   EXPECT_LT(to_responder_.sent(), 100u) << "no storm of requests";
 }
 
+// A SEND LAST inside a WRITE breaks the opcode sequence: an invalid request.
+// The responder took it as the end of a SEND and completed a receive WQE it
+// had never taken (a WRITE has none), reporting a wr_id nobody posted.
+TEST_F(PacketFlow, ASendLastInsideAWriteIsAnInvalidRequest) {
+  start();
+  port_.post_receive(5, kIova + 8192, 1024);
+  auto data = pattern(3 * kMtu, 16);
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index == 0 ? Wire::Fault{} : Wire::Fault{0, false};  // only the WRITE's first packet arrives
+  };
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  ASSERT_TRUE(to_responder_.deliver_one([&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); }));
+  wire::ParsedPacket last;
+  last.info = *wire::opcode_info(wire::Opcode::kRcSendLastWithImm);
+  last.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcSendLastWithImm);
+  last.headers.bth.dest_qpn = kResponderQpn;
+  last.headers.bth.psn = 0x1001;
+  last.headers.bth.ack_req = true;
+  last.headers.immdt = wire::ImmDt{7};
+  responder_->on_request(last, port_, to_requester_);
+  EXPECT_TRUE(port_.completions.empty()) << "no receive completes";
+  EXPECT_EQ(port_.receives.size(), 1u) << "none is taken";
+  ASSERT_EQ(port_.events.size(), 1u);
+  EXPECT_EQ(port_.events[0], IBV_EVENT_QP_REQ_ERR);
+  bool nak = false;
+  while (to_requester_.deliver_one([&](const wire::ParsedPacket& p) {
+    nak |= p.headers.aeth && p.headers.aeth->syndrome.nak_code() == wire::NakCode::kInvalidRequest;
+  })) {
+  }
+  EXPECT_TRUE(nak);
+}
+
 TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
   start();
   uint64_t word = 100;
