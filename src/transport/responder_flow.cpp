@@ -198,10 +198,14 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
   }
   Request last = request_of(packet, message_.op);
   if (is_last(segment) && h.immdt) {
+    const Operation before = message_.op;
     message_.op = send ? Operation::kSendWithImm : Operation::kWriteWithImm;
     last.op = message_.op;
     const Response r = ready_for_last(message_, port);
     if (r.syndrome.answer != Answer::kAck) {
+      // Refused (no receive WQE): the message stays what it was, or a LAST
+      // without immediate for this PSN would complete a WQE never taken.
+      message_.op = before;
       answer(r.syndrome, psn, out);
       if (r.syndrome.answer == Answer::kRnrNak) nak_sent_ = true;
       // The requester sends this packet again: an ONLY packet starts the

@@ -374,6 +374,33 @@ TEST_F(PacketFlow, ASendLastInsideAWriteIsAnInvalidRequest) {
   EXPECT_TRUE(nak);
 }
 
+// A WRITE WITH IMMEDIATE's last packet found no receive WQE (RNR NAK), and
+// a WRITE LAST without immediate came for its PSN: the message had been
+// turned into a WRITE WITH IMMEDIATE by the refused packet, so it completed
+// a receive WQE it had never taken.
+TEST_F(PacketFlow, ARefusedLastWithImmediateLeavesTheMessageAsItWas) {
+  start();
+  auto data = pattern(2 * kMtu, 17);
+  OutgoingMessage m = message(1, Operation::kWriteWithImm, data);
+  m.imm_data = htonl(9);
+  requester_->post(m, now_, to_responder_);
+  auto respond = [&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); };
+  ASSERT_TRUE(to_responder_.deliver_one(respond));  // WRITE FIRST
+  ASSERT_TRUE(to_responder_.deliver_one(respond));  // WRITE LAST WITH IMMEDIATE: no receive, RNR NAK
+  bool rnr = false;
+  while (to_requester_.deliver_one([&](const wire::ParsedPacket& p) { rnr |= p.headers.aeth && p.headers.aeth->syndrome.is_rnr_nak(); })) {
+  }
+  ASSERT_TRUE(rnr);
+  wire::ParsedPacket last;
+  last.info = *wire::opcode_info(wire::Opcode::kRcRdmaWriteLast);
+  last.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaWriteLast);
+  last.headers.bth.dest_qpn = kResponderQpn;
+  last.headers.bth.psn = 0x1001;
+  last.headers.bth.ack_req = true;
+  responder_->on_request(last, port_, to_requester_);
+  EXPECT_TRUE(port_.completions.empty()) << "no receive WQE was taken, none completes";
+}
+
 TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
   start();
   uint64_t word = 100;
