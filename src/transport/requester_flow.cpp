@@ -242,19 +242,25 @@ void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSin
       // lost; ask again (the responder replays it), once. Every duplicate
       // the go-back-N resends is ACKed past it again, and a responder that
       // no longer holds it (max_dest_rd_atomic newer ones came since) only
-      // ACKs: asking again on each ACK made a storm that never ended. The
-      // window stays at it either way; the timer asks after that.
+      // ACKs: asking again on each ACK made a storm that never ended. After
+      // that, the timer asks.
       if (!front.asked_again) {
         front.asked_again = true;
         retransmit_from(front.first_psn, out);
-      } else {
-        const uint32_t resume = front.message.op == Operation::kRead ? front.read_next : front.first_psn;
-        if (psn_diff(una_psn_, resume) > 0) una_psn_ = resume;
       }
       break;
     }
     complete_front(IBV_WC_SUCCESS);
     completed = true;
+  }
+  // Only its response answers a READ or atomic: however far an ACK goes,
+  // inside or past it, the window stays at the first one still waiting
+  // (else a responder that ACKs without answering moved it on, and the
+  // timer asked again from there, never for the READ).
+  if (!outstanding_.empty() && is_read_or_atomic(outstanding_.front())) {
+    const Outstanding& front = outstanding_.front();
+    const uint32_t resume = front.message.op == Operation::kRead ? front.read_next : front.first_psn;
+    if (psn_diff(una_psn_, resume) > 0) una_psn_ = resume;
   }
   // Progress is a completion or a window that moved on in the end: an ACK
   // that only passed a READ or atomic still waiting does not restore the

@@ -401,6 +401,31 @@ TEST_F(PacketFlow, ARefusedLastWithImmediateLeavesTheMessageAsItWas) {
   EXPECT_TRUE(port_.completions.empty()) << "no receive WQE was taken, none completes";
 }
 
+// An ACK whose PSN falls inside a READ (a responder that took the READ's
+// first PSN for something else) moved the requester's window past the
+// READ's first response and counted as progress, restoring the retries:
+// each timeout asked again, each ACK restored the budget, and the READ
+// waited for ever. Only a response answers a READ; the retries run out.
+TEST_F(PacketFlow, AnAckInsideAReadDoesNotKeepItWaitingForEver) {
+  const uint8_t retry_cnt = 3;
+  start(true, 0x1000, retry_cnt);
+  std::vector<uint8_t> local(kMtu + 1, 0);  // two response packets: PSNs 0x1000 and 0x1001
+  to_responder_.fault = [](const wire::Headers&, uint64_t) { return Wire::Fault{0, false}; };
+  on_wait = [&] {
+    wire::ParsedPacket ack;
+    ack.info = *wire::opcode_info(wire::Opcode::kRcAcknowledge);
+    ack.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAcknowledge);
+    ack.headers.bth.dest_qpn = kRequesterQpn;
+    ack.headers.bth.psn = 0x1000;
+    ack.headers.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), 1};
+    requester_->on_response(ack, now_, to_responder_);
+  };
+  requester_->post(message(1, Operation::kRead, local), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
+}
+
 TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
   start();
   uint64_t word = 100;
