@@ -52,6 +52,7 @@ RequesterFlow::RequesterFlow(const RequesterConfig& config)
       next_psn_(config.start_psn & kPsnMask),
       send_psn_(config.start_psn & kPsnMask),
       una_psn_(config.start_psn & kPsnMask),
+      sent_end_(config.start_psn & kPsnMask),
       retry_left_(config.retry_cnt),
       rnr_left_(config.rnr_retry) {}
 
@@ -96,12 +97,14 @@ void RequesterFlow::pump(PacketSink& out) {
       if (o.message.op == Operation::kRead && psn_diff(send_psn_, o.first_psn) > 0) o.read_next = send_psn_;
       transmit_packet(o, 0, out);
       send_psn_ = psn_add(o.first_psn, o.npsn);
+      sent_through(send_psn_);
       continue;
     }
     for (uint32_t i = static_cast<uint32_t>(psn_diff(send_psn_, o.first_psn)); i < o.npsn; ++i) {
       if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(kWindowPackets)) return;
       transmit_packet(o, i, out);
       send_psn_ = psn_add(o.first_psn, i + 1);
+      sent_through(send_psn_);
     }
   }
 }
@@ -109,6 +112,10 @@ void RequesterFlow::pump(PacketSink& out) {
 void RequesterFlow::advance_una(uint32_t psn_after) {
   if (psn_diff(psn_after, una_psn_) > 0) una_psn_ = psn_after;
   if (psn_diff(una_psn_, send_psn_) > 0) send_psn_ = una_psn_;
+}
+
+void RequesterFlow::sent_through(uint32_t psn_after) {
+  if (psn_diff(psn_after, sent_end_) > 0) sent_end_ = psn_after;
 }
 
 void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& out) {
@@ -273,6 +280,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
   if (failed_ || outstanding_.empty()) return;
   const wire::Headers& h = packet.headers;
   const uint32_t psn = h.bth.psn;
+  // A response names a PSN already sent. One at or past the furthest ever
+  // sent (stale, or from nobody's responder) is dropped: an ACK of it
+  // completed every message up to it, those the window had not sent yet too.
+  if (psn_diff(psn, sent_end_) >= 0) return;
   switch (packet.info.operation) {
     case wire::Operation::kAcknowledge: {
       if (!h.aeth) return;
@@ -409,7 +420,7 @@ bool RequesterFlow::pop_completion(RequesterCompletion& out) {
 
 void RequesterFlow::abort() {
   outstanding_.clear();
-  send_psn_ = una_psn_ = next_psn_;
+  send_psn_ = una_psn_ = sent_end_ = next_psn_;
   packets_in_flight_ = 0;
   deadline_ = 0;
   failed_ = true;

@@ -426,6 +426,27 @@ TEST_F(PacketFlow, AnAckInsideAReadDoesNotKeepItWaitingForEver) {
   EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
 }
 
+// An ACK for a PSN the requester never sent (stale, or from nobody's
+// responder) completed every message up to it, successfully, the ones
+// still waiting for the window too: their bytes never left.
+TEST_F(PacketFlow, AnAckOfAPsnNeverSentCompletesNothing) {
+  start();
+  auto data = pattern(200 * kMtu, 18);  // 200 packets: the window sends 128
+  std::vector<uint8_t> one(10, 1);
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  requester_->post(message(2, Operation::kWrite, one), now_, to_responder_);
+  ASSERT_EQ(to_responder_.sent(), 128u);
+  wire::ParsedPacket ack;
+  ack.info = *wire::opcode_info(wire::Opcode::kRcAcknowledge);
+  ack.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAcknowledge);
+  ack.headers.bth.dest_qpn = kRequesterQpn;
+  ack.headers.bth.psn = 0x1000 + 200;  // the second message's PSN
+  ack.headers.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), 2};
+  requester_->on_response(ack, now_, to_responder_);
+  RequesterCompletion c;
+  EXPECT_FALSE(requester_->pop_completion(c)) << "completed message " << c.position;
+}
+
 TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
   start();
   uint64_t word = 100;
