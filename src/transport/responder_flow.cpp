@@ -284,6 +284,11 @@ void ResponderFlow::atomic(const wire::ParsedPacket& packet, ResponderPort& port
 }
 
 void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
+  // A QP in ERROR (or not yet receiving) answers nothing. The stages check
+  // the state for each message, but a PSN gap was NAKed before them: a QP
+  // that went to ERROR, whose NAK was lost, NAKed each resend's second
+  // packet (the first dropped silently), and each NAK drew the resend again.
+  if (!receives_in_state(port.qp().state)) return;
   const uint32_t psn = packet.headers.bth.psn;
   const int32_t d = psn_diff(psn, epsn_);
   if (config_.reliable) {

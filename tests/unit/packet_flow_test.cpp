@@ -447,6 +447,32 @@ TEST_F(PacketFlow, AnAckOfAPsnNeverSentCompletesNothing) {
   EXPECT_FALSE(requester_->pop_completion(c)) << "completed message " << c.position;
 }
 
+// A responder whose QP went to ERROR (here: a WRITE to a key it may not
+// use) whose NAK was lost still NAKed every PSN gap: each go-back-N resend
+// drew a sequence NAK after its first packet, which the QP silently drops,
+// and each NAK drew another resend, for ever. A QP in ERROR answers nothing;
+// the requester's retries run out.
+TEST_F(PacketFlow, AResponderInErrorSendsNoSequenceNaks) {
+  start(true, 0x1000, 3);
+  auto data = pattern(3 * kMtu, 19);
+  bool lost = false;
+  to_requester_.fault = [&](const wire::Headers&, uint64_t) {
+    if (lost) return Wire::Fault{};
+    lost = true;
+    return Wire::Fault{0, false};  // the access error NAK
+  };
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index < 2000 ? Wire::Fault{} : Wire::Fault{0, false};  // so that the test ends whatever happens
+  };
+  OutgoingMessage m = message(1, Operation::kWrite, data);
+  m.rkey = kOtherPdKey;
+  requester_->post(m, now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_LT(to_responder_.sent(), 100u) << "no storm of resends";
+}
+
 TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
   start();
   uint64_t word = 100;
