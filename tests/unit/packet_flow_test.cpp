@@ -473,6 +473,34 @@ TEST_F(PacketFlow, AResponderInErrorSendsNoSequenceNaks) {
   EXPECT_LT(to_responder_.sent(), 100u) << "no storm of resends";
 }
 
+// The keys a message validated are checked again at each later packet, so
+// that a deregistration between packets stops it. The check was skipped
+// while no byte had been placed: after a first packet without payload, the
+// next one wrote through a key no longer registered.
+TEST_F(PacketFlow, AKeyDeregisteredAfterAnEmptyFirstPacketStopsTheWrite) {
+  start();
+  auto packet = [](wire::Opcode op, uint32_t psn) {
+    wire::ParsedPacket p;
+    p.info = *wire::opcode_info(op);
+    p.headers.bth.opcode = static_cast<uint8_t>(op);
+    p.headers.bth.dest_qpn = kResponderQpn;
+    p.headers.bth.psn = psn;
+    return p;
+  };
+  wire::ParsedPacket first = packet(wire::Opcode::kRcRdmaWriteFirst, 0x1000);
+  first.headers.reth = wire::Reth{kIova, kKey, 64};
+  responder_->on_request(first, port_, to_requester_);
+  port_.keys.erase(kKey);
+  const std::vector<uint8_t> bytes(64, 0xEE);
+  wire::ParsedPacket last = packet(wire::Opcode::kRcRdmaWriteLast, 0x1001);
+  last.headers.bth.ack_req = true;
+  last.payload = bytes;
+  responder_->on_request(last, port_, to_requester_);
+  EXPECT_EQ(*port_.at(kIova), 0) << "nothing written through the deregistered key";
+  ASSERT_EQ(port_.events.size(), 1u);
+  EXPECT_EQ(port_.events[0], IBV_EVENT_QP_ACCESS_ERR);
+}
+
 TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
   start();
   uint64_t word = 100;
