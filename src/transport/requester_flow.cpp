@@ -238,8 +238,11 @@ void RequesterFlow::progress_made(uint64_t now_ns) {
 void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSink& out) {
   const uint32_t una_before = una_psn_;
   bool completed = false;
-  if (!outstanding_.empty() && psn_diff(psn, una_psn_) >= 0 && psn_diff(psn, send_psn_) < 0) {
-    // Packets up to psn arrived, even mid-message: the window moves.
+  // Packets up to psn arrived, even mid-message: the window moves. Up to
+  // any PSN sent, not only below the next to send: an RNR NAK or a
+  // go-back-N rewinds that, and the window left behind messages an ACK
+  // completed made the next one posted be skipped.
+  if (!outstanding_.empty() && psn_diff(psn, una_psn_) >= 0 && psn_diff(psn, sent_end_) < 0) {
     advance_una(psn_add(psn, 1));
   }
   while (!outstanding_.empty() && psn_diff(outstanding_.front().last_psn(), psn) <= 0) {

@@ -501,6 +501,35 @@ TEST_F(PacketFlow, AKeyDeregisteredAfterAnEmptyFirstPacketStopsTheWrite) {
   EXPECT_EQ(port_.events[0], IBV_EVENT_QP_ACCESS_ERR);
 }
 
+// An RNR NAK rewinds the next PSN to send to the one refused. An ACK past
+// it (a duplicated RNR NAK that came after the resend was ACKed, say)
+// completed the messages it covered but moved the window only up to that
+// rewound PSN: the next message posted was skipped, and went out only when
+// the responder NAKed the gap.
+TEST_F(PacketFlow, AnAckPastAnRnrNakLeavesNoMessageUnsent) {
+  start();
+  auto answer = [&](wire::Syndrome syndrome, uint32_t psn) {
+    wire::ParsedPacket p;
+    p.info = *wire::opcode_info(wire::Opcode::kRcAcknowledge);
+    p.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAcknowledge);
+    p.headers.bth.dest_qpn = kRequesterQpn;
+    p.headers.bth.psn = psn;
+    p.headers.aeth = wire::Aeth{syndrome, 0};
+    requester_->on_response(p, now_, to_responder_);
+  };
+  std::vector<uint8_t> a(10, 1), b(10, 2), c(10, 3);
+  requester_->post(message(1, Operation::kWrite, a), now_, to_responder_);      // PSN 0x1000
+  requester_->post(message(2, Operation::kWrite, b, kIova + 64), now_, to_responder_);  // PSN 0x1001
+  answer(wire::Syndrome::rnr_nak(1), 0x1000);
+  answer(wire::Syndrome::ack(wire::Syndrome::kNoCredits), 0x1001);
+  RequesterCompletion done;
+  ASSERT_TRUE(requester_->pop_completion(done));
+  ASSERT_TRUE(requester_->pop_completion(done));
+  const uint64_t before = to_responder_.sent();
+  requester_->post(message(3, Operation::kWrite, c, kIova + 128), now_, to_responder_);
+  EXPECT_EQ(to_responder_.sent(), before + 1) << "the next message goes out at once";
+}
+
 TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
   start();
   uint64_t word = 100;
