@@ -32,7 +32,9 @@
 #include "transport/requester_flow.hpp"
 #include "transport/retry_policy.hpp"
 #include "transport/responder_flow.hpp"
+#include "transport_fuzz_report.hpp"
 #include "transport_script.hpp"
+#include "transport_setup.hpp"
 
 namespace softhca::fuzz {
 namespace {
@@ -41,10 +43,7 @@ using namespace transport;
 using script::kAbortNow;
 using script::Reader;
 
-constexpr uint32_t kRequesterQpn = 0x100;
-constexpr uint32_t kResponderQpn = 0x200;
 constexpr std::size_t kMaxSteps = 512;   // bounds the work of one input
-constexpr uint64_t kMaxLength = 9000;    // a few packets at any MTU
 // The fault-free end of an input: deliveries, and timeouts (few where the
 // requester waits for ever). A window's worth of READs answers in a few
 // thousand packets: a wire busy for far longer without a timeout is a storm.
@@ -52,164 +51,6 @@ constexpr int kDrainRounds = 400'000;
 constexpr int kDrainTimeouts = 4096;
 constexpr int kDrainTimeoutsForever = 16;
 constexpr int kStormRounds = 100'000;
-
-// TRANSPORT_FUZZ_TRACE=1: what a reproducer does, step by step, on stderr.
-bool tracing() {
-  static const bool on = std::getenv("TRANSPORT_FUZZ_TRACE") != nullptr;
-  return on;
-}
-#define TRACE(...)                                \
-  do {                                            \
-    if (tracing()) std::fprintf(stderr, __VA_ARGS__); \
-  } while (0)
-
-void trace_packet(const char* what, const wire::Headers& h) {
-  if (!tracing()) return;
-  std::fprintf(stderr, "  %s opcode 0x%02x psn 0x%06x%s", what, h.bth.opcode, h.bth.psn, h.bth.ack_req ? " ackreq" : "");
-  if (h.aeth) std::fprintf(stderr, " aeth 0x%02x msn %u", h.aeth->syndrome.byte(), h.aeth->msn);
-  if (h.reth) std::fprintf(stderr, " reth len %u", h.reth->dma_length);
-  std::fprintf(stderr, "\n");
-}
-
-// TRANSPORT_FUZZ_STATS=1: at exit, how often the inputs reached the states
-// worth reaching (so that a blind driver's run can be judged by more than
-// its count of inputs).
-struct Stats {
-  uint64_t inputs = 0, completions = 0, error_completions = 0, retransmitted = 0, duplicates = 0,
-           out_of_sequence = 0, naks = 0, rnr_naks = 0, read_responses = 0, atomic_acks = 0, wraps = 0,
-           desynced = 0, aborted = 0;
-  ~Stats() {
-    if (std::getenv("TRANSPORT_FUZZ_STATS") == nullptr) return;
-    std::fprintf(stderr,
-                 "transport_flows stats: %llu inputs, %llu completions (%llu in error), %llu packets resent, "
-                 "%llu duplicates and %llu out of sequence at the responder, %llu NAKs, %llu RNR NAKs, "
-                 "%llu READ response packets, %llu atomic ACKs, %llu inputs across the PSN wrap, "
-                 "%llu desynchronized by forgery, %llu aborted\n",
-                 ull(inputs), ull(completions), ull(error_completions), ull(retransmitted), ull(duplicates),
-                 ull(out_of_sequence), ull(naks), ull(rnr_naks), ull(read_responses), ull(atomic_acks), ull(wraps),
-                 ull(desynced), ull(aborted));
-  }
-  static unsigned long long ull(uint64_t v) { return v; }
-};
-Stats stats;
-
-struct Setup {
-  bool reliable = true;
-  uint32_t mtu = 1024;
-  RequesterConfig requester;
-  ResponderConfig responder;
-  uint32_t min_rnr_timer = 0;
-  uint32_t access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-};
-
-Setup read_setup(Reader& in) {
-  uint8_t c[script::kConfigBytes];
-  for (uint8_t& b : c) b = in.u8();
-  Setup s;
-  s.mtu = (c[0] & 3) == 3 ? 4096 : 256U << (c[0] & 3);
-  s.reliable = (c[0] & 4) == 0;
-  uint32_t psn = 0;
-  switch (c[2] % 4) {
-    case 0:
-      psn = kPsnMask - c[3];
-      break;
-    case 1:
-      psn = c[3] | c[4] << 8 | c[5] << 16;
-      break;
-    case 2:
-      psn = 0;
-      break;
-    default:
-      psn = 0x1000;
-      break;
-  }
-  s.requester.dest_qpn = kResponderQpn;
-  s.requester.mtu = s.mtu;
-  s.requester.reliable = s.reliable;
-  s.requester.start_psn = psn;
-  s.requester.retry_cnt = static_cast<uint8_t>((c[0] >> 3) & 7);
-  s.requester.rnr_retry = static_cast<uint8_t>(c[1] & 7);
-  s.requester.timeout = static_cast<uint8_t>(c[1] >> 3);
-  s.responder.peer_qpn = kRequesterQpn;
-  s.responder.mtu = s.mtu;
-  s.responder.reliable = s.reliable;
-  s.responder.start_psn = psn;
-  s.responder.resources = 1 + (c[6] & 7);
-  s.min_rnr_timer = c[6] >> 3;
-  if (c[7] & 0x80) {
-    s.access = ((c[7] & 1) ? IBV_ACCESS_REMOTE_WRITE : 0) | ((c[7] & 2) ? IBV_ACCESS_REMOTE_READ : 0) |
-               ((c[7] & 4) ? IBV_ACCESS_REMOTE_ATOMIC : 0);
-  }
-  return s;
-}
-
-// An address on the responder's side: at the registered range's edges,
-// inside it (aligned or not), or outside.
-uint64_t remote_address(uint8_t kind, uint16_t offset, uint64_t length) {
-  constexpr uint64_t kEnd = kIova + CheckedPort::kRegistered;
-  switch (kind % 8) {
-    case 0:
-      return kIova;
-    case 1:
-      return kIova + ((offset % CheckedPort::kRegistered) & ~uint64_t{7});
-    case 2:
-      return kEnd - std::min<uint64_t>(length, CheckedPort::kRegistered);
-    case 3:
-      return kEnd - std::min<uint64_t>(length, CheckedPort::kRegistered) + 1 + offset % 8;
-    case 4:
-      return kIova - 1 - offset % 64;
-    case 5:
-      return uint64_t{offset} << 48 | offset;
-    case 6:
-      return kIova + offset % CheckedPort::kRegistered;
-    default:
-      return kEnd - 8 * (1 + offset % 4);
-  }
-}
-
-uint32_t rkey_of(uint8_t kind) {
-  switch (kind % 8) {
-    case 5:
-      return kReadOnlyKey;
-    case 6:
-      return kOtherPdKey;
-    case 7:
-      return 0xDEAD;
-    default:
-      return kKey;
-  }
-}
-
-uint64_t length_of(uint8_t kind, uint16_t extra, uint32_t mtu) {
-  uint64_t n = 0;
-  switch (kind % 8) {
-    case 0:
-      n = 0;
-      break;
-    case 1:
-      n = 1 + extra % 32;
-      break;
-    case 2:
-      n = mtu - 1;
-      break;
-    case 3:
-      n = mtu;
-      break;
-    case 4:
-      n = mtu + 1;
-      break;
-    case 5:
-      n = 2 * uint64_t{mtu} + extra % mtu;
-      break;
-    case 6:
-      n = 8;
-      break;
-    default:
-      n = extra % (kMaxLength + 1);
-      break;
-  }
-  return std::min(n, kMaxLength);
-}
 
 class Session {
  public:
