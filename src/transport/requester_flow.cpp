@@ -58,6 +58,7 @@ RequesterFlow::RequesterFlow(const RequesterConfig& config)
       next_psn_(config.start_psn & kPsnMask),
       send_psn_(config.start_psn & kPsnMask),
       una_psn_(config.start_psn & kPsnMask),
+      sent_end_(config.start_psn & kPsnMask),
       retry_left_(config.retry_cnt),
       rnr_left_(config.rnr_retry) {}
 
@@ -102,12 +103,14 @@ void RequesterFlow::pump(PacketSink& out) {
       if (o.message.op == Operation::kRead && psn_diff(send_psn_, o.first_psn) > 0) o.read_next = send_psn_;
       transmit_packet(o, 0, out);
       send_psn_ = psn_add(o.first_psn, o.npsn);
+      sent_through(send_psn_);
       continue;
     }
     for (uint32_t i = static_cast<uint32_t>(psn_diff(send_psn_, o.first_psn)); i < o.npsn; ++i) {
       if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(window_)) return;
       transmit_packet(o, i, out);
       send_psn_ = psn_add(o.first_psn, i + 1);
+      sent_through(send_psn_);
     }
   }
 }
@@ -123,6 +126,10 @@ void RequesterFlow::advance_una(uint32_t psn_after) {
     una_psn_ = psn_after;
   }
   if (psn_diff(una_psn_, send_psn_) > 0) send_psn_ = una_psn_;
+}
+
+void RequesterFlow::sent_through(uint32_t psn_after) {
+  if (psn_diff(psn_after, sent_end_) > 0) sent_end_ = psn_after;
 }
 
 void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& out) {
@@ -252,24 +259,46 @@ void RequesterFlow::progress_made(uint64_t now_ns) {
 }
 
 void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSink& out) {
-  bool progressed = false;
-  if (!outstanding_.empty() && psn_diff(psn, una_psn_) >= 0 && psn_diff(psn, send_psn_) < 0) {
-    // Packets up to psn arrived, even mid-message: the window moves.
+  const uint32_t una_before = una_psn_;
+  bool completed = false;
+  // Packets up to psn arrived, even mid-message: the window moves. Up to
+  // any PSN sent, not only below the next to send: an RNR NAK or a
+  // go-back-N rewinds that, and the window left behind messages an ACK
+  // completed made the next one posted be skipped.
+  if (!outstanding_.empty() && psn_diff(psn, una_psn_) >= 0 && psn_diff(psn, sent_end_) < 0) {
     advance_una(psn_add(psn, 1));
-    progressed = true;
   }
   while (!outstanding_.empty() && psn_diff(outstanding_.front().last_psn(), psn) <= 0) {
     Outstanding& front = outstanding_.front();
     if (is_read_or_atomic(front)) {
       // Acknowledged past a READ or atomic whose response never came: it was
-      // lost; ask again (the responder replays it).
-      retransmit_from(front.first_psn, out);
+      // lost; ask again (the responder replays it), once. Every duplicate
+      // the go-back-N resends is ACKed past it again, and a responder that
+      // no longer holds it (max_dest_rd_atomic newer ones came since) only
+      // ACKs: asking again on each ACK made a storm that never ended. After
+      // that, the timer asks.
+      if (!front.asked_again) {
+        front.asked_again = true;
+        retransmit_from(front.first_psn, out);
+      }
       break;
     }
     complete_front(IBV_WC_SUCCESS);
-    progressed = true;
+    completed = true;
   }
-  if (progressed) progress_made(now_ns);
+  // Only its response answers a READ or atomic: however far an ACK goes,
+  // inside or past it, the window stays at the first one still waiting
+  // (else a responder that ACKs without answering moved it on, and the
+  // timer asked again from there, never for the READ).
+  if (!outstanding_.empty() && is_read_or_atomic(outstanding_.front())) {
+    const Outstanding& front = outstanding_.front();
+    const uint32_t resume = front.message.op == Operation::kRead ? front.read_next : front.first_psn;
+    if (psn_diff(una_psn_, resume) > 0) una_psn_ = resume;
+  }
+  // Progress is a completion or a window that moved on in the end: an ACK
+  // that only passed a READ or atomic still waiting does not restore the
+  // retries, or a responder that cannot answer it would keep them full.
+  if (completed || psn_diff(una_psn_, una_before) > 0) progress_made(now_ns);
   pump(out);
 }
 
@@ -277,6 +306,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
   if (failed_ || outstanding_.empty()) return;
   const wire::Headers& h = packet.headers;
   const uint32_t psn = h.bth.psn;
+  // A response names a PSN already sent. One at or past the furthest ever
+  // sent (stale, or from nobody's responder) is dropped: an ACK of it
+  // completed every message up to it, those the window had not sent yet too.
+  if (psn_diff(psn, sent_end_) >= 0) return;
   switch (packet.info.operation) {
     case wire::Operation::kAcknowledge: {
       if (!h.aeth) return;
@@ -375,6 +408,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       iovec from{const_cast<uint8_t*>(packet.payload.data()), packet.payload.size()};
       copy_iovecs(into, n, &from, 1, packet.payload.size());
       front.read_next = psn_add(psn, 1);
+      front.asked_again = false;  // it answers: a later loss may be inferred from an ACK again
       advance_una(psn_add(psn, 1));
       if (psn == front.last_psn()) {
         complete_front(IBV_WC_SUCCESS);
@@ -421,7 +455,7 @@ bool RequesterFlow::pop_completion(RequesterCompletion& out) {
 
 void RequesterFlow::abort() {
   outstanding_.clear();
-  send_psn_ = una_psn_ = next_psn_;
+  send_psn_ = una_psn_ = sent_end_ = next_psn_;
   packets_in_flight_ = 0;
   deadline_ = 0;
   failed_ = true;

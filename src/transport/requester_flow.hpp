@@ -91,6 +91,9 @@ class RequesterFlow {
     uint32_t read_asked = 0;    // READ: the PSN its latest request asked from
     uint32_t read_seen = 0;     // READ: the PSN of the latest response packet
     uint32_t read_asked_end = 0;  // READ: the PSN after the last one its latest request asked for
+    // READ or atomic: asked again because an ACK passed it with no response;
+    // until a response comes, further such ACKs leave it to the timer.
+    bool asked_again = false;
     uint32_t last_psn() const;
   };
 
@@ -102,6 +105,7 @@ class RequesterFlow {
   // Go-back-N: the next packet sent is `psn`'s (a READ or atomic from its first PSN).
   void retransmit_from(uint32_t psn, PacketSink& out);
   void advance_una(uint32_t psn_after);
+  void sent_through(uint32_t psn_after);
   // Completes, in order, the messages an ACK of `psn` covers; a READ or
   // atomic among them whose response never came is sent again instead.
   void acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSink& out);
@@ -118,6 +122,7 @@ class RequesterFlow {
   uint32_t next_psn_;   // the first PSN of the next message posted
   uint32_t send_psn_;   // the next PSN to transmit (<= next_psn_)
   uint32_t una_psn_;    // the oldest PSN not yet acknowledged
+  uint32_t sent_end_;   // the PSN after the furthest one ever sent: responses name PSNs before it
   uint32_t packets_in_flight_ = 0;
   uint64_t deadline_ = 0;
   bool rnr_waiting_ = false;

@@ -224,7 +224,11 @@ Response ready_for_last(MessageInProgress& m, ResponderPort& port) {
 
 Response place(MessageInProgress& m, const iovec* data, int ndata, uint64_t length, ResponderPort& port) {
   const bool is_write = m.op == Operation::kWrite || m.op == Operation::kWriteWithImm;
-  if (m.placed > 0 && !keys_unchanged(m, port)) {
+  // Each packet after the first (whose keys accept() has just checked)
+  // checks them again, counted in packets rather than bytes: a first
+  // packet without payload let the next one skip the check.
+  const bool later_packet = m.packets++ > 0;
+  if (later_packet && !keys_unchanged(m, port)) {
     // Deregistered (or re-registered) since the message began.
     if (is_write) return fail(port, m.reliable, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
     m.status = IBV_WC_LOC_PROT_ERR;

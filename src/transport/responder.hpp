@@ -50,6 +50,7 @@ struct MessageInProgress {
   void* validated[limits::kMaxSge] = {};  // SEND: each SGE's address here once validated
   uint32_t nvalidated = 0;     // SGEs [0, nvalidated) are validated
   uint64_t placed = 0;         // payload bytes placed so far
+  uint32_t packets = 0;        // packets placed so far (the first may carry no byte)
   ibv_wc_status status = IBV_WC_SUCCESS;  // SEND: LOC_PROT_ERR / LOC_LEN_ERR once detected
   // The keys validated so far, as validated: a packet after the first
   // re-checks them, so that a deregistration between packets stops the

@@ -14,6 +14,7 @@ namespace {
 
 bool is_last(wire::Segment s) { return s == wire::Segment::kLast || s == wire::Segment::kOnly; }
 bool is_first(wire::Segment s) { return s == wire::Segment::kFirst || s == wire::Segment::kOnly; }
+bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
 
 wire::Syndrome to_wire(const Syndrome& s) {
   switch (s.answer) {
@@ -184,19 +185,30 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
     }
     if (reuse != nullptr) spare_wqe_.reset();
     in_message_ = true;
-  } else if (!in_message_) {
+  } else if (!in_message_ || send != is_send(message_.op)) {
+    // A middle or last packet with no message to continue, or continuing
+    // one of the other kind (a SEND LAST inside a WRITE would complete a
+    // receive WQE the WRITE never took): the opcode sequence is broken.
     if (config_.reliable) {
       port.fail_qp(IBV_EVENT_QP_REQ_ERR);
       answer(Syndrome::nak(Answer::kNakInvalidRequest), psn, out);
+      return;
     }
-    return;  // UC: the rest of a message whose start was lost
+    // UC: the rest of a message whose start was lost; one it broke is lost too.
+    if (in_message_ && message_.has_wqe && is_send(message_.op)) spare_wqe_ = message_.wqe;
+    in_message_ = false;
+    return;
   }
   Request last = request_of(packet, message_.op);
   if (is_last(segment) && h.immdt) {
+    const Operation before = message_.op;
     message_.op = send ? Operation::kSendWithImm : Operation::kWriteWithImm;
     last.op = message_.op;
     const Response r = ready_for_last(message_, port);
     if (r.syndrome.answer != Answer::kAck) {
+      // Refused (no receive WQE): the message stays what it was, or a LAST
+      // without immediate for this PSN would complete a WQE never taken.
+      message_.op = before;
       answer(r.syndrome, psn, out);
       if (r.syndrome.answer == Answer::kRnrNak) nak_sent_ = true;
       // The requester sends this packet again: an ONLY packet starts the
@@ -275,6 +287,11 @@ void ResponderFlow::atomic(const wire::ParsedPacket& packet, ResponderPort& port
 }
 
 void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
+  // A QP in ERROR (or not yet receiving) answers nothing. The stages check
+  // the state for each message, but a PSN gap was NAKed before them: a QP
+  // that went to ERROR, whose NAK was lost, NAKed each resend's second
+  // packet (the first dropped silently), and each NAK drew the resend again.
+  if (!receives_in_state(port.qp().state)) return;
   const uint32_t psn = packet.headers.bth.psn;
   const int32_t d = psn_diff(psn, epsn_);
   if (config_.reliable) {

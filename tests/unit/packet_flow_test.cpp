@@ -339,6 +339,226 @@ TEST_F(PacketFlow, ALateDuplicateReadOfADeregisteredMrChangesNothing) {
   EXPECT_FALSE(to_requester_.deliver_one([](const wire::ParsedPacket&) {})) << "no NAK for a stale request";
 }
 
+// A responder keeps max_dest_rd_atomic READs for replay; with one, a second
+// READ pushes the first out. If every response to the first is lost, the
+// responder can only ACK its duplicate request, and each ACK past a READ
+// whose response never came made the requester ask again from the READ (and
+// count it as progress, restoring its retries): a storm of requests and ACKs
+// that never ended. It is asked again once; then the timer's retries decide.
+TEST_F(PacketFlow, AReadTheResponderCanNoLongerReplayEndsInRetryExceeded) {
+  start(true, 0x1000, 3);
+  ResponderConfig sc;
+  sc.peer_qpn = kRequesterQpn;
+  sc.mtu = kMtu;
+  sc.start_psn = 0x1000;
+  sc.resources = 1;
+  responder_.emplace(sc);
+  to_requester_.fault = [](const wire::Headers& h, uint64_t) {
+    const bool first_read = h.bth.psn == 0x1000 && h.bth.opcode == static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseOnly);
+    return first_read ? Wire::Fault{0, false} : Wire::Fault{};
+  };
+  // Whatever happens, the wire stops after 2000 requests, so that the test ends.
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index < 2000 ? Wire::Fault{} : Wire::Fault{0, false};
+  };
+  std::vector<uint8_t> a(100, 0), b(100, 0);
+  requester_->post(message(1, Operation::kRead, a), now_, to_responder_);
+  requester_->post(message(2, Operation::kRead, b, kIova + 512), now_, to_responder_);
+  const auto done = run(2);
+  ASSERT_EQ(done.size(), 1u) << "the first READ fails and ends the flow";
+  EXPECT_EQ(done[0].position, 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_LT(to_responder_.sent(), 100u) << "no storm of requests";
+}
+
+// A SEND LAST inside a WRITE breaks the opcode sequence: an invalid request.
+// The responder took it as the end of a SEND and completed a receive WQE it
+// had never taken (a WRITE has none), reporting a wr_id nobody posted.
+TEST_F(PacketFlow, ASendLastInsideAWriteIsAnInvalidRequest) {
+  start();
+  port_.post_receive(5, kIova + 8192, 1024);
+  auto data = pattern(3 * kMtu, 16);
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index == 0 ? Wire::Fault{} : Wire::Fault{0, false};  // only the WRITE's first packet arrives
+  };
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  ASSERT_TRUE(to_responder_.deliver_one([&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); }));
+  wire::ParsedPacket last;
+  last.info = *wire::opcode_info(wire::Opcode::kRcSendLastWithImm);
+  last.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcSendLastWithImm);
+  last.headers.bth.dest_qpn = kResponderQpn;
+  last.headers.bth.psn = 0x1001;
+  last.headers.bth.ack_req = true;
+  last.headers.immdt = wire::ImmDt{7};
+  responder_->on_request(last, port_, to_requester_);
+  EXPECT_TRUE(port_.completions.empty()) << "no receive completes";
+  EXPECT_EQ(port_.receives.size(), 1u) << "none is taken";
+  ASSERT_EQ(port_.events.size(), 1u);
+  EXPECT_EQ(port_.events[0], IBV_EVENT_QP_REQ_ERR);
+  bool nak = false;
+  while (to_requester_.deliver_one([&](const wire::ParsedPacket& p) {
+    nak |= p.headers.aeth && p.headers.aeth->syndrome.nak_code() == wire::NakCode::kInvalidRequest;
+  })) {
+  }
+  EXPECT_TRUE(nak);
+}
+
+// A WRITE WITH IMMEDIATE's last packet found no receive WQE (RNR NAK), and
+// a WRITE LAST without immediate came for its PSN: the message had been
+// turned into a WRITE WITH IMMEDIATE by the refused packet, so it completed
+// a receive WQE it had never taken.
+TEST_F(PacketFlow, ARefusedLastWithImmediateLeavesTheMessageAsItWas) {
+  start();
+  auto data = pattern(2 * kMtu, 17);
+  OutgoingMessage m = message(1, Operation::kWriteWithImm, data);
+  m.imm_data = htonl(9);
+  requester_->post(m, now_, to_responder_);
+  auto respond = [&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); };
+  ASSERT_TRUE(to_responder_.deliver_one(respond));  // WRITE FIRST
+  ASSERT_TRUE(to_responder_.deliver_one(respond));  // WRITE LAST WITH IMMEDIATE: no receive, RNR NAK
+  bool rnr = false;
+  while (to_requester_.deliver_one([&](const wire::ParsedPacket& p) { rnr |= p.headers.aeth && p.headers.aeth->syndrome.is_rnr_nak(); })) {
+  }
+  ASSERT_TRUE(rnr);
+  wire::ParsedPacket last;
+  last.info = *wire::opcode_info(wire::Opcode::kRcRdmaWriteLast);
+  last.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaWriteLast);
+  last.headers.bth.dest_qpn = kResponderQpn;
+  last.headers.bth.psn = 0x1001;
+  last.headers.bth.ack_req = true;
+  responder_->on_request(last, port_, to_requester_);
+  EXPECT_TRUE(port_.completions.empty()) << "no receive WQE was taken, none completes";
+}
+
+// An ACK whose PSN falls inside a READ (a responder that took the READ's
+// first PSN for something else) moved the requester's window past the
+// READ's first response and counted as progress, restoring the retries:
+// each timeout asked again, each ACK restored the budget, and the READ
+// waited for ever. Only a response answers a READ; the retries run out.
+TEST_F(PacketFlow, AnAckInsideAReadDoesNotKeepItWaitingForEver) {
+  const uint8_t retry_cnt = 3;
+  start(true, 0x1000, retry_cnt);
+  std::vector<uint8_t> local(kMtu + 1, 0);  // two response packets: PSNs 0x1000 and 0x1001
+  to_responder_.fault = [](const wire::Headers&, uint64_t) { return Wire::Fault{0, false}; };
+  on_wait = [&] {
+    wire::ParsedPacket ack;
+    ack.info = *wire::opcode_info(wire::Opcode::kRcAcknowledge);
+    ack.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAcknowledge);
+    ack.headers.bth.dest_qpn = kRequesterQpn;
+    ack.headers.bth.psn = 0x1000;
+    ack.headers.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), 1};
+    requester_->on_response(ack, now_, to_responder_);
+  };
+  requester_->post(message(1, Operation::kRead, local), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
+}
+
+// An ACK for a PSN the requester never sent (stale, or from nobody's
+// responder) completed every message up to it, successfully, the ones
+// still waiting for the window too: their bytes never left.
+TEST_F(PacketFlow, AnAckOfAPsnNeverSentCompletesNothing) {
+  start();
+  auto data = pattern(200 * kMtu, 18);  // 200 packets: the window sends 128
+  std::vector<uint8_t> one(10, 1);
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  requester_->post(message(2, Operation::kWrite, one), now_, to_responder_);
+  ASSERT_EQ(to_responder_.sent(), 128u);
+  wire::ParsedPacket ack;
+  ack.info = *wire::opcode_info(wire::Opcode::kRcAcknowledge);
+  ack.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAcknowledge);
+  ack.headers.bth.dest_qpn = kRequesterQpn;
+  ack.headers.bth.psn = 0x1000 + 200;  // the second message's PSN
+  ack.headers.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), 2};
+  requester_->on_response(ack, now_, to_responder_);
+  RequesterCompletion c;
+  EXPECT_FALSE(requester_->pop_completion(c)) << "completed message " << c.position;
+}
+
+// A responder whose QP went to ERROR (here: a WRITE to a key it may not
+// use) whose NAK was lost still NAKed every PSN gap: each go-back-N resend
+// drew a sequence NAK after its first packet, which the QP silently drops,
+// and each NAK drew another resend, for ever. A QP in ERROR answers nothing;
+// the requester's retries run out.
+TEST_F(PacketFlow, AResponderInErrorSendsNoSequenceNaks) {
+  start(true, 0x1000, 3);
+  auto data = pattern(3 * kMtu, 19);
+  bool lost = false;
+  to_requester_.fault = [&](const wire::Headers&, uint64_t) {
+    if (lost) return Wire::Fault{};
+    lost = true;
+    return Wire::Fault{0, false};  // the access error NAK
+  };
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index < 2000 ? Wire::Fault{} : Wire::Fault{0, false};  // so that the test ends whatever happens
+  };
+  OutgoingMessage m = message(1, Operation::kWrite, data);
+  m.rkey = kOtherPdKey;
+  requester_->post(m, now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_LT(to_responder_.sent(), 100u) << "no storm of resends";
+}
+
+// The keys a message validated are checked again at each later packet, so
+// that a deregistration between packets stops it. The check was skipped
+// while no byte had been placed: after a first packet without payload, the
+// next one wrote through a key no longer registered.
+TEST_F(PacketFlow, AKeyDeregisteredAfterAnEmptyFirstPacketStopsTheWrite) {
+  start();
+  auto packet = [](wire::Opcode op, uint32_t psn) {
+    wire::ParsedPacket p;
+    p.info = *wire::opcode_info(op);
+    p.headers.bth.opcode = static_cast<uint8_t>(op);
+    p.headers.bth.dest_qpn = kResponderQpn;
+    p.headers.bth.psn = psn;
+    return p;
+  };
+  wire::ParsedPacket first = packet(wire::Opcode::kRcRdmaWriteFirst, 0x1000);
+  first.headers.reth = wire::Reth{kIova, kKey, 64};
+  responder_->on_request(first, port_, to_requester_);
+  port_.keys.erase(kKey);
+  const std::vector<uint8_t> bytes(64, 0xEE);
+  wire::ParsedPacket last = packet(wire::Opcode::kRcRdmaWriteLast, 0x1001);
+  last.headers.bth.ack_req = true;
+  last.payload = bytes;
+  responder_->on_request(last, port_, to_requester_);
+  EXPECT_EQ(*port_.at(kIova), 0) << "nothing written through the deregistered key";
+  ASSERT_EQ(port_.events.size(), 1u);
+  EXPECT_EQ(port_.events[0], IBV_EVENT_QP_ACCESS_ERR);
+}
+
+// An RNR NAK rewinds the next PSN to send to the one refused. An ACK past
+// it (a duplicated RNR NAK that came after the resend was ACKed, say)
+// completed the messages it covered but moved the window only up to that
+// rewound PSN: the next message posted was skipped, and went out only when
+// the responder NAKed the gap.
+TEST_F(PacketFlow, AnAckPastAnRnrNakLeavesNoMessageUnsent) {
+  start();
+  auto answer = [&](wire::Syndrome syndrome, uint32_t psn) {
+    wire::ParsedPacket p;
+    p.info = *wire::opcode_info(wire::Opcode::kRcAcknowledge);
+    p.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAcknowledge);
+    p.headers.bth.dest_qpn = kRequesterQpn;
+    p.headers.bth.psn = psn;
+    p.headers.aeth = wire::Aeth{syndrome, 0};
+    requester_->on_response(p, now_, to_responder_);
+  };
+  std::vector<uint8_t> a(10, 1), b(10, 2), c(10, 3);
+  requester_->post(message(1, Operation::kWrite, a), now_, to_responder_);      // PSN 0x1000
+  requester_->post(message(2, Operation::kWrite, b, kIova + 64), now_, to_responder_);  // PSN 0x1001
+  answer(wire::Syndrome::rnr_nak(1), 0x1000);
+  answer(wire::Syndrome::ack(wire::Syndrome::kNoCredits), 0x1001);
+  RequesterCompletion done;
+  ASSERT_TRUE(requester_->pop_completion(done));
+  ASSERT_TRUE(requester_->pop_completion(done));
+  const uint64_t before = to_responder_.sent();
+  requester_->post(message(3, Operation::kWrite, c, kIova + 128), now_, to_responder_);
+  EXPECT_EQ(to_responder_.sent(), before + 1) << "the next message goes out at once";
+}
+
 TEST_F(PacketFlow, AnAtomicWhoseAckIsLostRunsOnce) {
   start();
   uint64_t word = 100;
