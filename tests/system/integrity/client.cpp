@@ -114,9 +114,11 @@ class Client {
       return {};
     }
     const auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_success_);
+    // byte_len is defined for READs and atomics only.
+    const std::string len = c.op == Op::kRead || is_atomic(c.op) ? ", byte_len " + std::to_string(byte_len) : "";
     char more[160];
-    std::snprintf(more, sizeof more, " (want opcode %s, byte_len %u); %lld ms after the last successful completion",
-                  wc_opcode_name(wc_opcode(c.op)), byte_len, static_cast<long long>(quiet.count()));
+    std::snprintf(more, sizeof more, " (want opcode %s%s); %lld ms after the last successful completion",
+                  wc_opcode_name(wc_opcode(c.op)), len.c_str(), static_cast<long long>(quiet.count()));
     return describe(wc) + more;
   }
 
