@@ -7,7 +7,7 @@
 #
 #   two_hosts.sh --name NAME --libdir DIR --port PORT --timeout SECS \
 #                --server 'CMD ARGS' --client 'CMD ARGS' [--expect RE]... [--env VAR=VALUE]...
-#                [--cut-after-packets N --client-fails-within SECS]
+#                [--cut-after-packets N | --kill-after-packets N] [--client-fails-within SECS]
 #
 # --cut-after-packets N takes the server's host off the network (its veth
 # goes down and its processes are killed) once its veth has received N
@@ -15,7 +15,9 @@
 # into a file and shows nothing until they exit): then the run passes when
 # the client exits non-zero within --client-fails-within seconds of the cut
 # (its QPs ended in error instead of hanging) and its output matches every
-# --expect.
+# --expect. --kill-after-packets N is the same with the veth left up: only
+# the server's processes die (SIGKILL), so the host still answers, but no
+# QP is left there to acknowledge.
 #
 # In the commands, @SERVER@ and @CLIENT@ stand for the hosts' addresses.
 # The client starts once the server listens on TCP PORT in its namespace
@@ -26,7 +28,7 @@
 # made are removed.
 set -u -o pipefail
 
-name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" fail_within=""
+name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" cut_link=1 fail_within=""
 expects=() envs=()
 while (($#)); do
   case $1 in
@@ -38,7 +40,8 @@ while (($#)); do
     --client) client=$2; shift ;;
     --expect) expects+=("$2"); shift ;;
     --env) envs+=("$2"); shift ;;
-    --cut-after-packets) cut_packets=$2; shift ;;
+    --cut-after-packets) cut_packets=$2 cut_link=1; shift ;;
+    --kill-after-packets) cut_packets=$2 cut_link=0; shift ;;
     --client-fails-within) fail_within=$2; shift ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "two_hosts.sh: unknown argument $1" >&2; exit 2 ;;
@@ -108,16 +111,22 @@ if ((ready)) && [[ -n $cut_packets ]]; then
     kill -0 "$client_pid" 2>/dev/null || break
     sleep 0.05
   done
-  ip -n "$ns_a" link set "$veth_a" down
+  if ((cut_link)); then
+    ip -n "$ns_a" link set "$veth_a" down
+    what="the server's host was cut off (veth down, processes killed)"
+  else
+    what="the server's processes were killed (veth still up)"
+  fi
+  # Only the server's process group: the one this script started (setsid).
   kill -KILL -- "-$server_pid" 2>/dev/null
-  cut_at=$SECONDS
+  cut_ms=$(date +%s%3N)
   wait "$client_pid"
   client_rc=$?
-  took=$((SECONDS - cut_at))
+  took_ms=$(($(date +%s%3N) - cut_ms))
   server_rc=killed
-  echo "[$name] the server's host was cut off; the client exited $client_rc after ${took}s"
+  echo "[$name] $what; the client exited $client_rc after $took_ms ms"
   status=PASS
-  if [[ $client_rc == 0 || $client_rc == 124 || $took -gt ${fail_within:-30} ]]; then
+  if [[ $client_rc == 0 || $client_rc == 124 || $took_ms -gt $((${fail_within:-30} * 1000)) ]]; then
     echo "[$name] the client should have failed within ${fail_within:-30}s of the cut"
     status=FAIL
   fi
