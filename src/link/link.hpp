@@ -51,6 +51,7 @@ struct SendConfig {
   uint8_t retry_cnt = 7;
   uint8_t rnr_retry = 7;
   uint8_t timeout = 14;
+  uint32_t max_rd_atomic = 16;   // READs and atomics in flight at once
 };
 
 // A finished send WQE, as an asynchronous channel reports it.

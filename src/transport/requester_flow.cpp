@@ -95,10 +95,19 @@ void RequesterFlow::post(const OutgoingMessage& message, uint64_t now_ns, Packet
 
 void RequesterFlow::pump(PacketSink& out) {
   if (rnr_waiting_ || failed_) return;
+  // READs and atomics already sent and not yet answered.
+  uint32_t rd_atomic_in_flight = 0;
+  const uint32_t rd_atomic_limit = std::max<uint32_t>(1, config_.max_rd_atomic);
   for (Outstanding& o : outstanding_) {
     if (psn_diff(send_psn_, next_psn_) >= 0) return;
-    if (psn_diff(o.last_psn(), send_psn_) < 0) continue;  // all of it sent
+    if (psn_diff(o.last_psn(), send_psn_) < 0) {  // all of it sent
+      if (is_read_or_atomic(o)) ++rd_atomic_in_flight;
+      continue;
+    }
     if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(window_)) return;
+    // No more READs and atomics in flight than the responder keeps to
+    // answer again: one it forgot could never be answered on a retry.
+    if (is_read_or_atomic(o) && rd_atomic_in_flight >= rd_atomic_limit) return;
     if (is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite) {
       if (o.message.op == Operation::kRead && psn_diff(send_psn_, o.first_psn) > 0) o.read_next = send_psn_;
       transmit_packet(o, 0, out);
@@ -155,6 +164,7 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& 
       h.reth = wire::Reth{m.remote_addr + offset, m.rkey, static_cast<uint32_t>(length)};
       o.read_asked = o.read_next;
       o.read_asked_end = psn_add(o.read_next, packets);
+      o.responses_since_ask = 0;
       out.send(h, nullptr, 0, 0);
       return;
     }
@@ -383,11 +393,17 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
         }
       }
       if (read == nullptr) return;
+      ++read->responses_since_ask;
       if (psn != read->read_next) {
         // A response packet went missing: ask for the rest from it, once per
-        // round of responses (a new round starts when the PSNs go back: the
-        // first packet of the one we asked for was lost too).
-        const bool new_round = psn_diff(psn, read->read_seen) <= 0;
+        // round of responses. A new round shows as PSNs that go back (the
+        // first packet of the one we asked for was lost too), but only once
+        // half as many responses came as the latest request asked for:
+        // duplicated and reordered responses go back too, and asking again
+        // on each of them answered the same READ over and over.
+        const auto asked = static_cast<uint32_t>(psn_diff(read->read_asked_end, read->read_asked));
+        const bool new_round =
+            psn_diff(psn, read->read_seen) <= 0 && read->responses_since_ask >= std::max<uint32_t>(1, asked / 2);
         read->read_seen = psn;
         if (psn_diff(psn, read->read_next) > 0 && (read->read_asked != read->read_next || new_round)) {
           retransmitted_ += 1;

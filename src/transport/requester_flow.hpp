@@ -50,6 +50,9 @@ struct RequesterConfig {
   uint8_t retry_cnt = 7;
   uint8_t rnr_retry = 7;
   uint8_t timeout = 14;      // IBTA code: 4.096 us * 2^timeout; 0 = wait for ever
+  // READs and atomics in flight at once (the QP's max_rd_atomic): the
+  // responder keeps only as many (its max_dest_rd_atomic) to answer again.
+  uint32_t max_rd_atomic = 16;
   CounterSink counters;      // retransmissions, timeouts, NAKs received
 };
 
@@ -94,6 +97,7 @@ class RequesterFlow {
     // READ or atomic: asked again because an ACK passed it with no response;
     // until a response comes, further such ACKs leave it to the timer.
     bool asked_again = false;
+    uint32_t responses_since_ask = 0;    // READ: response packets since its latest request
     uint32_t last_psn() const;
   };
 

@@ -226,6 +226,29 @@ TEST_F(PacketFlow, CountersTellOneLossAndItsRecovery) {
   EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
 }
 
+TEST_F(PacketFlow, NoMoreReadsInFlightThanMaxRdAtomic) {
+  start();
+  RequesterConfig rc;
+  rc.dest_qpn = kResponderQpn;
+  rc.mtu = kMtu;
+  rc.start_psn = 0x1000;
+  rc.timeout = 10;
+  rc.max_rd_atomic = 4;
+  requester_.emplace(rc);
+  auto remote = pattern(20 * 100, 21);
+  std::memcpy(port_.at(kIova), remote.data(), remote.size());
+  std::vector<std::vector<uint8_t>> locals(20, std::vector<uint8_t>(100, 0));
+  for (uint32_t i = 0; i < 20; ++i)
+    requester_->post(message(i, Operation::kRead, locals[i], kIova + 100 * i), now_, to_responder_);
+  EXPECT_EQ(to_responder_.sent(), 4u) << "the responder keeps only max_rd_atomic of them to answer again";
+  const auto done = run(20);
+  ASSERT_EQ(done.size(), 20u);
+  for (uint32_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(done[i].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(std::memcmp(locals[i].data(), remote.data() + 100 * i, 100), 0) << "read " << i;
+  }
+}
+
 TEST_F(PacketFlow, AMessageLongerThanTheWindowGoesOutAsAcksComeBack) {
   start();
   auto data = pattern(200 * 1024, 15);  // 200 packets

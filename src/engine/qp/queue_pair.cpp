@@ -223,7 +223,8 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   // A UD QP receives from anyone: peers on other hosts need this process to listen.
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type == IBV_QPT_UD) node_.udp_link().listen();
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR && channel_)
-    channel_->start_sending(link::SendConfig{attrs_.sq_psn, attrs_.retry_cnt, attrs_.rnr_retry, attrs_.timeout});
+    channel_->start_sending(
+        link::SendConfig{attrs_.sq_psn, attrs_.retry_cnt, attrs_.rnr_retry, attrs_.timeout, attrs_.max_rd_atomic});
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
     reset_queues_locked();
     const uint32_t purged_receives = init_.recv_cq->purge_qp(qpn_);

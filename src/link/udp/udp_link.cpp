@@ -438,6 +438,7 @@ class UdpChannel final : public link::Channel {
     c.retry_cnt = send.retry_cnt;
     c.rnr_retry = send.rnr_retry;
     c.timeout = send.timeout;
+    c.max_rd_atomic = send.max_rd_atomic;
     c.counters = state_->counters;
     if (!state_->requester) state_->requester.emplace(c);
   }
