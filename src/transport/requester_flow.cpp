@@ -26,6 +26,9 @@ constexpr uint32_t kWindowPackets = 128;
 // smaller window wastes less. This is not congestion control (no rate, no
 // ECN); it bounds the cost of a loss.
 constexpr uint32_t kLeastWindowPackets = 16;
+// How soon an ACK past a READ or atomic still unanswered may ask for it
+// again: a few round trips on a busy host, far below any ACK timeout.
+constexpr uint64_t kAskAgainAfterNs = 100'000;
 
 bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
 bool has_imm(Operation op) { return op == Operation::kSendWithImm || op == Operation::kWriteWithImm; }
@@ -282,13 +285,13 @@ void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSin
     Outstanding& front = outstanding_.front();
     if (is_read_or_atomic(front)) {
       // Acknowledged past a READ or atomic whose response never came: it was
-      // lost; ask again (the responder replays it), once. Every duplicate
-      // the go-back-N resends is ACKed past it again, and a responder that
-      // no longer holds it (max_dest_rd_atomic newer ones came since) only
-      // ACKs: asking again on each ACK made a storm that never ended. After
-      // that, the timer asks.
-      if (!front.asked_again) {
-        front.asked_again = true;
+      // lost; ask again (the responder replays it). Every duplicate the
+      // go-back-N resends is ACKed past it again: asking again on each ACK
+      // made a storm, so at most once per kAskAgainAfterNs (on a lossy path
+      // the response to the asking again is lost too, and waiting for the
+      // ACK timer each time made a run of atomics crawl).
+      if (front.asked_again_ns == 0 || now_ns >= front.asked_again_ns + kAskAgainAfterNs) {
+        front.asked_again_ns = now_ns == 0 ? 1 : now_ns;
         retransmit_from(front.first_psn, out);
       }
       break;
@@ -424,7 +427,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       iovec from{const_cast<uint8_t*>(packet.payload.data()), packet.payload.size()};
       copy_iovecs(into, n, &from, 1, packet.payload.size());
       front.read_next = psn_add(psn, 1);
-      front.asked_again = false;  // it answers: a later loss may be inferred from an ACK again
+      front.asked_again_ns = 0;  // it answers: a later loss may be inferred from an ACK again
       advance_una(psn_add(psn, 1));
       if (psn == front.last_psn()) {
         complete_front(IBV_WC_SUCCESS);

@@ -94,9 +94,10 @@ class RequesterFlow {
     uint32_t read_asked = 0;    // READ: the PSN its latest request asked from
     uint32_t read_seen = 0;     // READ: the PSN of the latest response packet
     uint32_t read_asked_end = 0;  // READ: the PSN after the last one its latest request asked for
-    // READ or atomic: asked again because an ACK passed it with no response;
-    // until a response comes, further such ACKs leave it to the timer.
-    bool asked_again = false;
+    // READ or atomic: when an ACK that passed it with no response last made
+    // the requester ask again (0: never since its last response). Further
+    // such ACKs ask again no sooner than kAskAgainAfterNs later.
+    uint64_t asked_again_ns = 0;
     uint32_t responses_since_ask = 0;    // READ: response packets since its latest request
     uint32_t last_psn() const;
   };
