@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "common/counters.hpp"
@@ -134,7 +135,10 @@ class QueuePair {
   uint64_t rq_bytes_ = 0;
   host::SharedRq* rq_ = nullptr;
 
-  SpinLock sq_lock_;
+  // A mutex, not a spinlock: over the udp link the send path sends packets
+  // (system calls) under it, and the link's thread takes it to complete
+  // WQEs; a poster spinning meanwhile burned the core that thread needed.
+  std::mutex sq_lock_;
   std::vector<unsigned char> sq_;
   uint32_t sq_stride_ = 0;
   uint32_t sq_capacity_ = 0;  // power of two >= max_send_wr
