@@ -73,7 +73,7 @@ class RequesterFlow {
   // The ACK or RNR timer: call when now_ns >= deadline().
   void on_timer(uint64_t now_ns, PacketSink& out);
   // When on_timer is due; 0 for never.
-  uint64_t deadline() const { return deadline_; }
+  uint64_t deadline() const { return probe_at_ != 0 && probe_at_ < deadline_ ? probe_at_ : deadline_; }
   // Completions in posting order.
   bool pop_completion(RequesterCompletion& out);
   // A completion in error ended the flow: the QP goes to ERROR.
@@ -129,7 +129,11 @@ class RequesterFlow {
   uint32_t una_psn_;    // the oldest PSN not yet acknowledged
   uint32_t sent_end_;   // the PSN after the furthest one ever sent: responses name PSNs before it
   uint32_t packets_in_flight_ = 0;
-  uint64_t deadline_ = 0;
+  uint64_t deadline_ = 0;  // the ACK (or RNR) timer
+  // The tail-loss probe: once after progress, well before the ACK timer, a
+  // silent path is asked again (0: none due).
+  uint64_t probe_at_ = 0;
+  void arm_probe(uint64_t now_ns);
   bool rnr_waiting_ = false;
   uint32_t rnr_psn_ = 0;
   uint8_t retry_left_;

@@ -676,11 +676,31 @@ TEST_F(PacketFlow, SilenceEndsInRetryExceededAfterRetryCntTimeouts) {
   const auto done = run(1);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
-  EXPECT_EQ(to_responder_.sent(), 1u + retry_cnt) << "the first transmission and retry_cnt more";
-  EXPECT_EQ(requester_->retransmitted_packets(), retry_cnt);
+  EXPECT_EQ(to_responder_.sent(), 2u + retry_cnt) << "the first transmission, one tail probe, retry_cnt more";
+  EXPECT_EQ(requester_->retransmitted_packets(), 1u + retry_cnt);
   EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), retry_cnt) << "one per expiry that sent again";
-  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), retry_cnt);
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 1u + retry_cnt);
   EXPECT_EQ(now_, (retry_cnt + 1) * ack_timeout_ns(10));
+}
+
+// The last packet of a burst is lost: the responder has no later packet to
+// see the gap by and says nothing. The requester asks again from the oldest
+// unacknowledged packet a millisecond later (at most a quarter of the ACK
+// timeout; this test's is 4.2 ms), long before its ACK timer, and spends no
+// retry on it.
+TEST_F(PacketFlow, ALostTailIsProbedBeforeTheAckTimer) {
+  start();
+  auto data = pattern(4 * kMtu, 13);
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index == 3 ? Wire::Fault{0, false} : Wire::Fault{};  // the last packet, once
+  };
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(now_, 1'000'000u) << "the probe, not the ACK timer";
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
+  EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
 }
 
 TEST_F(PacketFlow, PsnsWrapAt24Bits) {
