@@ -237,7 +237,6 @@ void RequesterFlow::retransmit_from(uint32_t psn, PacketSink& out) {
   }
   if (psn_diff(send_psn_, psn) > 0) {
     const auto again = static_cast<uint32_t>(psn_diff(send_psn_, psn));
-    retransmitted_ += again;
     config_.counters.add(Counter::kRetransmittedPkts, again);
   }
   send_psn_ = psn;
@@ -429,7 +428,6 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
             psn_diff(psn, read->read_seen) <= 0 && read->responses_since_ask >= std::max<uint32_t>(1, asked / 2);
         read->read_seen = psn;
         if (psn_diff(psn, read->read_next) > 0 && (read->read_asked != read->read_next || new_round)) {
-          retransmitted_ += 1;
           config_.counters.add(Counter::kRetransmittedPkts);
           transmit_packet(*read, 0, out);
         }

@@ -82,7 +82,6 @@ class RequesterFlow {
   void abort();
 
   uint32_t next_psn() const { return next_psn_; }
-  uint64_t retransmitted_packets() const { return retransmitted_; }
   uint32_t window_packets() const { return window_; }
 
  private:
@@ -139,7 +138,6 @@ class RequesterFlow {
   uint8_t retry_left_;
   uint8_t rnr_left_;
   bool failed_ = false;
-  uint64_t retransmitted_ = 0;
   uint32_t window_ = 128;               // packets that may be unacknowledged now
   uint32_t acked_toward_growth_ = 0;    // packets acknowledged since the window last grew
 };

@@ -132,7 +132,6 @@ void ResponderFlow::send_atomic_ack(const ReadOrAtomic& atomic, PacketSink& out)
 }
 
 void ResponderFlow::duplicate(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
-  ++duplicates_;
   config_.counters.add(Counter::kDuplicateRequest);
   const uint32_t psn = packet.headers.bth.psn;
   for (const ReadOrAtomic& r : recent_) {
@@ -304,7 +303,6 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
       // when the PSNs go back (the requester began sending again from the
       // gap, and the packet we wait for was lost once more), NAK again at
       // once rather than leave the requester to its ACK timer.
-      ++out_of_sequence_;
       config_.counters.add(Counter::kOutOfSeqRequest);
       const bool new_round = nak_sent_ && psn_diff(psn, last_gap_psn_) < 0;
       last_gap_psn_ = psn;
@@ -317,7 +315,6 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
     nak_sent_ = false;
   } else if (d != 0) {
     // UC: a gap loses the message in progress; this packet starts afresh.
-    ++out_of_sequence_;
     config_.counters.add(Counter::kOutOfSeqRequest);
     if (in_message_) {
       if (message_.has_wqe && (message_.op == Operation::kSend || message_.op == Operation::kSendWithImm))

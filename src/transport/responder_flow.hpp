@@ -37,8 +37,6 @@ class ResponderFlow {
   void on_request(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
 
   uint32_t expected_psn() const { return epsn_; }
-  uint64_t duplicates() const { return duplicates_; }
-  uint64_t out_of_sequence() const { return out_of_sequence_; }
 
  private:
   struct ReadOrAtomic {
@@ -70,8 +68,6 @@ class ResponderFlow {
   // UC: a receive WQE taken by a message that a gap dropped, for the next one.
   std::optional<ReceiveWqe> spare_wqe_;
   std::deque<ReadOrAtomic> recent_;
-  uint64_t duplicates_ = 0;
-  uint64_t out_of_sequence_ = 0;
 };
 
 }  // namespace softhca::transport

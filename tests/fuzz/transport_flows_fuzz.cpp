@@ -56,8 +56,8 @@ class Session {
  public:
   explicit Session(const Setup& s)
       : setup_(s),
-        requester_(s.requester),
-        responder_(s.responder),
+        requester_(counted(s.requester, &requester_counts_)),
+        responder_(counted(s.responder, &responder_counts_)),
         ledger_(s.reliable, s.mtu, s.requester.start_psn) {
     FakePort& fake = port_.fake();
     fake.qp_.type = s.reliable ? IBV_QPT_RC : IBV_QPT_UC;
@@ -146,9 +146,9 @@ class Session {
       broken("with finite retries and a clean wire, every message completes or the flow fails");
     port_.check_guards();
     ++stats.inputs;
-    stats.retransmitted += requester_.retransmitted_packets();
-    stats.duplicates += responder_.duplicates();
-    stats.out_of_sequence += responder_.out_of_sequence();
+    stats.retransmitted += requester_counts_.get(Counter::kRetransmittedPkts);
+    stats.duplicates += responder_counts_.get(Counter::kDuplicateRequest);
+    stats.out_of_sequence += responder_counts_.get(Counter::kOutOfSeqRequest);
     if (psn_diff(requester_.next_psn(), setup_.requester.start_psn) > 0 &&
         requester_.next_psn() < setup_.requester.start_psn)
       ++stats.wraps;
@@ -438,7 +438,17 @@ class Session {
     if (requester_.deadline() != 0) broken("an aborted requester has no timer");
   }
 
+  template <typename Config>
+  static Config counted(Config config, Counters* into) {
+    config.counters = CounterSink(into, nullptr);
+    return config;
+  }
+
   Setup setup_;
+  // What the flows count (their only record of retransmissions, duplicates
+  // and PSN gaps), for the run's statistics.
+  Counters requester_counts_{};
+  Counters responder_counts_{};
   CheckedPort port_;
   PacketQueue to_responder_, to_requester_;
   RequesterFlow requester_;
