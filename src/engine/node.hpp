@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -78,6 +79,13 @@ class Node final : private ProgressThread::Work {
   // The link to peers on this host, and the one to other hosts.
   link::Link& shm_link() { return *shm_link_; }
   link::Link& udp_link() { return *udp_link_; }
+  // The connection manager's MADs between hosts: sent from this host's QP1
+  // and received at it, over the udp link (link::Link::send_management,
+  // receive_management).
+  void send_mad(const uint8_t* sgid, const uint8_t* dgid, std::span<const uint8_t> mad) {
+    udp_link_->send_management(sgid, dgid, mad);
+  }
+  void receive_mads(link::ManagementReceiver receiver) { udp_link_->receive_management(std::move(receiver)); }
 
   ObjectTable<CompletionQueue>& cqs() { return cqs_; }
   ObjectTable<QueuePair>& qps() { return qps_; }

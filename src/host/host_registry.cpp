@@ -18,7 +18,7 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 4;  // 2: the multicast group table; 3: the access fence; 4: counters
+constexpr uint32_t kVersion = 5;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent
 
 uint64_t now_ns() {
   timespec ts;
@@ -105,6 +105,8 @@ bool HostRegistry::process_alive(uint32_t index, uint32_t pid) const {
 }
 
 void HostRegistry::release_process_objects_locked(uint32_t proc) {
+  uint32_t agent = proc + 1;
+  layout_->gsi_agent.compare_exchange_strong(agent, 0, std::memory_order_acq_rel);
   // Its counts stay in the port's totals; the next process starts from zero.
   for (size_t c = 0; c < kCounterCount; ++c) {
     const uint64_t n = layout_->process_counters[proc].value[c].exchange(0, std::memory_order_relaxed);
@@ -165,6 +167,21 @@ void HostRegistry::unregister_process(uint32_t proc) {
   release_process_objects_locked(proc);
   layout_->procs[proc].pid.store(0, std::memory_order_release);
   unlock();
+}
+
+void HostRegistry::claim_gsi_agent(uint32_t proc) {
+  const uint32_t current = layout_->gsi_agent.load(std::memory_order_acquire);
+  if (current == proc + 1) return;
+  lock();
+  const uint32_t now = layout_->gsi_agent.load(std::memory_order_relaxed);
+  if (now == 0 || !process_alive(now - 1)) layout_->gsi_agent.store(proc + 1, std::memory_order_release);
+  unlock();
+}
+
+std::optional<uint32_t> HostRegistry::gsi_agent() const {
+  const uint32_t agent = layout_->gsi_agent.load(std::memory_order_acquire);
+  if (agent == 0 || agent > kMaxProcs) return std::nullopt;
+  return agent - 1;
 }
 
 Result<uint32_t> HostRegistry::allocate_qpn(uint32_t proc, uint64_t shm_offset) {

@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/counters.hpp"
@@ -109,6 +110,10 @@ struct RegistryLayout {
   // go back.
   Counters process_counters[kMaxProcs];
   Counters retired_counters;
+  // The process that takes the management datagrams (QP1, the GSI: CM MADs
+  // from other hosts) that reach a process of this host with no connection
+  // manager of its own: slot + 1, 0 = nobody.
+  std::atomic<uint32_t> gsi_agent;
 };
 
 class HostRegistry {
@@ -164,6 +169,13 @@ class HostRegistry {
   Result<void> detach_mcast(const uint8_t* mgid, uint32_t qpn);
   // A consistent copy of the QPNs attached to `mgid` (at most kMaxMcastMembers); returns their number.
   uint32_t mcast_members(const uint8_t* mgid, uint32_t* out) const;
+
+  // The host's GSI agent (see RegistryLayout::gsi_agent). claim_gsi_agent
+  // makes `proc` the agent unless a live process already is; gsi_agent
+  // returns the agent's slot, or nullopt when there is none (or it died).
+  // A process's claim ends when its slot is released.
+  void claim_gsi_agent(uint32_t proc);
+  std::optional<uint32_t> gsi_agent() const;
 
   const ProcSlot& proc(uint32_t index) const { return layout_->procs[index]; }
   // QP slot `index` (0 <= index < kMaxQpSlots), for tools that list every QP.

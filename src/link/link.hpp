@@ -9,9 +9,11 @@
 //    in an AETH; the answer comes later, from the link's thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 
 #include "common/counters.hpp"
 #include "transport/request.hpp"
@@ -93,6 +95,27 @@ struct Datagram {
   Counters* qp_counters = nullptr;    // the sending QP's
 };
 
+// Management datagrams: MADs to and from QP1, the general services
+// interface (GSI), which carries the connection manager's messages between
+// hosts. Every GSI packet has Q_Key 0x80010000 and comes from QP1.
+inline constexpr uint32_t kGsiQpn = 1;
+inline constexpr uint32_t kGsiQkey = 0x80010000;
+inline constexpr std::size_t kMadBytes = 256;
+
+// One MAD that arrived at this host's QP1.
+struct ManagementDatagram {
+  uint8_t sgid[16] = {};  // the sender's address (as a GID)
+  uint8_t dgid[16] = {};  // ours, as the sender addressed it
+  uint32_t src_qpn = 0;   // the sender's QP (1 for a CM)
+  std::span<const uint8_t> mad;
+};
+
+// Takes one arriving MAD. Called from whichever thread receives packets
+// (the link's, or an application's inside poll()), with locks of the link
+// held: it must only copy the MAD somewhere and return, never call into the
+// link.
+using ManagementReceiver = std::function<void(const ManagementDatagram&)>;
+
 class Link {
  public:
   virtual ~Link() = default;
@@ -109,6 +132,15 @@ class Link {
   // Makes sure this process receives what peers send it over this link (a
   // UD QP can be sent to by anyone, before it sends anything itself).
   virtual void listen() {}
+  // Sends one MAD from this host's QP1 at `sgid` to QP1 of the host at
+  // `dgid`. Like any datagram, it may be lost; the sender retries.
+  virtual void send_management(const uint8_t* /*sgid*/, const uint8_t* /*dgid*/, std::span<const uint8_t> /*mad*/) {}
+  // Installs this process's receiver of the MADs that reach its QP1, and
+  // makes the process receive them (listen). MADs that reach a process
+  // with no receiver are handed to the host's GSI agent (the process that
+  // installed one first and still runs), which passes each on to whichever
+  // process it concerns. An empty receiver uninstalls.
+  virtual void receive_management(ManagementReceiver) {}
 };
 
 // The shared-memory link of this host, over this process's attachment.

@@ -198,6 +198,36 @@ TEST_F(HostRegistryTest, ReleasedQpsAndDeadProcessesLeaveTheirGroups) {
   EXPECT_EQ(members[0], 0x31u);
 }
 
+TEST_F(HostRegistryTest, GsiAgentIsTheFirstLiveClaimantUntilItLeaves) {
+  EXPECT_FALSE(registry_->gsi_agent().has_value());
+  registry_->claim_gsi_agent(proc_);
+  EXPECT_EQ(registry_->gsi_agent(), proc_);
+  // A second live process does not take it over.
+  auto other = registry_->register_process(static_cast<uint32_t>(::getpid()), 4);
+  ASSERT_TRUE(other.has_value());
+  registry_->claim_gsi_agent(*other);
+  EXPECT_EQ(registry_->gsi_agent(), proc_);
+  // The agent leaves: nobody is, until the next claim.
+  registry_->unregister_process(proc_);
+  EXPECT_FALSE(registry_->gsi_agent().has_value());
+  registry_->claim_gsi_agent(*other);
+  EXPECT_EQ(registry_->gsi_agent(), *other);
+}
+
+TEST_F(HostRegistryTest, DeadGsiAgentIsReplacedByTheNextClaimant) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  auto dead = registry_->register_process(static_cast<uint32_t>(child), 3);
+  ASSERT_TRUE(dead.has_value());
+  registry_->claim_gsi_agent(*dead);  // as if it had claimed while alive
+  EXPECT_EQ(registry_->gsi_agent(), *dead);
+  registry_->claim_gsi_agent(proc_);
+  EXPECT_EQ(registry_->gsi_agent(), proc_);
+}
+
 TEST(IbtaTimers, RnrTimerTableEndpoints) {
   EXPECT_EQ(transport::rnr_timer_ns(0), 655'360'000u);  // code 0 is the longest, 655.36 ms
   EXPECT_EQ(transport::rnr_timer_ns(1), 10'000u);

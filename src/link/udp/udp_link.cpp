@@ -136,6 +136,8 @@ class UdpLink final : public link::Link {
   std::unique_ptr<link::Channel> open_channel(const link::ChannelConfig& config) override;
   void send_datagram(const link::Datagram& to, const transport::Request& request) override;
   void listen() override { start(); }
+  void send_management(const uint8_t* sgid, const uint8_t* dgid, std::span<const uint8_t> mad) override;
+  void receive_management(link::ManagementReceiver receiver) override;
   void poll() override {
     if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return;
     receive_all();
@@ -175,6 +177,10 @@ class UdpLink final : public link::Link {
   // Sends a packet whose QP belongs to another process of this host to it.
   enum class HandOff { kNobodys, kHanded, kLost };
   HandOff hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes);
+  // The same to process `proc` (slot), whatever the QP.
+  HandOff hand_off_to(uint32_t proc, uint32_t qpn, const Received& from, std::span<const uint8_t> bytes);
+  // A MAD for this host's QP1: to our receiver, or to the host's GSI agent.
+  void management(const wire::ParsedPacket& packet, const Received& from, std::span<const uint8_t> bytes);
   // Counts a packet that is not this process's: handed on, or dropped.
   void count_hand_off(HandOff result);
   // False when the destination QP is not this process's.
@@ -233,6 +239,8 @@ class UdpLink final : public link::Link {
   std::atomic<bool> link_sleeping_{false};  // the link's thread waits in ppoll
   std::mutex batch_pool_mutex_;
   std::vector<std::unique_ptr<SendBatch>> batch_pool_;
+  std::mutex management_mutex_;  // management_receiver_
+  link::ManagementReceiver management_receiver_;
   std::mutex mutex_;  // channels_
   std::unordered_map<uint32_t, std::shared_ptr<ChannelState>> channels_;
 };
@@ -700,8 +708,13 @@ UdpLink::HandOffPeer* UdpLink::handoff_peer(uint32_t pid) {
 
 UdpLink::HandOff UdpLink::hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes) {
   const host::QpSlot* slot = host_.registry().find_qp(qpn);
-  if (slot == nullptr || host_dir_.empty()) return HandOff::kNobodys;
-  const uint32_t proc = slot->proc;
+  if (slot == nullptr) return HandOff::kNobodys;
+  return hand_off_to(slot->proc, qpn, from, bytes);
+}
+
+UdpLink::HandOff UdpLink::hand_off_to(uint32_t proc, uint32_t qpn, const Received& from,
+                                      std::span<const uint8_t> bytes) {
+  if (host_dir_.empty()) return HandOff::kNobodys;
   if (proc == host_.proc()) return HandOff::kNobodys;  // ours, but not (or no longer) connected
   const uint32_t pid = host_.pid_of(proc);
   if (pid == 0) return HandOff::kNobodys;
@@ -805,6 +818,10 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   const uint32_t qpn = packet.headers.bth.dest_qpn;
   if (capture_) [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns());
   if (packet.info.transport == wire::Transport::kUd) {
+    if (qpn == link::kGsiQpn) {
+      management(packet, from, bytes);
+      return;
+    }
     if (!datagram(packet, from)) count_hand_off(hand_off(qpn, from, bytes));
     return;
   }
@@ -847,6 +864,61 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
     }
   }
   if (answers && state->config.on_answers) state->config.on_answers();
+}
+
+void UdpLink::send_management(const uint8_t* sgid, const uint8_t* dgid, std::span<const uint8_t> mad) {
+  link::Datagram to;
+  to.dest_qpn = link::kGsiQpn;
+  to.is_global = true;
+  std::memcpy(to.sgid, sgid, sizeof to.sgid);
+  std::memcpy(to.dgid, dgid, sizeof to.dgid);
+  iovec payload{const_cast<uint8_t*>(mad.data()), mad.size()};
+  transport::Request r;
+  r.op = transport::Operation::kSend;
+  r.qp_type = IBV_QPT_UD;
+  r.src_qpn = link::kGsiQpn;
+  r.qkey = link::kGsiQkey;
+  r.data = &payload;
+  r.ndata = 1;
+  r.length = mad.size();
+  send_datagram(to, r);
+}
+
+void UdpLink::receive_management(link::ManagementReceiver receiver) {
+  const bool installing = static_cast<bool>(receiver);
+  {
+    std::lock_guard guard(management_mutex_);
+    management_receiver_ = std::move(receiver);
+  }
+  if (!installing) return;
+  start();
+  host_.registry().claim_gsi_agent(host_.proc());
+}
+
+void UdpLink::management(const wire::ParsedPacket& packet, const Received& from, std::span<const uint8_t> bytes) {
+  // QP1 takes only GSI datagrams: the GSI Q_Key (IBTA 3.5.3.1; any other is
+  // a Q_Key violation, dropped) and at least a whole MAD.
+  if (!packet.headers.deth || packet.headers.deth->qkey != link::kGsiQkey || packet.payload.size() < link::kMadBytes) {
+    port_counters()->add(Counter::kMalformedDrops);
+    return;
+  }
+  {
+    std::lock_guard guard(management_mutex_);
+    if (management_receiver_) {
+      link::ManagementDatagram d;
+      std::memcpy(d.sgid, from.src.data(), sizeof d.sgid);
+      std::memcpy(d.dgid, from.dst.data(), sizeof d.dgid);
+      d.src_qpn = packet.headers.deth->src_qpn;
+      d.mad = packet.payload.first(link::kMadBytes);
+      port_counters()->add(Counter::kRcvdPkts);
+      port_counters()->add(Counter::kRcvdBytes, from.length);
+      management_receiver_(d);
+      return;
+    }
+  }
+  // Not a process with a connection manager: the host's agent has one.
+  const auto agent = host_.registry().gsi_agent();
+  count_hand_off(agent ? hand_off_to(*agent, link::kGsiQpn, from, bytes) : HandOff::kNobodys);
 }
 
 bool UdpLink::datagram(const wire::ParsedPacket& packet, const Received& from) {
