@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # two_hosts.sh: a server and a client of an unmodified RDMA program on two
 # hosts made as different as two machines: each its own network namespace
-# (joined by a veth pair, 198.18.0.1 and 198.18.0.2/30, MTU 1500) and its
+# (joined by a veth pair, 198.18.0.1 and 198.18.0.2/30 and 2001:2::1 and
+# 2001:2::2/64 from the benchmarking ranges, MTU 1500) and its
 # own mount namespace with a private /dev/shm, so softhca's only way from
 # one to the other is the udp link.
 #
 #   two_hosts.sh --name NAME --libdir DIR --port PORT --timeout SECS \
 #                --server 'CMD ARGS' --client 'CMD ARGS' [--expect RE]... [--env VAR=VALUE]...
+#                [--ready-log RE]
 #                [--cut-after-packets N | --kill-after-packets N] [--client-fails-within SECS]
 #
 # --cut-after-packets N takes the server's host off the network (its veth
@@ -19,9 +21,13 @@
 # the server's processes die (SIGKILL), so the host still answers, but no
 # QP is left there to acknowledge.
 #
-# In the commands, @SERVER@ and @CLIENT@ stand for the hosts' addresses.
+# In the commands, @SERVER@ and @CLIENT@ stand for the hosts' IPv4
+# addresses, @SERVER6@ and @CLIENT6@ for their IPv6 ones.
 # The client starts once the server listens on TCP PORT in its namespace
-# (the out-of-band exchange of perftest and the pingpongs). Each program is
+# (the out-of-band exchange of perftest and the pingpongs), or, with
+# --ready-log, once the server's output matches RE (an rdma_cm server
+# listens on no TCP port: run it with SOFTHCA_LOG=info and wait for
+# softhca's "cm: listening on" line). Each program is
 # bounded by --timeout; the run passes when both exit 0 and every --expect
 # regex matches the client's output (perftest's latency servers print none). Exits 77 (skipped) where network namespaces
 # cannot be made (no CAP_SYS_ADMIN). Only the processes and namespaces it
@@ -29,7 +35,7 @@
 set -u -o pipefail
 
 name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" cut_link=1 fail_within=""
-expects=() envs=()
+expects=() envs=() ready_log=
 while (($#)); do
   case $1 in
     --name) name=$2; shift ;;
@@ -40,6 +46,7 @@ while (($#)); do
     --client) client=$2; shift ;;
     --expect) expects+=("$2"); shift ;;
     --env) envs+=("$2"); shift ;;
+    --ready-log) ready_log=$2; shift ;;
     --cut-after-packets) cut_packets=$2 cut_link=1; shift ;;
     --kill-after-packets) cut_packets=$2 cut_link=0; shift ;;
     --client-fails-within) fail_within=$2; shift ;;
@@ -50,7 +57,7 @@ while (($#)); do
 done
 [[ -n $name && -n $libdir && -n $port && -n $server && -n $client ]] || { echo "two_hosts.sh: missing arguments (see --help)" >&2; exit 2; }
 
-a_ip=198.18.0.1 b_ip=198.18.0.2
+a_ip=198.18.0.1 b_ip=198.18.0.2 a_ip6=2001:2::1 b_ip6=2001:2::2
 ns_a="softhca-$$-a" ns_b="softhca-$$-b"
 veth_a="sha$$" veth_b="shb$$"
 work=$(mktemp -d "${TMPDIR:-/tmp}/softhca-two-hosts.XXXXXX") || exit 1
@@ -72,10 +79,16 @@ ip netns add "$ns_b" || exit 1
 ip link add "$veth_a" type veth peer name "$veth_b" || exit 1
 ip link set "$veth_a" netns "$ns_a" && ip link set "$veth_b" netns "$ns_b" || exit 1
 ip -n "$ns_a" addr add "$a_ip/30" dev "$veth_a" && ip -n "$ns_b" addr add "$b_ip/30" dev "$veth_b" || exit 1
+ip -n "$ns_a" addr add "$a_ip6/64" dev "$veth_a" nodad && ip -n "$ns_b" addr add "$b_ip6/64" dev "$veth_b" nodad || exit 1
 for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up || exit 1; done
 ip -n "$ns_a" link set "$veth_a" up && ip -n "$ns_b" link set "$veth_b" up || exit 1
 
-expand() { local s=${1//@SERVER@/$a_ip}; echo "${s//@CLIENT@/$b_ip}"; }
+expand() {
+  local s=${1//@SERVER6@/$a_ip6}
+  s=${s//@CLIENT6@/$b_ip6}
+  s=${s//@SERVER@/$a_ip}
+  echo "${s//@CLIENT@/$b_ip}"
+}
 
 # run_on NS LOG CMD: CMD on host NS, in a mount namespace of its own with an
 # empty /dev/shm, in a process group of its own (setsid), bounded by timeout.
@@ -94,7 +107,12 @@ pids+=($!)
 server_pid=$!
 ready=0
 for ((i = 0; i < 400; i++)); do
-  if ip netns exec "$ns_a" ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then ready=1; break; fi
+  if [[ -n $ready_log ]]; then
+    if grep -Eq -- "$ready_log" "$work/server" 2>/dev/null; then ready=1; break; fi
+  elif ip netns exec "$ns_a" ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+    ready=1
+    break
+  fi
   kill -0 "$server_pid" 2>/dev/null || break
   sleep 0.05
 done
@@ -138,7 +156,11 @@ elif ((ready)); then
   wait "$server_pid"
   server_rc=$?
 else
-  echo "[$name] the server did not listen on TCP $port within 20 s"
+  if [[ -n $ready_log ]]; then
+    echo "[$name] the server's output did not match /$ready_log/ within 20 s"
+  else
+    echo "[$name] the server did not listen on TCP $port within 20 s"
+  fi
   status=FAIL client_rc=- server_rc=-
   touch "$work/client"
 fi
