@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 #include "cm_handles.hpp"
 
 namespace softhca::rdmacm {

@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 #include "common/log.hpp"
 #include "host/host_identity.hpp"
 
