@@ -57,7 +57,7 @@ MUTATIONS = [
      "  while (rq_->take(wqe, nullptr)) {", "  while (false && rq_->take(wqe, nullptr)) {"),
     ("send-queue-one-too-deep", "src/engine/qp/queue_pair.cpp",
      ">= init_.max_send_wr) {", "> init_.max_send_wr) {"),
-    ("backlog-wrong-reason", "src/cm/service.cpp",
+    ("backlog-wrong-reason", "src/cm/service_passive.cpp",
      "return reject(RejReason::kNoResources);", "return reject(RejReason::kTimeout);"),
     ("dereg-without-fence", "src/engine/memory_region.cpp",
      "    node.registry().fence_accesses(node.proc());\n    pd_->detach();", "    pd_->detach();"),

@@ -26,6 +26,14 @@
 // they report as the kernel reports a peer whose ids were destroyed
 // (REJECTED during the handshake, DISCONNECTED once connected). A child of
 // fork() starts a fresh service of its own on first use.
+//
+// Where the members are defined, one job a file: service.cpp (the instance,
+// fork and exit, the CM thread, timers, applying a step), service_events.cpp
+// (channels and events), service_ids.cpp (ids and their tables),
+// service_addressing.cpp (bind, address and route resolution, multicast),
+// service_active.cpp (connect, RTU, disconnect), service_passive.cpp (listen,
+// incoming REQ/SIDR_REQ, accept, reject) and service_messages.cpp (messages
+// to and from other CMs); service_internal.hpp holds what they share.
 #pragma once
 
 #include <infiniband/verbs.h>
