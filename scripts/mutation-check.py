@@ -58,7 +58,7 @@ MUTATIONS = [
     ("send-queue-one-too-deep", "src/engine/qp/queue_pair.cpp",
      ">= init_.max_send_wr) {", "> init_.max_send_wr) {"),
     ("backlog-wrong-reason", "src/cm/service_passive.cpp",
-     "return reject(RejReason::kNoResources);", "return reject(RejReason::kTimeout);"),
+     "? RejReason::kNoResources", "? RejReason::kTimeout"),
     ("dereg-without-fence", "src/engine/memory_region.cpp",
      "    node.registry().fence_accesses(node.proc());\n    pd_->detach();", "    pd_->detach();"),
     ("stale-qpn-accepted", "src/engine/qp/shm_execute.cpp",

@@ -42,6 +42,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <expected>
 #include <functional>
 #include <map>
 #include <memory>
@@ -281,6 +282,21 @@ class Service {
   void on_message(uint32_t pid, std::span<const uint8_t> bytes);
   void on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out);
   void on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out);
+  // Why an incoming REQ or SIDR_REQ gets no id: it is not rdma_cm's or
+  // nobody listens where it goes, or the listener's backlog is full. Each
+  // message answers these in its own way (REJ reasons, SIDR_REP statuses).
+  enum class Refusal { kNoListener, kBacklogFull };
+  struct RequestIds {
+    CmId* listener = nullptr;
+    CmId* id = nullptr;  // the new id, its connection not yet set up
+  };
+  // What a REQ and a SIDR_REQ do alike on arrival (a duplicate aside): check
+  // the service ID and the IP header, find the listener, and create the new
+  // id. The caller then sets up the id's connection and admit_request_locked.
+  std::expected<RequestIds, Refusal> new_request_id_locked(uint32_t pid, uint64_t sid,
+                                                           std::span<const uint8_t> private_data);
+  // Registers the new id of a request and queues its CONNECT_REQUEST for the listener.
+  void admit_request_locked(CmId* listener, CmId* child, const EventOut& connect_request);
   // A new id for an incoming request (REQ or SIDR_REQ), from its IP header.
   CmId* new_passive_id_locked(CmId* listener, uint32_t pid, const IpHeader& hdr, uint16_t port);
   // Registers a passive id (its connection set up) in ids_ and passive_by_peer_.

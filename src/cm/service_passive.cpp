@@ -4,6 +4,8 @@
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <expected>
+#include <span>
 #include <variant>
 
 #include "cm/service.hpp"
@@ -75,29 +77,43 @@ CmId* Service::new_passive_id_locked(CmId* listener, uint32_t pid, const IpHeade
   return child;
 }
 
+auto Service::new_request_id_locked(uint32_t pid, uint64_t sid, std::span<const uint8_t> private_data)
+    -> std::expected<RequestIds, Refusal> {
+  // Only rdma_cm's requests are answered: an IP service ID, and its IP
+  // header at the start of the private data naming the address it is for.
+  if (!is_ip_service_id(sid)) return std::unexpected(Refusal::kNoListener);
+  auto hdr = decode_ip_header(private_data.first<kIpHeaderSize>());
+  if (!hdr) return std::unexpected(Refusal::kNoListener);
+  IpAddress local;
+  local.family = hdr->ip_version == 4 ? AF_INET : AF_INET6;
+  local.addr = hdr->dst;
+  local.port = service_id_port(sid);
+  CmId* listener = find_listener_locked(bind_key(service_id_ps(sid), local));
+  if (listener == nullptr) return std::unexpected(Refusal::kNoListener);
+  if (listener->pending_requests_ >= listener->backlog_) return std::unexpected(Refusal::kBacklogFull);
+  return RequestIds{listener, new_passive_id_locked(listener, pid, *hdr, local.port)};
+}
+
+void Service::admit_request_locked(CmId* listener, CmId* child, const EventOut& connect_request) {
+  add_passive_locked(child);
+  listener->pending_requests_++;
+  push_event_locked(listener->channel_, Event{child, listener, listener, connect_request});
+}
+
 void Service::on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
   const SidrReqMsg& req = std::get<SidrReqMsg>(mad.msg);
   if (passive_by_peer_.contains(detail::peer_key(pid, req.request_id))) return;  // a duplicate
 
-  auto reply = [&](SidrStatus status) {
+  auto ids = new_request_id_locked(pid, req.service_id, req.private_data);
+  if (!ids) {
     SidrRepMsg rep;
     rep.request_id = req.request_id;
-    rep.status = static_cast<uint8_t>(status);
+    rep.status = static_cast<uint8_t>(ids.error() == Refusal::kBacklogFull ? SidrStatus::kReject : SidrStatus::kUnsupported);
     rep.service_id = req.service_id;
     out.push_back({pid, std::string(), 0, encode(Mad{mad.tid, CmMessage(rep)})});
-  };
-  if (!is_ip_service_id(req.service_id)) return reply(SidrStatus::kUnsupported);
-  auto hdr = decode_ip_header(std::span<const uint8_t, kIpHeaderSize>(req.private_data.data(), kIpHeaderSize));
-  if (!hdr) return reply(SidrStatus::kUnsupported);
-  IpAddress local;
-  local.family = hdr->ip_version == 4 ? AF_INET : AF_INET6;
-  local.addr = hdr->dst;
-  local.port = service_id_port(req.service_id);
-  CmId* listener = find_listener_locked(bind_key(service_id_ps(req.service_id), local));
-  if (listener == nullptr) return reply(SidrStatus::kUnsupported);
-  if (listener->pending_requests_ >= listener->backlog_) return reply(SidrStatus::kReject);
-
-  CmId* child = new_passive_id_locked(listener, pid, *hdr, local.port);
+    return;
+  }
+  CmId* child = ids->id;
   PathInfo path;
   path.sgid = child->sgid_;
   path.dgid = child->dgid_;
@@ -105,9 +121,7 @@ void Service::on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& o
   path.pkey = req.pkey;
   Step step;
   child->conn_ = Connection::from_sidr_req(req, child->comm_id_, path, kIpHeaderSize, step);
-  add_passive_locked(child);
-  listener->pending_requests_++;
-  push_event_locked(listener->channel_, Event{child, listener, listener, *step.event});
+  admit_request_locked(ids->listener, child, *step.event);
 }
 
 void Service::on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
@@ -118,26 +132,17 @@ void Service::on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
     return;
   }
 
-  auto reject = [&](RejReason reason) {
+  auto ids = new_request_id_locked(pid, req.service_id, req.private_data);
+  if (!ids) {
     RejMsg rej;
     rej.remote_comm_id = req.local_comm_id;
     rej.message_rejected = RejectedMessage::kReq;
-    rej.reason = static_cast<uint16_t>(reason);
+    rej.reason = static_cast<uint16_t>(ids.error() == Refusal::kBacklogFull ? RejReason::kNoResources
+                                                                            : RejReason::kInvalidServiceId);
     out.push_back({pid, std::string(), 0, encode(Mad{mad.tid, CmMessage(rej)})});
-  };
-  if (!is_ip_service_id(req.service_id)) return reject(RejReason::kInvalidServiceId);
-  auto hdr = decode_ip_header(std::span<const uint8_t, kIpHeaderSize>(req.private_data.data(), kIpHeaderSize));
-  if (!hdr) return reject(RejReason::kInvalidServiceId);
-
-  IpAddress local;
-  local.family = hdr->ip_version == 4 ? AF_INET : AF_INET6;
-  local.addr = hdr->dst;
-  local.port = service_id_port(req.service_id);
-  CmId* listener = find_listener_locked(bind_key(service_id_ps(req.service_id), local));
-  if (listener == nullptr) return reject(RejReason::kInvalidServiceId);
-  if (listener->pending_requests_ >= listener->backlog_) return reject(RejReason::kNoResources);
-
-  CmId* child = new_passive_id_locked(listener, pid, *hdr, local.port);
+    return;
+  }
+  CmId* child = ids->id;
   child->dgid_ = req.primary_local_gid;
 
   PathInfo path;
@@ -151,9 +156,7 @@ void Service::on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
   if (req.primary_local_ack_timeout != 0) path.local_ack_timeout = req.primary_local_ack_timeout;
   Step step;
   child->conn_ = Connection::from_req(req, child->comm_id_, detail::random_psn(), path, kIpHeaderSize, step);
-  add_passive_locked(child);
-  listener->pending_requests_++;
-  push_event_locked(listener->channel_, Event{child, listener, listener, *step.event});
+  admit_request_locked(ids->listener, child, *step.event);
   // The MRA: the application answers in its own time, not in the REQ's.
   if (step.send) out.push_back({pid, std::string(), child->comm_id_, encode(Mad{next_tid_locked(child->comm_id_), *step.send})});
 }
