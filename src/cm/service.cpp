@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "cm/local_transport.hpp"
 #include "cm/service_internal.hpp"
 #include "common/log.hpp"
 #include "common/limits.hpp"
@@ -65,7 +66,7 @@ void service_atfork_child() {
 void service_atexit() {
   if (g_service == nullptr || g_service_pid != ::getpid()) return;
   g_service->table_->unregister_process(g_service->proc_);
-  ::unlink(g_service->transport_->path().c_str());
+  g_service->transport_->leave_at_exit();
 }
 
 Result<Service*> Service::instance() {
@@ -94,7 +95,7 @@ Result<void> Service::start() {
   if (!dir) return fail(dir.error());
   const uint32_t pid = static_cast<uint32_t>(::getpid());
   const std::string path = *dir + "/cm-" + std::to_string(pid) + ".sock";
-  auto transport = Transport::open(path);
+  auto transport = LocalTransport::open(path);
   if (!transport) return fail(transport.error());
   transport_ = std::move(*transport);
   auto proc = table_->register_process(pid, host::process_start_time(pid), path);
@@ -120,8 +121,8 @@ Result<void> Service::start() {
 void Service::run() {
   for (;;) {
     transport_->poll_once(
-        next_timeout_ms(), [this](uint32_t pid, std::span<const uint8_t> bytes) { on_message(pid, bytes); },
-        [this](uint32_t pid) { on_peer_lost(pid); });
+        next_timeout_ms(), [this](const Peer& from, std::span<const uint8_t> bytes) { on_message(from, bytes); },
+        [this](const Peer& peer) { on_peer_lost(peer); });
     fire_timers();
   }
 }
@@ -194,8 +195,8 @@ uint8_t Service::max_responder_resources() { return static_cast<uint8_t>(limits:
 uint8_t Service::max_initiator_depth() { return static_cast<uint8_t>(limits::kMaxQpInitRdAtom); }
 
 void Service::apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& out) {
-  if (step.send && id->peer_pid_ != 0)
-    out.push_back({id->peer_pid_, id->peer_path_, id->comm_id_, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
+  if (step.send && id->peer_.known())
+    out.push_back({id->peer_, id->comm_id_, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
   if (step.event && !id->destroying_) {
     push_event_locked(id->channel_, Event{id, nullptr, id, *step.event});
     if (step.event->type == CmEventType::kDisconnected && id->conn_.state() == ConnState::kTimewait) {

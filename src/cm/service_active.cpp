@@ -101,8 +101,7 @@ void Service::send_request_locked(CmId* id, Step&& request, const CmMessage& if_
     apply_step_locked(id, id->conn_.on_message(if_nobody_listens), out);
     return;
   }
-  id->peer_pid_ = listener->pid;
-  id->peer_path_ = listener->socket_path;
+  id->peer_ = Peer{listener->pid, listener->socket_path};
   apply_step_locked(id, std::move(request), out);
 }
 

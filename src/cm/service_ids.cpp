@@ -59,8 +59,8 @@ Result<void> Service::destroy_id(CmId* id) {
 void Service::tear_down_locked(CmId* id, std::vector<Outgoing>& out) {
   id->destroying_ = true;
   Step step = id->conn_.on_destroy();
-  if (step.send && id->peer_pid_ != 0)
-    out.push_back({id->peer_pid_, id->peer_path_, 0, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
+  if (step.send && id->peer_.known())
+    out.push_back({id->peer_, 0, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
   cancel_retransmit_timer_locked(id);
   if (id->listening_) std::erase(listeners_, id);
   if (id->binding_ != 0) {
@@ -121,13 +121,13 @@ Result<QpAttrPlan> Service::init_qp_attr(CmId* id, ibv_qp_state target) {
 
 void Service::add_passive_locked(CmId* child) {
   ids_[child->comm_id_] = child;
-  passive_by_peer_[detail::peer_key(child->peer_pid_, child->conn_.remote_comm_id())] = child;
+  passive_by_peer_[detail::peer_key(child->peer_, child->conn_.remote_comm_id())] = child;
 }
 
 void Service::forget_locked(CmId* id) {
   ids_.erase(id->comm_id_);
-  if (id->peer_pid_ != 0) {
-    auto it = passive_by_peer_.find(detail::peer_key(id->peer_pid_, id->conn_.remote_comm_id()));
+  if (id->peer_.known()) {
+    auto it = passive_by_peer_.find(detail::peer_key(id->peer_, id->conn_.remote_comm_id()));
     if (it != passive_by_peer_.end() && it->second == id) passive_by_peer_.erase(it);
   }
 }

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "cm/mad_codec.hpp"
+#include "cm/transport.hpp"
 
 namespace softhca::cm::detail {
 
@@ -18,6 +19,8 @@ uint32_t random_psn();
 Gid gid_at(uint32_t index);
 
 // The key of a passive id in Service::passive_by_peer_.
-inline uint64_t peer_key(uint32_t pid, uint32_t remote_comm_id) { return (uint64_t{pid} << 32) | remote_comm_id; }
+inline uint64_t peer_key(const Peer& peer, uint32_t remote_comm_id) {
+  return (uint64_t{peer.pid} << 32) | remote_comm_id;
+}
 
 }  // namespace softhca::cm::detail

@@ -13,18 +13,18 @@ namespace softhca::cm {
 
 void Service::send_all(std::vector<Outgoing>&& out) {
   for (auto& o : out) {
-    auto r = transport_->send(o.pid, o.path, o.bytes);
+    auto r = transport_->send(o.to, o.bytes);
     if (r) continue;
-    SOFTHCA_DEBUG("cm: cannot reach process %u: %s", o.pid, std::make_error_code(r.error()).message().c_str());
-    table_->reclaim_if_dead(o.pid);
-    if (o.comm_id != 0) peer_unreachable(o.comm_id, o.pid);
+    SOFTHCA_DEBUG("cm: cannot reach process %u: %s", o.to.pid, std::make_error_code(r.error()).message().c_str());
+    table_->reclaim_if_dead(o.to.pid);
+    if (o.comm_id != 0) peer_unreachable(o.comm_id, o.to);
   }
 }
 
-void Service::peer_unreachable(uint32_t comm_id, uint32_t pid) {
+void Service::peer_unreachable(uint32_t comm_id, const Peer& peer) {
   std::lock_guard g(mu_);
   auto it = ids_.find(comm_id);
-  if (it == ids_.end() || it->second->peer_pid_ != pid || it->second->destroying_) return;
+  if (it == ids_.end() || !it->second->peer_.same_cm(peer) || it->second->destroying_) return;
   CmId* id = it->second;
   std::vector<Outgoing> ignored;
   if (id->conn_.state() == ConnState::kReqSent) {
@@ -43,31 +43,31 @@ void Service::peer_unreachable(uint32_t comm_id, uint32_t pid) {
   }
 }
 
-void Service::on_peer_lost(uint32_t pid) {
+void Service::on_peer_lost(const Peer& peer) {
   {
     std::lock_guard g(mu_);
     std::vector<Outgoing> ignored;  // nobody to send to
     for (auto& [comm, id] : ids_) {
-      if (id->peer_pid_ != pid || id->destroying_) continue;
+      if (!id->peer_.same_cm(peer) || id->destroying_) continue;
       apply_step_locked(id, id->conn_.on_peer_lost(), ignored);
     }
   }
-  table_->reclaim_if_dead(pid);
+  table_->reclaim_if_dead(peer.pid);
 }
 
-void Service::on_message(uint32_t pid, std::span<const uint8_t> bytes) {
+void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
   auto mad = decode(bytes);
   if (!mad) {
-    SOFTHCA_DEBUG("cm: dropping an undecodable message from process %u", pid);
+    SOFTHCA_DEBUG("cm: dropping an undecodable message from process %u", from.pid);
     return;
   }
   std::vector<Outgoing> out;
   {
     std::lock_guard g(mu_);
     if (std::holds_alternative<ReqMsg>(mad->msg)) {
-      on_req(pid, *mad, out);
+      on_req(from, *mad, out);
     } else if (std::holds_alternative<SidrReqMsg>(mad->msg)) {
-      on_sidr_req(pid, *mad, out);
+      on_sidr_req(from, *mad, out);
     } else {
       uint32_t local = 0, remote = 0;
       std::visit(
@@ -83,7 +83,7 @@ void Service::on_message(uint32_t pid, std::span<const uint8_t> bytes) {
           mad->msg);
       auto it = ids_.find(local);
       CmId* id = it == ids_.end() ? nullptr : it->second;
-      const bool stale = id == nullptr || id->destroying_ || id->peer_pid_ != pid ||
+      const bool stale = id == nullptr || id->destroying_ || !id->peer_.same_cm(from) ||
                          (id->conn_.remote_comm_id() != 0 && remote != 0 && id->conn_.remote_comm_id() != remote);
       if (stale) {
         if (const auto* dreq = std::get_if<DreqMsg>(&mad->msg)) {
@@ -91,7 +91,7 @@ void Service::on_message(uint32_t pid, std::span<const uint8_t> bytes) {
           // peer does not wait for its DREP timeout.
           DrepMsg drep;
           drep.remote_comm_id = dreq->local_comm_id;
-          out.push_back({pid, std::string(), 0, encode(Mad{mad->tid, CmMessage(drep)})});
+          out.push_back({from, 0, encode(Mad{mad->tid, CmMessage(drep)})});
         }
       } else {
         apply_step_locked(id, id->conn_.on_message(mad->msg), out);

@@ -54,7 +54,7 @@ CmId* Service::find_listener_locked(const BindKey& dst) {
   return wildcard;
 }
 
-CmId* Service::new_passive_id_locked(CmId* listener, uint32_t pid, const IpHeader& hdr, uint16_t port) {
+CmId* Service::new_passive_id_locked(CmId* listener, const Peer& from, const IpHeader& hdr, uint16_t port) {
   auto* child = new CmId;
   child->channel_ = listener->channel_;
   child->ps_ = listener->ps_;
@@ -73,11 +73,11 @@ CmId* Service::new_passive_id_locked(CmId* listener, uint32_t pid, const IpHeade
   child->sgid_index_ = static_cast<uint8_t>(sidx);
   child->sgid_ = detail::gid_at(sidx);
   child->dgid_ = detail::gid_at(local_gid_index(child->dst_, dev).value_or(sidx));
-  child->peer_pid_ = pid;
+  child->peer_ = from;
   return child;
 }
 
-auto Service::new_request_id_locked(uint32_t pid, uint64_t sid, std::span<const uint8_t> private_data)
+auto Service::new_request_id_locked(const Peer& from, uint64_t sid, std::span<const uint8_t> private_data)
     -> std::expected<RequestIds, Refusal> {
   // Only rdma_cm's requests are answered: an IP service ID, and its IP
   // header at the start of the private data naming the address it is for.
@@ -91,7 +91,7 @@ auto Service::new_request_id_locked(uint32_t pid, uint64_t sid, std::span<const 
   CmId* listener = find_listener_locked(bind_key(service_id_ps(sid), local));
   if (listener == nullptr) return std::unexpected(Refusal::kNoListener);
   if (listener->pending_requests_ >= listener->backlog_) return std::unexpected(Refusal::kBacklogFull);
-  return RequestIds{listener, new_passive_id_locked(listener, pid, *hdr, local.port)};
+  return RequestIds{listener, new_passive_id_locked(listener, from, *hdr, local.port)};
 }
 
 void Service::admit_request_locked(CmId* listener, CmId* child, const EventOut& connect_request) {
@@ -100,17 +100,17 @@ void Service::admit_request_locked(CmId* listener, CmId* child, const EventOut& 
   push_event_locked(listener->channel_, Event{child, listener, listener, connect_request});
 }
 
-void Service::on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
+void Service::on_sidr_req(const Peer& from, const Mad& mad, std::vector<Outgoing>& out) {
   const SidrReqMsg& req = std::get<SidrReqMsg>(mad.msg);
-  if (passive_by_peer_.contains(detail::peer_key(pid, req.request_id))) return;  // a duplicate
+  if (passive_by_peer_.contains(detail::peer_key(from, req.request_id))) return;  // a duplicate
 
-  auto ids = new_request_id_locked(pid, req.service_id, req.private_data);
+  auto ids = new_request_id_locked(from, req.service_id, req.private_data);
   if (!ids) {
     SidrRepMsg rep;
     rep.request_id = req.request_id;
     rep.status = static_cast<uint8_t>(ids.error() == Refusal::kBacklogFull ? SidrStatus::kReject : SidrStatus::kUnsupported);
     rep.service_id = req.service_id;
-    out.push_back({pid, std::string(), 0, encode(Mad{mad.tid, CmMessage(rep)})});
+    out.push_back({from, 0, encode(Mad{mad.tid, CmMessage(rep)})});
     return;
   }
   CmId* child = ids->id;
@@ -124,22 +124,22 @@ void Service::on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& o
   admit_request_locked(ids->listener, child, *step.event);
 }
 
-void Service::on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
+void Service::on_req(const Peer& from, const Mad& mad, std::vector<Outgoing>& out) {
   const ReqMsg& req = std::get<ReqMsg>(mad.msg);
-  if (auto dup = passive_by_peer_.find(detail::peer_key(pid, req.local_comm_id)); dup != passive_by_peer_.end()) {
+  if (auto dup = passive_by_peer_.find(detail::peer_key(from, req.local_comm_id)); dup != passive_by_peer_.end()) {
     // A duplicate: the sender has not heard from us in time.
     if (!dup->second->destroying_) apply_step_locked(dup->second, dup->second->conn_.on_duplicate_req(), out);
     return;
   }
 
-  auto ids = new_request_id_locked(pid, req.service_id, req.private_data);
+  auto ids = new_request_id_locked(from, req.service_id, req.private_data);
   if (!ids) {
     RejMsg rej;
     rej.remote_comm_id = req.local_comm_id;
     rej.message_rejected = RejectedMessage::kReq;
     rej.reason = static_cast<uint16_t>(ids.error() == Refusal::kBacklogFull ? RejReason::kNoResources
                                                                             : RejReason::kInvalidServiceId);
-    out.push_back({pid, std::string(), 0, encode(Mad{mad.tid, CmMessage(rej)})});
+    out.push_back({from, 0, encode(Mad{mad.tid, CmMessage(rej)})});
     return;
   }
   CmId* child = ids->id;
@@ -158,7 +158,7 @@ void Service::on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out) {
   child->conn_ = Connection::from_req(req, child->comm_id_, detail::random_psn(), path, kIpHeaderSize, step);
   admit_request_locked(ids->listener, child, *step.event);
   // The MRA: the application answers in its own time, not in the REQ's.
-  if (step.send) out.push_back({pid, std::string(), child->comm_id_, encode(Mad{next_tid_locked(child->comm_id_), *step.send})});
+  if (step.send) out.push_back({from, child->comm_id_, encode(Mad{next_tid_locked(child->comm_id_), *step.send})});
 }
 
 Result<void> Service::accept(CmId* id, const AcceptRequest& req) {
