@@ -262,24 +262,57 @@ class Service {
   };
 
   Service() = default;
-  Result<void> start();
-  void run();
 
   // All *_locked helpers run under mu_.
-  void push_event_locked(Channel* ch, Event ev);
+
+  // service.cpp: start-up, the CM thread, timers, applying a step.
+  Result<void> start();
+  void run();
+  int next_timeout_ms();
+  void fire_timers();
+  // Arms, moves or cancels the id's retransmission timer to match its connection.
+  void sync_retransmit_timer_locked(CmId* id);
+  void cancel_retransmit_timer_locked(CmId* id);
+  // Queues the step's message for the id's peer and its event, and follows
+  // the connection's timers (retransmission, timewait).
   void apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& out);
+
+  // service_events.cpp
+  void push_event_locked(Channel* ch, Event ev);
+  void drop_events_locked(CmId* id, std::vector<CmId*>& orphans);
+
+  // service_ids.cpp
+  uint32_t next_comm_id_locked();
+  uint64_t next_tid_locked(uint32_t comm_id);
   void destroy_locked(CmId* id, std::unique_lock<std::mutex>& lk, std::vector<Outgoing>& out);
   // What destroying an id does on the wire and in the tables: the peer's
   // message, the port, the listener entry, the timer.
   void tear_down_locked(CmId* id, std::vector<Outgoing>& out);
-  // Arms, moves or cancels the id's retransmission timer to match its connection.
-  void sync_retransmit_timer_locked(CmId* id);
-  void cancel_retransmit_timer_locked(CmId* id);
-  void drop_events_locked(CmId* id, std::vector<CmId*>& orphans);
-  uint32_t next_comm_id_locked();
-  uint64_t next_tid_locked(uint32_t comm_id);
-  void send_all(std::vector<Outgoing>&& out);
-  void on_message(const Peer& from, std::span<const uint8_t> bytes);
+  // Registers a passive id (its connection set up) in ids_ and passive_by_peer_.
+  void add_passive_locked(CmId* child);
+  // Removes an id from ids_ (and passive_by_peer_).
+  void forget_locked(CmId* id);
+
+  // service_addressing.cpp
+  Result<void> bind_locked(CmId* id, const IpAddress& addr);
+  // resolve_addr to an IP multicast group.
+  Result<void> resolve_multicast_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst);
+
+  // service_active.cpp
+  // The path an active id's request (REQ or SIDR_REQ) describes: its resolved
+  // route, with the traffic class rdma_set_option(TOS) gave it.
+  static PathInfo request_path(const CmId& id);
+  Result<void> connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
+  Result<void> sidr_connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
+  // Sends a REQ/SIDR_REQ step to the listener of the id's destination, or, if
+  // nobody listens there, feeds the id the answer the target's CM would give.
+  // This is where an id gets its peer: the one place that decides which CM
+  // (and so which transport) a connection talks to.
+  void send_request_locked(CmId* id, Step&& request, const CmMessage& if_nobody_listens,
+                           std::vector<Outgoing>& out);
+
+  // service_passive.cpp
+  CmId* find_listener_locked(const BindKey& dst);
   void on_req(const Peer& from, const Mad& mad, std::vector<Outgoing>& out);
   void on_sidr_req(const Peer& from, const Mad& mad, std::vector<Outgoing>& out);
   // Why an incoming REQ or SIDR_REQ gets no id: it is not rdma_cm's or
@@ -295,34 +328,17 @@ class Service {
   // id. The caller then sets up the id's connection and admit_request_locked.
   std::expected<RequestIds, Refusal> new_request_id_locked(const Peer& from, uint64_t sid,
                                                            std::span<const uint8_t> private_data);
-  // Registers the new id of a request and queues its CONNECT_REQUEST for the listener.
-  void admit_request_locked(CmId* listener, CmId* child, const EventOut& connect_request);
   // A new id for an incoming request (REQ or SIDR_REQ), from its IP header.
   CmId* new_passive_id_locked(CmId* listener, const Peer& from, const IpHeader& hdr, uint16_t port);
-  // Registers a passive id (its connection set up) in ids_ and passive_by_peer_.
-  void add_passive_locked(CmId* child);
-  // Removes an id from ids_ (and passive_by_peer_).
-  void forget_locked(CmId* id);
+  // Registers the new id of a request and queues its CONNECT_REQUEST for the listener.
+  void admit_request_locked(CmId* listener, CmId* child, const EventOut& connect_request);
+
+  // service_messages.cpp: with the CM thread's loop, the only calls into the
+  // transport. send_all runs without mu_ held.
+  void send_all(std::vector<Outgoing>&& out);
+  void on_message(const Peer& from, std::span<const uint8_t> bytes);
   void on_peer_lost(const Peer& peer);
   void peer_unreachable(uint32_t comm_id, const Peer& peer);
-  CmId* find_listener_locked(const BindKey& dst);
-  // The path an active id's request (REQ or SIDR_REQ) describes: its resolved
-  // route, with the traffic class rdma_set_option(TOS) gave it.
-  static PathInfo request_path(const CmId& id);
-  Result<void> connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
-
-  Result<void> sidr_connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
-  // Sends a REQ/SIDR_REQ step to the listener of the id's destination, or, if
-  // nobody listens there, feeds the id the answer the target's CM would give.
-  // This is where an id gets its peer: the one place that decides which CM
-  // (and so which transport) a connection talks to.
-  void send_request_locked(CmId* id, Step&& request, const CmMessage& if_nobody_listens,
-                           std::vector<Outgoing>& out);
-  int next_timeout_ms();
-  void fire_timers();
-  Result<void> bind_locked(CmId* id, const IpAddress& addr);
-  // resolve_addr to an IP multicast group.
-  Result<void> resolve_multicast_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst);
 
   std::mutex mu_;
   std::condition_variable acked_cv_;
