@@ -34,8 +34,9 @@
 // service_addressing.cpp (bind, address and route resolution, multicast),
 // service_active.cpp (connect, RTU, disconnect), service_passive.cpp (listen,
 // incoming REQ/SIDR_REQ, accept, reject) and service_messages.cpp (messages
-// to and from other CMs: with the CM thread's loop, the only calls into the
-// transport); service_internal.hpp holds what they share.
+// to and from other CMs: the only place anything is sent, and where the CM
+// thread's loop delivers what arrives); service_internal.hpp holds what they
+// share.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -333,8 +334,9 @@ class Service {
   // Registers the new id of a request and queues its CONNECT_REQUEST for the listener.
   void admit_request_locked(CmId* listener, CmId* child, const EventOut& connect_request);
 
-  // service_messages.cpp: with the CM thread's loop, the only calls into the
-  // transport. send_all runs without mu_ held.
+  // service_messages.cpp: the only place messages are sent, and what the CM
+  // thread's loop calls for what the transport delivers. send_all runs
+  // without mu_ held.
   void send_all(std::vector<Outgoing>&& out);
   void on_message(const Peer& from, std::span<const uint8_t> bytes);
   void on_peer_lost(const Peer& peer);
