@@ -86,6 +86,14 @@ int cm_call(Fn&& fn) noexcept {
 // The service, or nullptr with errno set.
 cm::Service* service();
 
+// ---- channels and ids (event_channel.cpp, cm_id.cpp) ----
+// A new channel handle, or nullptr with errno set.
+ChannelHandle* new_channel(cm::Service* svc);
+void free_channel(ChannelHandle* h);
+// rdma_create_id with the QP type given (rdma_create_ep takes it from its
+// rdma_addrinfo); a NULL channel makes a synchronous id. 0 or -1 with errno.
+int create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context, rdma_port_space ps, ibv_qp_type qp_type);
+
 // ---- the device (one softhca0 context shared by every id, as librdmacm does) ----
 bool device_present();  // without opening it (librdmacm's "No RDMA devices" check)
 ibv_context* device_context();
@@ -102,12 +110,14 @@ int modify_qp_rtr(IdHandle* h, uint8_t resp_res);
 int modify_qp_rts(IdHandle* h, uint8_t init_depth);
 int modify_qp_err(rdma_cm_id* id);
 void destroy_cqs(rdma_cm_id* id);
-// The RTU after CONNECT_RESPONSE (rdma_establish, or with a QP inside rdma_get_cm_event).
+// The RTU after CONNECT_RESPONSE (rdma_establish, or with a QP inside
+// rdma_get_cm_event; connect.cpp).
 int process_conn_resp(IdHandle* h);
 // MULTICAST_JOIN as librdmacm hands it out: param.ud for the group, and the
 // id's QP attached to it (multicast.cpp). False if the attach failed (errno set).
 bool process_join(IdHandle* h, rdma_cm_event& event, const cm::Gid& mgid, void* context);
-// A synchronous id waits for the event its call started; 0 for other ids.
+// A synchronous id waits for the event its call started; 0 for other ids
+// (event_channel.cpp).
 int complete(IdHandle* h);
 
 }  // namespace softhca::rdmacm

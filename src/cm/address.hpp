@@ -19,7 +19,7 @@
 #include <string>
 
 #include "cm/port_table.hpp"
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 #include "engine/device/device_info.hpp"
 
 namespace softhca::cm {

@@ -42,7 +42,7 @@
 #include <optional>
 #include <span>
 
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 #include "common/result.hpp"
 
 namespace softhca::cm {

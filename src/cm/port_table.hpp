@@ -23,7 +23,7 @@
 #include <span>
 #include <string>
 
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 #include "common/result.hpp"
 #include "host/shared_file.hpp"
 

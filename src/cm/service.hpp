@@ -1,8 +1,9 @@
 // The connection manager of one process: its rdma_cm ids, event channels and
 // the CM thread. What the kernel's rdma_cm + ib_cm + ucma do for a real HCA,
 // done in the process itself and talking to the other processes of the host
-// through cm/transport.hpp, with bound and listening ports recorded in the
-// per-user cm/port_table.hpp.
+// through a transport (cm/transport.hpp, the seam; cm/local_transport.hpp,
+// the one there is), with bound and listening ports recorded in the per-user
+// cm/port_table.hpp.
 //
 // Threads and locks: one mutex guards every id and channel of the process.
 // API calls (from any application thread) and the CM thread (one per process,
@@ -26,6 +27,16 @@
 // they report as the kernel reports a peer whose ids were destroyed
 // (REJECTED during the handshake, DISCONNECTED once connected). A child of
 // fork() starts a fresh service of its own on first use.
+//
+// Where the members are defined, one job a file: service.cpp (the instance,
+// fork and exit, the CM thread, timers, applying a step), service_events.cpp
+// (channels and events), service_ids.cpp (ids and their tables),
+// service_addressing.cpp (bind, address and route resolution, multicast),
+// service_active.cpp (connect, RTU, disconnect), service_passive.cpp (listen,
+// incoming REQ/SIDR_REQ, accept, reject) and service_messages.cpp (messages
+// to and from other CMs: the only place anything is sent, and where the CM
+// thread's loop delivers what arrives); service_internal.hpp holds what they
+// share.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -34,6 +45,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <expected>
 #include <functional>
 #include <map>
 #include <memory>
@@ -125,8 +137,7 @@ class CmId {
 
   // IB CM level
   Connection conn_;
-  uint32_t peer_pid_ = 0;
-  std::string peer_path_;
+  Peer peer_;  // the CM of the other side, once a request was sent or received
   CmId* listener_ = nullptr;  // for ids created by a CONNECT_REQUEST
 
   // The retransmission timer armed for the connection's current wait.
@@ -246,62 +257,95 @@ class Service {
 
  private:
   struct Outgoing {
-    uint32_t pid = 0;
-    std::string path;
+    Peer to;
     uint32_t comm_id = 0;  // the local id, to fail if the peer is gone
     MadBytes bytes{};
   };
 
   Service() = default;
-  Result<void> start();
-  void run();
 
   // All *_locked helpers run under mu_.
-  void push_event_locked(Channel* ch, Event ev);
+
+  // service.cpp: start-up, the CM thread, timers, applying a step.
+  Result<void> start();
+  void run();
+  int next_timeout_ms();
+  void fire_timers();
+  // Arms, moves or cancels the id's retransmission timer to match its connection.
+  void sync_retransmit_timer_locked(CmId* id);
+  void cancel_retransmit_timer_locked(CmId* id);
+  // Queues the step's message for the id's peer and its event, and follows
+  // the connection's timers (retransmission, timewait).
   void apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& out);
+
+  // service_events.cpp
+  void push_event_locked(Channel* ch, Event ev);
+  void drop_events_locked(CmId* id, std::vector<CmId*>& orphans);
+
+  // service_ids.cpp
+  uint32_t next_comm_id_locked();
+  uint64_t next_tid_locked(uint32_t comm_id);
   void destroy_locked(CmId* id, std::unique_lock<std::mutex>& lk, std::vector<Outgoing>& out);
   // What destroying an id does on the wire and in the tables: the peer's
   // message, the port, the listener entry, the timer.
   void tear_down_locked(CmId* id, std::vector<Outgoing>& out);
-  // Arms, moves or cancels the id's retransmission timer to match its connection.
-  void sync_retransmit_timer_locked(CmId* id);
-  void cancel_retransmit_timer_locked(CmId* id);
-  void drop_events_locked(CmId* id, std::vector<CmId*>& orphans);
-  uint32_t next_comm_id_locked();
-  uint64_t next_tid_locked(uint32_t comm_id);
-  void send_all(std::vector<Outgoing>&& out);
-  void on_message(uint32_t pid, std::span<const uint8_t> bytes);
-  void on_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out);
-  void on_sidr_req(uint32_t pid, const Mad& mad, std::vector<Outgoing>& out);
-  // A new id for an incoming request (REQ or SIDR_REQ), from its IP header.
-  CmId* new_passive_id_locked(CmId* listener, uint32_t pid, const IpHeader& hdr, uint16_t port);
   // Registers a passive id (its connection set up) in ids_ and passive_by_peer_.
   void add_passive_locked(CmId* child);
   // Removes an id from ids_ (and passive_by_peer_).
   void forget_locked(CmId* id);
-  void on_peer_lost(uint32_t pid);
-  void peer_unreachable(uint32_t comm_id, uint32_t pid);
-  CmId* find_listener_locked(const BindKey& dst);
-  // The path an active id's request (REQ or SIDR_REQ) describes: its resolved
-  // route, with the traffic class rdma_set_option(TOS) gave it.
-  static PathInfo request_path(const CmId& id);
-  Result<void> connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
 
-  Result<void> sidr_connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
-  // Sends a REQ/SIDR_REQ step to the listener of the id's destination, or, if
-  // nobody listens there, feeds the id the answer the target's CM would give.
-  void send_request_locked(CmId* id, Step&& request, const CmMessage& if_nobody_listens,
-                           std::vector<Outgoing>& out);
-  int next_timeout_ms();
-  void fire_timers();
+  // service_addressing.cpp
   Result<void> bind_locked(CmId* id, const IpAddress& addr);
   // resolve_addr to an IP multicast group.
   Result<void> resolve_multicast_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst);
 
+  // service_active.cpp
+  // The path an active id's request (REQ or SIDR_REQ) describes: its resolved
+  // route, with the traffic class rdma_set_option(TOS) gave it.
+  static PathInfo request_path(const CmId& id);
+  Result<void> connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
+  Result<void> sidr_connect_locked(CmId* id, const ConnectRequest& req, std::vector<Outgoing>& out);
+  // Sends a REQ/SIDR_REQ step to the listener of the id's destination, or, if
+  // nobody listens there, feeds the id the answer the target's CM would give.
+  // This is where an id gets its peer: the one place that decides which CM
+  // (and so which transport) a connection talks to.
+  void send_request_locked(CmId* id, Step&& request, const CmMessage& if_nobody_listens,
+                           std::vector<Outgoing>& out);
+
+  // service_passive.cpp
+  CmId* find_listener_locked(const BindKey& dst);
+  void on_req(const Peer& from, const Mad& mad, std::vector<Outgoing>& out);
+  void on_sidr_req(const Peer& from, const Mad& mad, std::vector<Outgoing>& out);
+  // Why an incoming REQ or SIDR_REQ gets no id: it is not rdma_cm's or
+  // nobody listens where it goes, or the listener's backlog is full. Each
+  // message answers these in its own way (REJ reasons, SIDR_REP statuses).
+  enum class Refusal { kNoListener, kBacklogFull };
+  struct RequestIds {
+    CmId* listener = nullptr;
+    CmId* id = nullptr;  // the new id, its connection not yet set up
+  };
+  // What a REQ and a SIDR_REQ do alike on arrival (a duplicate aside): check
+  // the service ID and the IP header, find the listener, and create the new
+  // id. The caller then sets up the id's connection and admit_request_locked.
+  std::expected<RequestIds, Refusal> new_request_id_locked(const Peer& from, uint64_t sid,
+                                                           std::span<const uint8_t> private_data);
+  // A new id for an incoming request (REQ or SIDR_REQ), from its IP header.
+  CmId* new_passive_id_locked(CmId* listener, const Peer& from, const IpHeader& hdr, uint16_t port);
+  // Registers the new id of a request and queues its CONNECT_REQUEST for the listener.
+  void admit_request_locked(CmId* listener, CmId* child, const EventOut& connect_request);
+
+  // service_messages.cpp: the only place messages are sent, and what the CM
+  // thread's loop calls for what the transport delivers. send_all runs
+  // without mu_ held.
+  void send_all(std::vector<Outgoing>&& out);
+  void on_message(const Peer& from, std::span<const uint8_t> bytes);
+  void on_peer_lost(const Peer& peer);
+  void peer_unreachable(uint32_t comm_id, const Peer& peer);
+
   std::mutex mu_;
   std::condition_variable acked_cv_;
   std::unordered_map<uint32_t, CmId*> ids_;  // by local comm ID
-  // Passive ids by (peer pid, the peer's comm ID): a REQ or SIDR_REQ sent
+  // Passive ids by (peer, the peer's comm ID): a REQ or SIDR_REQ sent
   // again finds its id without a scan of every id.
   std::unordered_map<uint64_t, CmId*> passive_by_peer_;
   // TIMEWAIT_EXIT deadlines (comm IDs of connections in timewait).

@@ -1,81 +1,73 @@
-// How CM messages travel between the processes of one host: one Unix
-// SOCK_SEQPACKET endpoint per process, bound at a path in a per-user directory
-// (the user's runtime directory, mode 0700, host/runtime_dir.hpp; never the
-// abstract namespace, which ignores file permissions and network namespaces
-// would split). A process connects to a peer's endpoint the first time it has
-// something to send there; either side may then send on that connection.
+// The seam between the CM service and the ways its messages travel.
 //
-// Why connections rather than datagrams: a connection breaks when its process
-// dies, however it dies, so a killed peer is noticed at once (POLLHUP) and its
-// CM ids fail the way the kernel's CM would make them fail when it cleans up a
-// dead process's ids — without timers or liveness polling. Each message is one
-// record (seqpacket keeps boundaries); the peer's pid and uid come from
-// SO_PEERCRED, not from anything it says, and other users are refused.
+// The service (cm/service.hpp) runs the connection state machine
+// (cm/connection.hpp), which knows nothing of transports: it takes a message
+// and gives at most one back. The service addresses what it sends to a Peer
+// and hands it to a Transport in one place (service_messages.cpp); the CM
+// thread's loop (service.cpp) waits in the transport's poll_once, which
+// delivers what arrives and which peers were lost. A message is one encoded
+// MAD (cm/mad_codec.hpp), whatever carries it.
+//
+// One transport exists: LocalTransport (cm/local_transport.hpp), between the
+// processes of this host. A transport to other hosts (the MADs in UD packets
+// to QP1 over the udp link) is meant to be added beside it behind this
+// interface, with the state machine untouched.
 #pragma once
 
+#include <cstdint>
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <span>
 #include <string>
-#include <vector>
 
 #include "common/result.hpp"
 
 namespace softhca::cm {
 
-// The directory for this user's endpoints: its runtime directory.
-// Errors: permission_denied (no private directory could be had).
-Result<std::string> endpoint_directory();
+// The CM at the other end of an id's connection, as a transport names it.
+// Today that is a process of this host: its pid, and the path of its
+// endpoint when known (a peer that reached us first is known by pid alone;
+// the path is only a way to reach it, not part of who it is).
+struct Peer {
+  uint32_t pid = 0;  // 0: no peer yet
+  std::string path;
+
+  bool known() const { return pid != 0; }
+  // Whether both name the same CM.
+  bool same_cm(const Peer& other) const { return pid == other.pid; }
+};
 
 class Transport {
  public:
-  // Binds and listens at `path` (a stale file left by a dead process with our
-  // pid is replaced).
-  static Result<std::unique_ptr<Transport>> open(const std::string& path);
-  ~Transport();
-  Transport(const Transport&) = delete;
-  Transport& operator=(const Transport&) = delete;
+  using MessageFn = std::function<void(const Peer& from, std::span<const uint8_t> bytes)>;
+  using LostFn = std::function<void(const Peer& peer)>;
 
-  const std::string& path() const { return path_; }
+  virtual ~Transport() = default;
 
-  // Sends one message to process `pid`, connecting to its endpoint at `path`
-  // first if no connection exists (`path` may be empty when the peer is known
-  // to have connected to us). Errors: connection_refused or
-  // no_such_file_or_directory (nobody there: the peer is gone), others from
-  // send(2) (timed_out after 2 s of a full peer).
-  Result<void> send(uint32_t pid, const std::string& path, std::span<const uint8_t> bytes);
+  // Sends one message. Any error means the peer cannot be reached now; the
+  // service fails the id that sent it as it fails the ids of a lost peer.
+  virtual Result<void> send(const Peer& to, std::span<const uint8_t> bytes) = 0;
 
   // One round of the CM thread: waits up to timeout_ms (-1: forever) for
-  // input or wake(); then delivers each received message and each lost peer
-  // (a pid none of whose connections is open any more).
-  using MessageFn = std::function<void(uint32_t pid, std::span<const uint8_t> bytes)>;
-  using LostFn = std::function<void(uint32_t pid)>;
-  void poll_once(int timeout_ms, const MessageFn& on_message, const LostFn& on_lost);
+  // input or wake(), then calls on_message for each message received and
+  // on_lost for each peer known to be gone (its ids cannot hear back).
+  virtual void poll_once(int timeout_ms, const MessageFn& on_message, const LostFn& on_lost) = 0;
 
-  // Makes a poll_once in progress return (new connections to watch).
-  void wake();
+  // Makes a poll_once in progress return, so that the CM thread sees an
+  // earlier deadline.
+  virtual void wake() = 0;
 
-  // In a forked child: close every descriptor without touching locks.
-  void abandon_after_fork();
+  // In a forked child, whose CM thread does not exist: lets go of every
+  // descriptor without taking locks.
+  virtual void abandon_after_fork() = 0;
 
- private:
-  struct Conn {
-    explicit Conn(int f, uint32_t p) : fd(f), pid(p) {}
-    ~Conn();
-    int fd;
-    uint32_t pid;
-  };
+  // At process exit (the CM thread may still run): removes what lets other
+  // CMs find this one.
+  virtual void leave_at_exit() = 0;
 
-  Transport(int listen_fd, int wake_fd, std::string path) : listen_fd_(listen_fd), wake_fd_(wake_fd), path_(std::move(path)) {}
-  std::shared_ptr<Conn> find(uint32_t pid);
-  void add(std::shared_ptr<Conn> conn);
-
-  int listen_fd_;
-  int wake_fd_;
-  std::string path_;
-  std::mutex mu_;
-  std::vector<std::shared_ptr<Conn>> conns_;
+ protected:
+  Transport() = default;
+  Transport(const Transport&) = default;
+  Transport& operator=(const Transport&) = default;
 };
 
 }  // namespace softhca::cm

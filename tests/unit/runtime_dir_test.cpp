@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cm/port_table.hpp"
-#include "cm/transport.hpp"
+#include "cm/local_transport.hpp"
 #include "host/host_registry.hpp"
 
 namespace softhca::host {
@@ -59,7 +59,7 @@ class RuntimeDirTest : public ::testing::Test {
     auto table = cm::PortTable::open_in(dir, true);
     ASSERT_TRUE(table.has_value()) << dir;
     delete *table;
-    auto transport = cm::Transport::open(dir + "/cm-" + std::to_string(::getpid()) + ".sock");
+    auto transport = cm::LocalTransport::open(dir + "/cm-" + std::to_string(::getpid()) + ".sock");
     ASSERT_TRUE(transport.has_value()) << dir;
   }
 

@@ -1,4 +1,4 @@
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 
 #include <algorithm>
 #include <cstring>

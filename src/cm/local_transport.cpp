@@ -1,4 +1,4 @@
-#include "cm/transport.hpp"
+#include "cm/local_transport.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 #include "common/log.hpp"
 #include "host/host_identity.hpp"
 
@@ -38,11 +38,11 @@ void set_send_timeout(int fd) {
 
 Result<std::string> endpoint_directory() { return host::host_directory(); }
 
-Transport::Conn::~Conn() {
+LocalTransport::Conn::~Conn() {
   if (fd >= 0) ::close(fd);
 }
 
-Result<std::unique_ptr<Transport>> Transport::open(const std::string& path) {
+Result<std::unique_ptr<LocalTransport>> LocalTransport::open(const std::string& path) {
   sockaddr_un addr;
   if (!fill_sockaddr(path, addr)) return fail(std::errc::filename_too_long);
   int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -61,23 +61,23 @@ Result<std::unique_ptr<Transport>> Transport::open(const std::string& path) {
     ::unlink(path.c_str());
     return fail(errc_from_errno(err));
   }
-  return std::unique_ptr<Transport>(new Transport(fd, wake, path));
+  return std::unique_ptr<LocalTransport>(new LocalTransport(fd, wake, path));
 }
 
-Transport::~Transport() {
+LocalTransport::~LocalTransport() {
   ::close(listen_fd_);
   ::close(wake_fd_);
   ::unlink(path_.c_str());
 }
 
-std::shared_ptr<Transport::Conn> Transport::find(uint32_t pid) {
+std::shared_ptr<LocalTransport::Conn> LocalTransport::find(uint32_t pid) {
   std::lock_guard g(mu_);
   for (auto& c : conns_)
     if (c->pid == pid) return c;
   return nullptr;
 }
 
-void Transport::add(std::shared_ptr<Conn> conn) {
+void LocalTransport::add(std::shared_ptr<Conn> conn) {
   {
     std::lock_guard g(mu_);
     conns_.push_back(std::move(conn));
@@ -85,12 +85,14 @@ void Transport::add(std::shared_ptr<Conn> conn) {
   wake();
 }
 
-void Transport::wake() {
+void LocalTransport::wake() {
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
 }
 
-Result<void> Transport::send(uint32_t pid, const std::string& path, std::span<const uint8_t> bytes) {
+Result<void> LocalTransport::send(const Peer& to, std::span<const uint8_t> bytes) {
+  const uint32_t pid = to.pid;
+  const std::string& path = to.path;
   std::shared_ptr<Conn> conn = find(pid);
   if (!conn) {
     if (path.empty()) return fail(std::errc::connection_refused);
@@ -134,7 +136,7 @@ Result<void> Transport::send(uint32_t pid, const std::string& path, std::span<co
   return {};
 }
 
-void Transport::poll_once(int timeout_ms, const MessageFn& on_message, const LostFn& on_lost) {
+void LocalTransport::poll_once(int timeout_ms, const MessageFn& on_message, const LostFn& on_lost) {
   std::vector<std::shared_ptr<Conn>> snapshot;
   {
     std::lock_guard g(mu_);
@@ -180,7 +182,7 @@ void Transport::poll_once(int timeout_ms, const MessageFn& on_message, const Los
         ssize_t r = ::recv(c->fd, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC);
         if (r > 0) {
           if (static_cast<std::size_t>(r) <= sizeof buf) {
-            on_message(c->pid, std::span<const uint8_t>(buf, static_cast<std::size_t>(r)));
+            on_message(Peer{c->pid, std::string()}, std::span<const uint8_t>(buf, static_cast<std::size_t>(r)));
           } else {
             SOFTHCA_WARN("cm: dropping an oversized message (%zd bytes) from process %u", r, c->pid);
           }
@@ -201,10 +203,10 @@ void Transport::poll_once(int timeout_ms, const MessageFn& on_message, const Los
     }
     if (!others) closed_pids.push_back(c->pid);
   }
-  for (uint32_t pid : closed_pids) on_lost(pid);
+  for (uint32_t pid : closed_pids) on_lost(Peer{pid, std::string()});
 }
 
-void Transport::abandon_after_fork() {
+void LocalTransport::abandon_after_fork() {
   ::close(listen_fd_);
   ::close(wake_fd_);
   for (auto& c : conns_) {
@@ -213,5 +215,7 @@ void Transport::abandon_after_fork() {
   }
   listen_fd_ = wake_fd_ = -1;
 }
+
+void LocalTransport::leave_at_exit() { ::unlink(path_.c_str()); }
 
 }  // namespace softhca::cm

@@ -1,7 +1,7 @@
 // The CM message codec against golden bytes written out from the IBTA tables
 // (vol. 1, 12.6: REQ table 106, REJ 108, REP 110, RTU 111, DREQ 112, DREP 113)
 // and rdma_cm's IP private-data header, plus round trips and bad input.
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 
 #include <gtest/gtest.h>
 
@@ -40,7 +40,7 @@ Gid gid(uint8_t last) {
   return g;
 }
 
-TEST(CmWire, ReqGoldenBytes) {
+TEST(CmMadCodec, ReqGoldenBytes) {
   ReqMsg req;
   req.local_comm_id = 0x11223344;
   req.vendor_id = 0x0A0B0C;
@@ -100,7 +100,7 @@ TEST(CmWire, ReqGoldenBytes) {
   EXPECT_EQ(std::get<ReqMsg>(back->msg), req);
 }
 
-TEST(CmWire, RepGoldenBytes) {
+TEST(CmMadCodec, RepGoldenBytes) {
   RepMsg rep;
   rep.local_comm_id = 0xA1A2A3A4;
   rep.remote_comm_id = 0x11223344;
@@ -136,7 +136,7 @@ TEST(CmWire, RepGoldenBytes) {
   EXPECT_EQ(std::get<RepMsg>(back->msg), rep);
 }
 
-TEST(CmWire, RejGoldenBytes) {
+TEST(CmMadCodec, RejGoldenBytes) {
   RejMsg rej;
   rej.local_comm_id = 0;
   rej.remote_comm_id = 0x11223344;
@@ -161,7 +161,7 @@ TEST(CmWire, RejGoldenBytes) {
   EXPECT_EQ(std::get<RejMsg>(decode(got)->msg), rej);
 }
 
-TEST(CmWire, RtuDreqDrepGoldenBytes) {
+TEST(CmMadCodec, RtuDreqDrepGoldenBytes) {
   RtuMsg rtu{0x01020304, 0x05060708, {}};
   MadBytes want = mad_header(1, 0x0014);
   put(want, 0, {1, 2, 3, 4, 5, 6, 7, 8});
@@ -185,7 +185,7 @@ TEST(CmWire, RtuDreqDrepGoldenBytes) {
   }
 }
 
-TEST(CmWire, MraGoldenBytes) {
+TEST(CmMadCodec, MraGoldenBytes) {
   // Table 107: comm IDs, then "message MRAed" in the top 2 bits of byte 8 and
   // the service timeout in the top 5 bits of byte 9; private data from 10.
   MraMsg mra;
@@ -206,7 +206,7 @@ TEST(CmWire, MraGoldenBytes) {
   EXPECT_STREQ(message_name(back->msg), "MRA");
 }
 
-TEST(CmWire, SidrGoldenBytes) {
+TEST(CmMadCodec, SidrGoldenBytes) {
   SidrReqMsg req;
   req.request_id = 0x0A0B0C0D;
   req.pkey = 0xFFFF;
@@ -238,7 +238,7 @@ TEST(CmWire, SidrGoldenBytes) {
   EXPECT_EQ(std::get<SidrRepMsg>(decode(want)->msg), rep);
 }
 
-TEST(CmWire, DecodeRejectsWhatIsNotACmMad) {
+TEST(CmMadCodec, DecodeRejectsWhatIsNotACmMad) {
   MadBytes ok = encode(Mad{1, CmMessage(RtuMsg{})});
   EXPECT_TRUE(decode(ok).has_value());
 
@@ -261,7 +261,7 @@ TEST(CmWire, DecodeRejectsWhatIsNotACmMad) {
   EXPECT_EQ(decode(unknown).error(), std::errc::invalid_argument);
 }
 
-TEST(CmWire, RejAriLengthIsClamped) {
+TEST(CmMadCodec, RejAriLengthIsClamped) {
   MadBytes b = encode(Mad{1, CmMessage(RejMsg{})});
   b[P(9)] = 0xFE;  // 127: more than the 72-byte ARI field
   auto back = decode(b);
@@ -269,7 +269,7 @@ TEST(CmWire, RejAriLengthIsClamped) {
   EXPECT_EQ(std::get<RejMsg>(back->msg).ari_length, kRejAriSize);
 }
 
-TEST(CmWire, IpHeaderGoldenBytesV4) {
+TEST(CmMadCodec, IpHeaderGoldenBytesV4) {
   IpHeader hdr;
   hdr.ip_version = 4;
   hdr.src_port = 0x8001;
@@ -292,7 +292,7 @@ TEST(CmWire, IpHeaderGoldenBytesV4) {
   EXPECT_EQ(*back, hdr);
 }
 
-TEST(CmWire, IpHeaderV6AndBadVersions) {
+TEST(CmMadCodec, IpHeaderV6AndBadVersions) {
   IpHeader hdr;
   hdr.ip_version = 6;
   hdr.src_port = 7;
@@ -313,7 +313,7 @@ TEST(CmWire, IpHeaderV6AndBadVersions) {
   EXPECT_FALSE(decode_ip_header(out).has_value());
 }
 
-TEST(CmWire, ServiceIds) {
+TEST(CmMadCodec, ServiceIds) {
   EXPECT_EQ(service_id(0x0106, 0x1C06), 0x00000000'01061C06ULL);
   EXPECT_EQ(service_id_ps(0x01061C06), 0x0106);
   EXPECT_EQ(service_id_port(0x01061C06), 0x1C06);

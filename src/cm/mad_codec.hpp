@@ -1,5 +1,7 @@
-// CM messages on the wire: IB CM MADs (IBTA vol. 1, ch. 12) and the IP
-// addressing header rdma_cm puts at the start of their private data.
+// The CM MAD codec: CM messages as IB CM MADs (IBTA vol. 1, ch. 12) and the
+// IP addressing header rdma_cm puts at the start of their private data.
+// (Not to be confused with src/wire, the RoCE packet headers: a MAD is the
+// payload of such a packet, or of a local transport's record.)
 //
 // Every message is one 256-byte MAD: a 24-byte common MAD header (base version
 // 1, management class 0x07 "CM", class version 2, method 0x03 "Send") followed

@@ -1,0 +1,213 @@
+// Addressing: bind, address resolution (unicast and multicast), route
+// resolution and multicast joins. Same-host only: a destination is
+// reachable when it is one of this host's addresses.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "cm/service.hpp"
+#include "cm/service_internal.hpp"
+#include "engine/device/device_info.hpp"
+
+namespace softhca::cm {
+namespace {
+
+IpAddress loopback_of(uint8_t family) {
+  IpAddress ip;
+  ip.family = family;
+  ip.addr = family == AF_INET ? engine::kLoopbackV4Gid : engine::kLoopbackV6Gid;
+  return ip;
+}
+
+// Whether the kernel has any route to `dst` (no packet is sent).
+bool kernel_has_route(const IpAddress& dst) {
+  sockaddr_storage ss;
+  IpAddress d = dst;
+  d.port = 9;
+  socklen_t len = to_sockaddr(d, ss);
+  int fd = ::socket(dst.family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;
+  const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len);
+  const int err = errno;
+  ::close(fd);
+  return rc == 0 || (err != ENETUNREACH && err != EHOSTUNREACH);
+}
+
+// The source address the kernel would pick for `dst` (a UDP connect, nothing sent).
+std::optional<IpAddress> kernel_source_for(const IpAddress& dst) {
+  sockaddr_storage ss;
+  IpAddress d = dst;
+  d.port = 9;
+  socklen_t len = to_sockaddr(d, ss);
+  int fd = ::socket(dst.family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::nullopt;
+  std::optional<IpAddress> out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0) {
+    sockaddr_storage local;
+    socklen_t llen = sizeof local;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0)
+      if (auto ip = from_sockaddr(reinterpret_cast<sockaddr*>(&local), llen)) out = *ip;
+  }
+  ::close(fd);
+  return out;
+}
+
+// An IP multicast group (224.0.0.0/4, ff00::/8), which rdma_resolve_addr accepts as a destination.
+bool is_multicast(const IpAddress& ip) {
+  return ip.family == AF_INET ? (ip.addr[12] & 0xF0) == 0xE0 : ip.addr[0] == 0xff;
+}
+
+}  // namespace
+
+Result<void> Service::bind_locked(CmId* id, const IpAddress& addr) {
+  if (addr.family != AF_INET && addr.family != AF_INET6) return fail(std::errc::address_family_not_supported);
+  std::optional<uint32_t> idx;
+  if (!addr.wildcard()) {
+    idx = local_gid_index(addr, engine::device_info());
+    if (!idx) return fail(std::errc::address_not_available);
+  }
+  auto r = table_->bind(proc_, bind_key(id->ps_, addr));
+  if (!r) return fail(r.error());
+  id->binding_ = r->first;
+  id->src_ = addr;
+  id->src_.port = r->second;
+  id->bound_ = true;
+  if (idx) {
+    id->has_device_ = true;
+    id->sgid_index_ = static_cast<uint8_t>(*idx);
+    id->sgid_ = detail::gid_at(*idx);
+  }
+  return {};
+}
+
+Result<void> Service::bind(CmId* id, const IpAddress& addr) {
+  std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
+  if (id->bound_ || id->addr_resolved_ || id->listening_ || id->conn_.has_cm()) return fail(std::errc::invalid_argument);
+  return bind_locked(id, addr);
+}
+
+Result<void> Service::resolve_addr(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst_in,
+                                   int /*timeout_ms*/) {
+  std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
+  if (id->listening_ || id->conn_.has_cm() || id->route_resolved_) return fail(std::errc::invalid_argument);
+  if (dst_in.family != AF_INET && dst_in.family != AF_INET6) return fail(std::errc::address_family_not_supported);
+  IpAddress dst = dst_in;
+  if (dst.wildcard()) {
+    const uint16_t port = dst.port;
+    dst = loopback_of(dst.family);  // the kernel resolves the any-address to the host itself
+    dst.port = port;
+  }
+  const auto& dev = engine::device_info();
+  if (src && !src->wildcard() && !local_gid_index(*src, dev)) return fail(std::errc::address_not_available);
+  if (is_multicast(dst)) return resolve_multicast_locked(id, src, dst);
+  const auto dst_idx = local_gid_index(dst, dev);
+  if (!dst_idx) {
+    if (!kernel_has_route(dst)) return fail(std::errc::network_unreachable);
+    // Not a host softhca reaches yet (same-host only until the udp link).
+    id->dst_ = dst;
+    EventOut ev;
+    ev.type = CmEventType::kAddrError;
+    ev.status = -EHOSTUNREACH;
+    push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+    return {};
+  }
+  IpAddress s;
+  if (src && !src->wildcard()) {
+    s = *src;
+  } else if (id->bound_ && !id->src_.wildcard()) {
+    s = id->src_;
+  } else {
+    s = dst;  // a local destination is reached from itself (through lo)
+    s.port = id->bound_ ? id->src_.port : (src ? src->port : 0);
+  }
+  if (!id->bound_) {
+    if (auto r = bind_locked(id, s); !r) return r;
+  } else if (id->src_.wildcard()) {
+    const uint16_t port = id->src_.port;
+    id->src_ = s;
+    id->src_.port = port;
+  }
+  const uint32_t sidx = local_gid_index(id->src_, dev).value_or(*dst_idx);
+  id->dst_ = dst;
+  id->has_device_ = true;
+  id->sgid_index_ = static_cast<uint8_t>(sidx);
+  id->sgid_ = detail::gid_at(sidx);
+  id->dgid_ = detail::gid_at(*dst_idx);
+  id->addr_resolved_ = true;
+  EventOut ev;
+  ev.type = CmEventType::kAddrResolved;
+  push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+  return {};
+}
+
+Result<void> Service::resolve_multicast_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst) {
+  // A group is resolved to the local address the datagrams leave from: the
+  // given or bound source, else the one the kernel's route picks (mckey
+  // without -b), which must be one of ours; as in the kernel, no route at all
+  // is ENETUNREACH. The group itself is the destination GID.
+  const auto& dev = engine::device_info();
+  IpAddress s;
+  if (src && !src->wildcard()) {
+    s = *src;
+  } else if (id->bound_ && !id->src_.wildcard()) {
+    s = id->src_;
+  } else {
+    auto picked = kernel_source_for(dst);
+    if (!picked) return fail(std::errc::network_unreachable);
+    s = *picked;
+    s.port = id->bound_ ? id->src_.port : (src ? src->port : 0);
+  }
+  const auto sidx = local_gid_index(s, dev);
+  if (!sidx) return fail(std::errc::address_not_available);
+  if (!id->bound_) {
+    if (auto r = bind_locked(id, s); !r) return r;
+  } else if (id->src_.wildcard()) {
+    const uint16_t port = id->src_.port;
+    id->src_ = s;
+    id->src_.port = port;
+  }
+  id->dst_ = dst;
+  id->has_device_ = true;
+  id->sgid_index_ = static_cast<uint8_t>(*sidx);
+  id->sgid_ = detail::gid_at(*sidx);
+  id->dgid_ = dst.addr;
+  id->addr_resolved_ = true;
+  EventOut ev;
+  ev.type = CmEventType::kAddrResolved;
+  push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+  return {};
+}
+
+Result<void> Service::resolve_route(CmId* id, int /*timeout_ms*/) {
+  std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
+  if (!id->addr_resolved_ || id->route_resolved_ || id->conn_.has_cm()) return fail(std::errc::invalid_argument);
+  id->route_resolved_ = true;
+  id->traffic_class_ = id->tos_;
+  EventOut ev;
+  ev.type = CmEventType::kRouteResolved;
+  push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+  return {};
+}
+
+Result<void> Service::join_multicast(CmId* id, const Gid& mgid, void* context) {
+  std::lock_guard g(mu_);
+  if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
+  // The kernel's rdma_join_multicast wants an id bound to a device (a local
+  // address bound, or an address resolved); softhca joins nothing on the
+  // network, so the event comes at once.
+  if (id->qp_type_ != IBV_QPT_UD || !id->has_device_) return fail(std::errc::invalid_argument);
+  EventOut ev;
+  ev.type = CmEventType::kMulticastJoin;
+  ev.qkey = detail::kUdpQkey;
+  ev.mgid = mgid;
+  ev.mc_context = context;
+  push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+  return {};
+}
+
+}  // namespace softhca::cm

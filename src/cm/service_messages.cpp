@@ -1,0 +1,104 @@
+// Messages to and from other CMs: the one place where the service meets its
+// transport. Outgoing messages are sent here after the service's lock is
+// released; incoming ones are decoded and given to the passive side (REQ,
+// SIDR_REQ) or to the id they name; a peer that is gone fails its ids.
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include "cm/service.hpp"
+#include "common/log.hpp"
+
+namespace softhca::cm {
+
+void Service::send_all(std::vector<Outgoing>&& out) {
+  for (auto& o : out) {
+    auto r = transport_->send(o.to, o.bytes);
+    if (r) continue;
+    SOFTHCA_DEBUG("cm: cannot reach process %u: %s", o.to.pid, std::make_error_code(r.error()).message().c_str());
+    table_->reclaim_if_dead(o.to.pid);
+    if (o.comm_id != 0) peer_unreachable(o.comm_id, o.to);
+  }
+}
+
+void Service::peer_unreachable(uint32_t comm_id, const Peer& peer) {
+  std::lock_guard g(mu_);
+  auto it = ids_.find(comm_id);
+  if (it == ids_.end() || !it->second->peer_.same_cm(peer) || it->second->destroying_) return;
+  CmId* id = it->second;
+  std::vector<Outgoing> ignored;
+  if (id->conn_.state() == ConnState::kReqSent) {
+    // The listener's process is gone: nobody listens there any more.
+    RejMsg rej;
+    rej.remote_comm_id = id->comm_id_;
+    rej.reason = static_cast<uint16_t>(RejReason::kInvalidServiceId);
+    apply_step_locked(id, id->conn_.on_message(CmMessage(rej)), ignored);
+  } else if (id->conn_.state() == ConnState::kSidrReqSent) {
+    SidrRepMsg rep;
+    rep.request_id = id->comm_id_;
+    rep.status = static_cast<uint8_t>(SidrStatus::kUnsupported);
+    apply_step_locked(id, id->conn_.on_message(CmMessage(rep)), ignored);
+  } else {
+    apply_step_locked(id, id->conn_.on_peer_lost(), ignored);
+  }
+}
+
+void Service::on_peer_lost(const Peer& peer) {
+  {
+    std::lock_guard g(mu_);
+    std::vector<Outgoing> ignored;  // nobody to send to
+    for (auto& [comm, id] : ids_) {
+      if (!id->peer_.same_cm(peer) || id->destroying_) continue;
+      apply_step_locked(id, id->conn_.on_peer_lost(), ignored);
+    }
+  }
+  table_->reclaim_if_dead(peer.pid);
+}
+
+void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
+  auto mad = decode(bytes);
+  if (!mad) {
+    SOFTHCA_DEBUG("cm: dropping an undecodable message from process %u", from.pid);
+    return;
+  }
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard g(mu_);
+    if (std::holds_alternative<ReqMsg>(mad->msg)) {
+      on_req(from, *mad, out);
+    } else if (std::holds_alternative<SidrReqMsg>(mad->msg)) {
+      on_sidr_req(from, *mad, out);
+    } else {
+      uint32_t local = 0, remote = 0;
+      std::visit(
+          [&](const auto& m) {
+            using T = std::decay_t<decltype(m)>;
+            if constexpr (std::is_same_v<T, SidrRepMsg>) {
+              local = m.request_id;
+            } else if constexpr (!std::is_same_v<T, ReqMsg> && !std::is_same_v<T, SidrReqMsg>) {
+              local = m.remote_comm_id;
+              remote = m.local_comm_id;
+            }
+          },
+          mad->msg);
+      auto it = ids_.find(local);
+      CmId* id = it == ids_.end() ? nullptr : it->second;
+      const bool stale = id == nullptr || id->destroying_ || !id->peer_.same_cm(from) ||
+                         (id->conn_.remote_comm_id() != 0 && remote != 0 && id->conn_.remote_comm_id() != remote);
+      if (stale) {
+        if (const auto* dreq = std::get_if<DreqMsg>(&mad->msg)) {
+          // The kernel's CM answers a DREQ for an id it no longer has, so the
+          // peer does not wait for its DREP timeout.
+          DrepMsg drep;
+          drep.remote_comm_id = dreq->local_comm_id;
+          out.push_back({from, 0, encode(Mad{mad->tid, CmMessage(drep)})});
+        }
+      } else {
+        apply_step_locked(id, id->conn_.on_message(mad->msg), out);
+      }
+    }
+  }
+  send_all(std::move(out));
+}
+
+}  // namespace softhca::cm
