@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "cm/port_table.hpp"
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 
 namespace softhca::cm {
 

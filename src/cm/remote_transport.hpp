@@ -23,7 +23,7 @@
 #include <span>
 #include <vector>
 
-#include "cm/wire.hpp"
+#include "cm/mad_codec.hpp"
 #include "common/result.hpp"
 
 namespace softhca::engine {
