@@ -4,12 +4,14 @@
 // with the first id that needs it and freed with the last one.
 #include <pthread.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
 
 #include "cm_handles.hpp"
+#include "engine/context.hpp"
 
 namespace softhca::rdmacm {
 namespace {
@@ -42,13 +44,33 @@ ibv_context* open_locked() {
   return g_context;
 }
 
+// The engine node of libibverbs.so.1, behind our device context (our
+// libibverbs keeps it in the context's verbs_context::priv): its udp link
+// carries the CM's MADs to other hosts. This library's own copy of the
+// engine must not start a node of its own: a second registration and a
+// second link in one process would split the packets of port 4791 between
+// them. Null when the context is not softhca's (another libibverbs).
+engine::Node* verbs_node() {
+  ibv_context* ctx = device_context();
+  if (ctx == nullptr || ctx->device == nullptr || std::strncmp(ctx->device->name, "softhca", 7) != 0) return nullptr;
+  verbs_context* v = verbs_get_ctx(ctx);
+  if (v == nullptr || v->priv == nullptr) return nullptr;
+  return &reinterpret_cast<engine::Context*>(v->priv)->node();
+}
+
 }  // namespace
 
 cm::Service* service() {
+  static std::atomic<cm::Service*> configured{nullptr};
   auto s = cm::Service::instance();
   if (!s) {
     errno = static_cast<int>(s.error());
     return nullptr;
+  }
+  // Once per service (a forked child gets a new one).
+  if (configured.load(std::memory_order_acquire) != *s) {
+    (*s)->set_node_source(verbs_node);
+    configured.store(*s, std::memory_order_release);
   }
   return *s;
 }

@@ -87,6 +87,11 @@ ibv_context* ibv_open_device(ibv_device* device) {
     c.num_comp_vectors = limits::kNumCompVectors;
     pthread_mutex_init(&c.mutex, nullptr);
     c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    // Our librdmacm finds the engine behind the context here (rdma-core
+    // keeps libibverbs' own private state in this field; ours has none):
+    // the CM sends and receives its MADs through this context's udp link,
+    // the one link of the process (abi/rdmacm/device.cpp).
+    h->vctx.priv = reinterpret_cast<verbs_ex_private*>(h->impl);
     return &c;
   });
 }

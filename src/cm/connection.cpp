@@ -144,7 +144,6 @@ Result<Step> Connection::accept(const AcceptArgs& args) {
   if (state_ != ConnState::kReqRcvd) return fail(std::errc::invalid_argument);
   if (args.private_data.size() > kRepPrivateDataSize) return fail(std::errc::invalid_argument);
   neg_.local_qpn = args.qpn & 0xFFFFFF;
-  neg_.local_psn = args.starting_psn & 0xFFFFFF;
   neg_.responder_resources = args.responder_resources;
   neg_.initiator_depth = args.initiator_depth;
   neg_.srq = args.srq;

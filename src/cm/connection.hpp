@@ -198,10 +198,11 @@ struct SidrArgs {
 };
 
 // rdma_accept's input.
+// (No starting PSN: the passive side's was chosen when the REQ came, and
+// rdma_accept moves the QP to RTS with it before the REP carries it.)
 struct AcceptArgs {
   uint32_t qpn = 0;
   bool srq = false;
-  uint32_t starting_psn = 0;
   uint8_t responder_resources = 0;
   uint8_t initiator_depth = 0;
   uint8_t rnr_retry_count = 7;

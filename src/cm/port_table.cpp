@@ -247,6 +247,16 @@ void PortTable::unbind(uint32_t binding) {
   unlock();
 }
 
+std::optional<ListenerInfo> PortTable::find_process(uint32_t proc) {
+  if (proc == 0 || proc > kMaxCmProcs) return std::nullopt;
+  const uint32_t slot = proc - 1;
+  lock();
+  std::optional<ListenerInfo> info;
+  if (alive_locked(slot)) info = ListenerInfo{layout_->procs[slot].pid, std::string(layout_->procs[slot].socket_path)};
+  unlock();
+  return info;
+}
+
 std::optional<ListenerInfo> PortTable::find_listener(const BindKey& dst) {
   lock();
   for (int attempt = 0; attempt < 4; ++attempt) {

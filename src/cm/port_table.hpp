@@ -114,6 +114,9 @@ class PortTable {
 
   // The process listening for dst (ps, address, port), if any and alive.
   std::optional<ListenerInfo> find_listener(const BindKey& dst);
+  // The live process registered as `proc` (a handle), if any: where CM
+  // messages for the comm IDs it allocated go (cm/host_routing.hpp).
+  std::optional<ListenerInfo> find_process(uint32_t proc);
   // Called when a peer's endpoint turned out dead: reclaims it if it is.
   void reclaim_if_dead(uint32_t pid);
 

@@ -15,26 +15,24 @@ static_assert(link::kMadBytes == kMadSize);
 
 }  // namespace
 
-uint32_t RemotePeers::handle_of(const RemotePeer& peer) {
-  for (std::size_t i = 0; i < peers_.size(); ++i)
-    if (peers_[i] == peer) return kRemotePeerBit | static_cast<uint32_t>(i);
-  peers_.push_back(peer);
-  return kRemotePeerBit | static_cast<uint32_t>(peers_.size() - 1);
+uint32_t RemotePeers::handle_of(const HostPair& pair) {
+  for (std::size_t i = 0; i < pairs_.size(); ++i)
+    if (pairs_[i] == pair) return kRemotePeerBit | static_cast<uint32_t>(i);
+  pairs_.push_back(pair);
+  return kRemotePeerBit | static_cast<uint32_t>(pairs_.size() - 1);
 }
 
-std::optional<RemotePeer> RemotePeers::find(uint32_t handle) const {
+std::optional<HostPair> RemotePeers::find(uint32_t handle) const {
   if (!is_remote_peer(handle)) return std::nullopt;
   const std::size_t i = handle & ~kRemotePeerBit;
-  if (i >= peers_.size()) return std::nullopt;
-  return peers_[i];
+  if (i >= pairs_.size()) return std::nullopt;
+  return pairs_[i];
 }
 
-Result<std::unique_ptr<RemoteTransport>> RemoteTransport::open(std::function<void()> wake) {
-  auto node = engine::Node::acquire();
-  if (!node) return fail(node.error());
-  std::unique_ptr<RemoteTransport> t(new RemoteTransport(*node, std::move(wake)));
+std::unique_ptr<RemoteTransport> RemoteTransport::open(engine::Node& node, std::function<void()> wake) {
+  std::unique_ptr<RemoteTransport> t(new RemoteTransport(&node, std::move(wake)));
   RemoteTransport* self = t.get();
-  (*node)->receive_mads([self](const link::ManagementDatagram& d) {
+  node.receive_mads([self](const link::ManagementDatagram& d) {
     ArrivedMad a;
     std::memcpy(a.from.remote.data(), d.sgid, 16);
     std::memcpy(a.from.local.data(), d.dgid, 16);
@@ -49,12 +47,9 @@ Result<std::unique_ptr<RemoteTransport>> RemoteTransport::open(std::function<voi
   return t;
 }
 
-RemoteTransport::~RemoteTransport() {
-  node_->receive_mads(nullptr);
-  engine::Node::release();
-}
+RemoteTransport::~RemoteTransport() { node_->receive_mads(nullptr); }
 
-void RemoteTransport::send(const RemotePeer& to, std::span<const uint8_t> mad) {
+void RemoteTransport::send(const HostPair& to, std::span<const uint8_t> mad) {
   node_->send_mad(to.local.data(), to.remote.data(), mad);
 }
 

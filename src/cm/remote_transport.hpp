@@ -2,10 +2,9 @@
 // udp link (engine::Node::send_mad / receive_mads), as RoCE NICs send them,
 // so that captures decode as CM and a real peer could answer.
 //
-// The service names a peer on another host by a handle where it names a
-// peer of this host by its pid: the handle has the top bit set (no pid
-// does), and stands for the pair (the other host's address, ours as that
-// host addresses us), both as GIDs. Datagrams have no connection to break,
+// A peer on another host is named by a handle (cm/transport.hpp) standing
+// for the pair (the other host's address, ours as that host addresses us),
+// both as GIDs; RemotePeers hands them out. Datagrams have no connection to break,
 // so a host that goes away is noticed by the CM's own retransmission
 // timeouts, not here.
 //
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "cm/mad_codec.hpp"
+#include "cm/transport.hpp"
 #include "common/result.hpp"
 
 namespace softhca::engine {
@@ -32,46 +32,37 @@ class Node;
 
 namespace softhca::cm {
 
-inline constexpr uint32_t kRemotePeerBit = 0x80000000u;
-constexpr bool is_remote_peer(uint32_t peer) { return (peer & kRemotePeerBit) != 0; }
-
-// A peer on another host: its address and ours, as GIDs.
-struct RemotePeer {
-  Gid remote{};
-  Gid local{};
-  bool operator==(const RemotePeer&) const = default;
-};
-
 // A MAD that arrived from another host.
 struct ArrivedMad {
-  RemotePeer from;
+  HostPair from;
   MadBytes mad{};
 };
 
-// Handles for remote peers: stable for a pair, never reused. Not
-// thread-safe: its owner's lock guards it.
+// Handles for peers on other hosts (kRemotePeerBit set): stable for a
+// pair, never reused. Not thread-safe: its owner's lock guards it.
 class RemotePeers {
  public:
-  uint32_t handle_of(const RemotePeer& peer);
-  std::optional<RemotePeer> find(uint32_t handle) const;
+  uint32_t handle_of(const HostPair& pair);
+  std::optional<HostPair> find(uint32_t handle) const;
 
  private:
-  std::vector<RemotePeer> peers_;
+  std::vector<HostPair> pairs_;
 };
 
 class RemoteTransport {
  public:
-  // Starts taking the MADs that reach this host's QP1 (this process becomes
-  // the host's GSI agent if there is none). Errors: those of opening the
-  // device's node.
-  static Result<std::unique_ptr<RemoteTransport>> open(std::function<void()> wake);
+  // Starts taking the MADs that reach this host's QP1 through `node`'s udp
+  // link (this process becomes the host's GSI agent if there is none).
+  // `node` is libibverbs.so.1's (see abi/rdmacm/device.cpp) and outlives
+  // the transport.
+  static std::unique_ptr<RemoteTransport> open(engine::Node& node, std::function<void()> wake);
   ~RemoteTransport();
   RemoteTransport(const RemoteTransport&) = delete;
   RemoteTransport& operator=(const RemoteTransport&) = delete;
 
   // Sends a MAD from our address `to.local` to QP1 of `to.remote`. Like any
   // datagram it may be lost: the CM retransmits.
-  void send(const RemotePeer& to, std::span<const uint8_t> mad);
+  void send(const HostPair& to, std::span<const uint8_t> mad);
   // The MADs that arrived since the last call, oldest first.
   std::vector<ArrivedMad> take();
 

@@ -14,7 +14,7 @@
 #include <random>
 #include <thread>
 
-#include "cm/local_transport.hpp"
+#include "cm/routing_transport.hpp"
 #include "cm/service_internal.hpp"
 #include "common/log.hpp"
 #include "common/limits.hpp"
@@ -95,12 +95,12 @@ Result<void> Service::start() {
   if (!dir) return fail(dir.error());
   const uint32_t pid = static_cast<uint32_t>(::getpid());
   const std::string path = *dir + "/cm-" + std::to_string(pid) + ".sock";
-  auto transport = LocalTransport::open(path);
-  if (!transport) return fail(transport.error());
-  transport_ = std::move(*transport);
+  auto local = LocalTransport::open(path);
+  if (!local) return fail(local.error());
   auto proc = table_->register_process(pid, host::process_start_time(pid), path);
   if (!proc) return fail(proc.error());
   proc_ = *proc;
+  transport_ = std::make_unique<RoutingTransport>(std::move(*local), *table_, proc_, pid);
   comm_id_seed_ = detail::rng()();
 
   // The CM thread takes no signals: they belong to the application's threads.

@@ -61,6 +61,10 @@
 #include "cm/transport.hpp"
 #include "common/result.hpp"
 
+namespace softhca::engine {
+class Node;
+}
+
 namespace softhca::cm {
 
 class CmId;
@@ -131,6 +135,7 @@ class CmId {
   uint8_t sgid_index_ = 0;
   Gid sgid_{};
   Gid dgid_{};
+  bool dst_on_other_host_ = false;      // reached over the udp link (RemoteTransport)
   std::optional<uint8_t> ack_timeout_;  // rdma_set_option's, for the RC QP at RTS
   uint8_t tos_ = 0;                     // rdma_set_option's type of service
   uint8_t traffic_class_ = 0;           // the route's: tos_ when the route was resolved
@@ -255,6 +260,13 @@ class Service {
   static uint8_t max_responder_resources();
   static uint8_t max_initiator_depth();
 
+  // How the service finds the engine node whose udp link reaches other
+  // hosts: libibverbs.so.1's, behind the device context the ABI layer
+  // opened (librdmacm.so.1 has a copy of the engine of its own, whose node
+  // would be a second one in the process). Without it, ids reach only this
+  // host. Called once, before the first id.
+  void set_node_source(std::function<engine::Node*()> source);
+
  private:
   struct Outgoing {
     Peer to;
@@ -297,6 +309,10 @@ class Service {
   // service_addressing.cpp
   Result<void> bind_locked(CmId* id, const IpAddress& addr);
   // resolve_addr to an IP multicast group.
+  // resolve_addr to an address of another host.
+  Result<void> resolve_other_host_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst);
+  // Opens the way to other hosts (transport_->reach_other_hosts) if not yet.
+  Result<void> reach_other_hosts_locked();
   Result<void> resolve_multicast_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst);
 
   // service_active.cpp
@@ -359,6 +375,7 @@ class Service {
   PortTable* table_ = nullptr;
   uint32_t proc_ = 0;
   std::unique_ptr<Transport> transport_;
+  std::function<engine::Node*()> node_source_;
 
   friend void service_atfork_child();
   friend void service_atexit();

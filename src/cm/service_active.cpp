@@ -96,6 +96,12 @@ Result<void> Service::connect_locked(CmId* id, const ConnectRequest& req, std::v
 
 void Service::send_request_locked(CmId* id, Step&& request, const CmMessage& if_nobody_listens,
                                   std::vector<Outgoing>& out) {
+  if (id->dst_on_other_host_) {
+    // The other host's CM finds its listener, or refuses the request.
+    id->peer_ = transport_->peer_on_other_host(HostPair{id->dgid_, id->sgid_});
+    apply_step_locked(id, std::move(request), out);
+    return;
+  }
   const auto listener = table_->find_listener(bind_key(id->ps_, id->dst_));
   if (!listener) {
     apply_step_locked(id, id->conn_.on_message(if_nobody_listens), out);

@@ -9,6 +9,7 @@
 
 #include "cm/service.hpp"
 #include "cm/service_internal.hpp"
+#include "common/log.hpp"
 #include "engine/device/device_info.hpp"
 
 namespace softhca::cm {
@@ -105,16 +106,7 @@ Result<void> Service::resolve_addr(CmId* id, const std::optional<IpAddress>& src
   if (src && !src->wildcard() && !local_gid_index(*src, dev)) return fail(std::errc::address_not_available);
   if (is_multicast(dst)) return resolve_multicast_locked(id, src, dst);
   const auto dst_idx = local_gid_index(dst, dev);
-  if (!dst_idx) {
-    if (!kernel_has_route(dst)) return fail(std::errc::network_unreachable);
-    // Not a host softhca reaches yet (same-host only until the udp link).
-    id->dst_ = dst;
-    EventOut ev;
-    ev.type = CmEventType::kAddrError;
-    ev.status = -EHOSTUNREACH;
-    push_event_locked(id->channel_, Event{id, nullptr, id, ev});
-    return {};
-  }
+  if (!dst_idx) return resolve_other_host_locked(id, src, dst);
   IpAddress s;
   if (src && !src->wildcard()) {
     s = *src;
@@ -137,6 +129,67 @@ Result<void> Service::resolve_addr(CmId* id, const std::optional<IpAddress>& src
   id->sgid_index_ = static_cast<uint8_t>(sidx);
   id->sgid_ = detail::gid_at(sidx);
   id->dgid_ = detail::gid_at(*dst_idx);
+  id->addr_resolved_ = true;
+  EventOut ev;
+  ev.type = CmEventType::kAddrResolved;
+  push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+  return {};
+}
+
+void Service::set_node_source(std::function<engine::Node*()> source) {
+  std::lock_guard g(mu_);
+  node_source_ = std::move(source);
+}
+
+Result<void> Service::reach_other_hosts_locked() {
+  engine::Node* node = node_source_ ? node_source_() : nullptr;
+  if (node == nullptr) return fail(std::errc::not_supported);
+  return transport_->reach_other_hosts(*node);
+}
+
+Result<void> Service::resolve_other_host_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst) {
+  // Another host, over the udp link: from the given or bound source, else
+  // the one the kernel's route picks, which must be one of ours. As in the
+  // kernel, no route at all is ENETUNREACH at once. (Softhca does not ask
+  // the neighbour table whether the host answers: a silent host shows as
+  // UNREACHABLE when the connection's request times out.)
+  if (!kernel_has_route(dst)) return fail(std::errc::network_unreachable);
+  const auto& dev = engine::device_info();
+  IpAddress s;
+  if (src && !src->wildcard()) {
+    s = *src;
+  } else if (id->bound_ && !id->src_.wildcard()) {
+    s = id->src_;
+  } else {
+    auto picked = kernel_source_for(dst);
+    if (!picked) return fail(std::errc::network_unreachable);
+    s = *picked;
+    s.port = id->bound_ ? id->src_.port : (src ? src->port : 0);
+  }
+  const auto sidx = local_gid_index(s, dev);
+  if (!sidx) return fail(std::errc::address_not_available);
+  if (auto r = reach_other_hosts_locked(); !r) {
+    SOFTHCA_WARN("cm: cannot reach other hosts: %s", std::make_error_code(r.error()).message().c_str());
+    id->dst_ = dst;
+    EventOut ev;
+    ev.type = CmEventType::kAddrError;
+    ev.status = -EHOSTUNREACH;
+    push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+    return {};
+  }
+  if (!id->bound_) {
+    if (auto r = bind_locked(id, s); !r) return r;
+  } else if (id->src_.wildcard()) {
+    const uint16_t port = id->src_.port;
+    id->src_ = s;
+    id->src_.port = port;
+  }
+  id->dst_ = dst;
+  id->dst_on_other_host_ = true;
+  id->has_device_ = true;
+  id->sgid_index_ = static_cast<uint8_t>(*sidx);
+  id->sgid_ = detail::gid_at(*sidx);
+  id->dgid_ = dst.addr;
   id->addr_resolved_ = true;
   EventOut ev;
   ev.type = CmEventType::kAddrResolved;

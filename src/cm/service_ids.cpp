@@ -3,15 +3,18 @@
 // what the ABI layer reads of them.
 #include <algorithm>
 
+#include "cm/host_routing.hpp"
 #include "cm/service.hpp"
 #include "cm/service_internal.hpp"
 
 namespace softhca::cm {
 
 uint32_t Service::next_comm_id_locked() {
+  // Our port-table handle in the high bits: any process of this host can
+  // tell whose id a message from another host names (cm/host_routing.hpp).
   for (;;) {
-    const uint32_t id = ++comm_id_seed_;
-    if (id != 0 && !ids_.contains(id)) return id;
+    const uint32_t id = make_comm_id(proc_, ++comm_id_seed_);
+    if (!ids_.contains(id)) return id;
   }
 }
 

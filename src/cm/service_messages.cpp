@@ -16,7 +16,7 @@ void Service::send_all(std::vector<Outgoing>&& out) {
     auto r = transport_->send(o.to, o.bytes);
     if (r) continue;
     SOFTHCA_DEBUG("cm: cannot reach process %u: %s", o.to.pid, std::make_error_code(r.error()).message().c_str());
-    table_->reclaim_if_dead(o.to.pid);
+    if (!o.to.on_other_host()) table_->reclaim_if_dead(o.to.pid);
     if (o.comm_id != 0) peer_unreachable(o.comm_id, o.to);
   }
 }
@@ -52,7 +52,7 @@ void Service::on_peer_lost(const Peer& peer) {
       apply_step_locked(id, id->conn_.on_peer_lost(), ignored);
     }
   }
-  table_->reclaim_if_dead(peer.pid);
+  if (!peer.on_other_host()) table_->reclaim_if_dead(peer.pid);
 }
 
 void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
@@ -86,6 +86,7 @@ void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
       const bool stale = id == nullptr || id->destroying_ || !id->peer_.same_cm(from) ||
                          (id->conn_.remote_comm_id() != 0 && remote != 0 && id->conn_.remote_comm_id() != remote);
       if (stale) {
+        SOFTHCA_DEBUG("cm: dropping a %s for comm id %u, which has no such peer", message_name(mad->msg), local);
         if (const auto* dreq = std::get_if<DreqMsg>(&mad->msg)) {
           // The kernel's CM answers a DREQ for an id it no longer has, so the
           // peer does not wait for its DREP timeout.

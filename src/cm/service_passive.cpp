@@ -36,6 +36,13 @@ Result<void> Service::listen(CmId* id, int backlog) {
   id->listening_ = true;
   id->backlog_ = effective;
   listeners_.push_back(id);
+  // A listener on an address other hosts can reach (or on all of them)
+  // takes their requests too. Without the udp link it still serves this host.
+  if (!id->src_.loopback()) {
+    if (auto r = reach_other_hosts_locked(); !r)
+      SOFTHCA_WARN("cm: %s is not reachable from other hosts: %s", to_string(id->src_).c_str(),
+                   std::make_error_code(r.error()).message().c_str());
+  }
   // Test harnesses wait for this line (SOFTHCA_LOG=info): the listener is
   // registered, a connect now reaches it.
   SOFTHCA_INFO("cm: listening on %s (port space 0x%x)", to_string(id->src_).c_str(), id->ps_);
@@ -72,7 +79,9 @@ CmId* Service::new_passive_id_locked(CmId* listener, const Peer& from, const IpH
   const uint32_t sidx = local_gid_index(child->src_, dev).value_or(0);
   child->sgid_index_ = static_cast<uint8_t>(sidx);
   child->sgid_ = detail::gid_at(sidx);
-  child->dgid_ = detail::gid_at(local_gid_index(child->dst_, dev).value_or(sidx));
+  // A peer on another host is reached at the address it wrote from.
+  child->dgid_ = from.on_other_host() ? from.host->remote : detail::gid_at(local_gid_index(child->dst_, dev).value_or(sidx));
+  child->dst_on_other_host_ = from.on_other_host();
   child->peer_ = from;
   return child;
 }
@@ -169,7 +178,6 @@ Result<void> Service::accept(CmId* id, const AcceptRequest& req) {
     AcceptArgs a;
     a.qpn = req.qpn;
     a.srq = req.srq;
-    a.starting_psn = detail::random_psn();
     a.responder_resources = req.responder_resources;
     a.initiator_depth = req.initiator_depth;
     a.rnr_retry_count = req.rnr_retry_count;

@@ -8,30 +8,53 @@
 // delivers what arrives and which peers were lost. A message is one encoded
 // MAD (cm/mad_codec.hpp), whatever carries it.
 //
-// One transport exists: LocalTransport (cm/local_transport.hpp), between the
-// processes of this host. A transport to other hosts (the MADs in UD packets
-// to QP1 over the udp link) is meant to be added beside it behind this
-// interface, with the state machine untouched.
+// LocalTransport (cm/local_transport.hpp) carries messages between the
+// processes of this host, RemoteTransport (cm/remote_transport.hpp) to and
+// from other hosts, as MADs in UD packets to QP1 over the udp link; the
+// service uses RoutingTransport (cm/routing_transport.hpp), which joins the
+// two and passes each MAD from another host to the process it concerns.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 
+#include "cm/mad_codec.hpp"
 #include "common/result.hpp"
+
+namespace softhca::engine {
+class Node;
+}
 
 namespace softhca::cm {
 
-// The CM at the other end of an id's connection, as a transport names it.
-// Today that is a process of this host: its pid, and the path of its
-// endpoint when known (a peer that reached us first is known by pid alone;
-// the path is only a way to reach it, not part of who it is).
+// A CM on another host: its address and ours as it addresses us, as GIDs
+// (RoCE v2: IPv4 as ::ffff:a.b.c.d).
+struct HostPair {
+  Gid remote{};
+  Gid local{};
+  bool operator==(const HostPair&) const = default;
+};
+
+// Peers on other hosts are named by a handle where a process of this host
+// is named by its pid: the top bit, which no pid has, is set.
+inline constexpr uint32_t kRemotePeerBit = 0x80000000u;
+constexpr bool is_remote_peer(uint32_t pid_or_handle) { return (pid_or_handle & kRemotePeerBit) != 0; }
+
+// The CM at the other end of an id's connection, as a transport names it:
+// a process of this host (its pid, and the path of its endpoint when known;
+// a peer that reached us first is known by pid alone, the path is only a
+// way to reach it, not part of who it is), or a CM on another host (a
+// handle, and the addresses).
 struct Peer {
-  uint32_t pid = 0;  // 0: no peer yet
+  uint32_t pid = 0;  // 0: no peer yet; a handle (is_remote_peer) for another host
   std::string path;
+  std::optional<HostPair> host;  // set for a peer on another host
 
   bool known() const { return pid != 0; }
+  bool on_other_host() const { return host.has_value(); }
   // Whether both name the same CM.
   bool same_cm(const Peer& other) const { return pid == other.pid; }
 };
@@ -63,6 +86,19 @@ class Transport {
   // At process exit (the CM thread may still run): removes what lets other
   // CMs find this one.
   virtual void leave_at_exit() = 0;
+
+  // Starts taking messages from other hosts (a listener that other hosts
+  // may reach, an id that connects to one). Errors: not_supported for a
+  // transport that reaches only this host, or what stops the link.
+  // `node` is the engine node whose udp link carries them.
+  virtual Result<void> reach_other_hosts(engine::Node& /*node*/) { return fail(std::errc::not_supported); }
+  // The peer for the CM of another host (a stable handle per pair); an
+  // unknown peer from a transport that reaches only this host.
+  virtual Peer peer_on_other_host(const HostPair& pair) {
+    Peer p;
+    p.host = pair;
+    return p;
+  }
 
  protected:
   Transport() = default;

@@ -43,7 +43,6 @@ ConnectArgs connect_args(std::string_view user_data = {}) {
 AcceptArgs accept_args(std::span<const uint8_t> pd = {}) {
   AcceptArgs a;
   a.qpn = 0x22;
-  a.starting_psn = 0x200;
   a.responder_resources = 4;
   a.initiator_depth = 1;
   a.rnr_retry_count = 3;
@@ -139,16 +138,36 @@ TEST(CmConnection, FullHandshakeAndValues) {
   // What each QP gets.
   const Negotiated& a = active.negotiated();
   EXPECT_EQ(a.remote_qpn, 0x22u);
-  EXPECT_EQ(a.remote_psn, 0x200u);
+  EXPECT_EQ(a.remote_psn, 0x300u);  // the passive side's, chosen when the REQ came
   EXPECT_EQ(a.local_psn, 0x100u);
   EXPECT_EQ(a.retry_count, 6);
   EXPECT_EQ(a.rnr_retry_count, 3);  // from the REP
   const Negotiated& b = passive.negotiated();
   EXPECT_EQ(b.remote_qpn, 0x11u);
   EXPECT_EQ(b.remote_psn, 0x100u);
-  EXPECT_EQ(b.local_psn, 0x200u);
+  EXPECT_EQ(b.local_psn, 0x300u);
   EXPECT_EQ(b.responder_resources, 4);
   EXPECT_EQ(b.initiator_depth, 1);
+}
+
+// rdma_accept moves the passive QP to RTR and RTS before the REP goes out:
+// the PSN it gets then is the one the REP carries, so the active side's
+// responder expects exactly what the passive side's requester sends.
+TEST(CmConnection, ThePassiveQpSendsFromThePsnItsRepAnnounces) {
+  Connection active;
+  auto s1 = active.connect(connect_args());
+  ASSERT_TRUE(s1.has_value());
+  Step ev;
+  Connection passive =
+      Connection::from_req(std::get<ReqMsg>(*s1->send), kPassiveComm, 0x4567, path_from(1, 1), kIpHeaderSize, ev);
+  auto rts_before_rep = init_qp_attr(passive, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTS);
+  ASSERT_TRUE(rts_before_rep.has_value());
+  auto s2 = passive.accept(accept_args());
+  ASSERT_TRUE(s2.has_value());
+  const auto& rep = std::get<RepMsg>(*s2->send);
+  EXPECT_EQ(rep.starting_psn, rts_before_rep->attr.sq_psn);
+  active.on_message(*s2->send);
+  EXPECT_EQ(init_qp_attr(active, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTR)->attr.rq_psn, rts_before_rep->attr.sq_psn);
 }
 
 TEST(CmConnection, QpAttributesFollowTheConnection) {
@@ -171,7 +190,7 @@ TEST(CmConnection, QpAttributesFollowTheConnection) {
   EXPECT_EQ(rtr->mask, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   EXPECT_EQ(rtr->attr.dest_qp_num, 0x22u);
-  EXPECT_EQ(rtr->attr.rq_psn, 0x200u);
+  EXPECT_EQ(rtr->attr.rq_psn, 0x300u);
   EXPECT_EQ(rtr->attr.path_mtu, IBV_MTU_4096);
   EXPECT_EQ(rtr->attr.ah_attr.is_global, 1);
   EXPECT_EQ(rtr->attr.ah_attr.port_num, 1);

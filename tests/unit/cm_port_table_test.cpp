@@ -147,6 +147,22 @@ TEST_F(CmPortTableTest, UnregisterDropsEverything) {
   EXPECT_TRUE(table_->bind(*b, v4("127.0.0.1", 7174)).has_value());
 }
 
+TEST_F(CmPortTableTest, ProcessesAreFoundByHandleWhileAlive) {
+  auto a = table_->register_process(1000, 1, "/tmp/x/cm-1000.sock");
+  auto b = table_->register_process(2000, 1, "/tmp/x/cm-2000.sock");
+  ASSERT_TRUE(a && b);
+  auto found = table_->find_process(*b);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->pid, 2000u);
+  EXPECT_EQ(found->socket_path, "/tmp/x/cm-2000.sock");
+  EXPECT_FALSE(table_->find_process(0).has_value());
+  EXPECT_FALSE(table_->find_process(kMaxCmProcs + 1).has_value());
+  dead_pid_ = 1000;
+  EXPECT_FALSE(table_->find_process(*a).has_value());
+  table_->unregister_process(*b);
+  EXPECT_FALSE(table_->find_process(*b).has_value());
+}
+
 TEST(CmAddress, SockaddrRoundTripAndWildcards) {
   sockaddr_in sin{};
   sin.sin_family = AF_INET;

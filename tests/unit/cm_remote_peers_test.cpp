@@ -17,9 +17,9 @@ Gid v4(uint8_t last) {
 
 TEST(RemotePeers, HandlesAreStablePerPairAndNeverPids) {
   RemotePeers peers;
-  const RemotePeer a{v4(2), v4(1)};
-  const RemotePeer b{v4(3), v4(1)};
-  const RemotePeer a_other_local{v4(2), v4(5)};
+  const HostPair a{v4(2), v4(1)};
+  const HostPair b{v4(3), v4(1)};
+  const HostPair a_other_local{v4(2), v4(5)};
   const uint32_t ha = peers.handle_of(a);
   const uint32_t hb = peers.handle_of(b);
   const uint32_t hc = peers.handle_of(a_other_local);

@@ -27,7 +27,6 @@ ConnectArgs connect_args(CmTimeouts t) {
 AcceptArgs accept_args() {
   AcceptArgs a;
   a.qpn = 0x22;
-  a.starting_psn = 0x200;
   return a;
 }
 
