@@ -8,7 +8,7 @@
 #
 #   two_hosts.sh --name NAME --libdir DIR --port PORT --timeout SECS \
 #                --server 'CMD ARGS' --client 'CMD ARGS' [--expect RE]... [--env VAR=VALUE]...
-#                [--ready-log RE]
+#                [--ready-log RE] [--server-persists] [--reject RE]...
 #                [--cut-after-packets N | --kill-after-packets N] [--client-fails-within SECS]
 #
 # --cut-after-packets N takes the server's host off the network (its veth
@@ -27,7 +27,11 @@
 # (the out-of-band exchange of perftest and the pingpongs), or, with
 # --ready-log, once the server's output matches RE (an rdma_cm server
 # listens on no TCP port: run it with SOFTHCA_LOG=info and wait for
-# softhca's "cm: listening on" line). Each program is
+# softhca's "cm: listening on" line). --server-persists: the server never
+# exits by itself (cmtime); it is stopped once the client has exited, and
+# only the client's status counts. --reject RE fails the run when either
+# program's output matches RE (rdma_cm programs report some failures and
+# still exit 0). Each program is
 # bounded by --timeout; the run passes when both exit 0 and every --expect
 # regex matches the client's output (perftest's latency servers print none). Exits 77 (skipped) where network namespaces
 # cannot be made (no CAP_SYS_ADMIN). Only the processes and namespaces it
@@ -35,7 +39,7 @@
 set -u -o pipefail
 
 name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" cut_link=1 fail_within=""
-expects=() envs=() ready_log=
+expects=() rejects=() envs=() ready_log="" server_persists=0
 while (($#)); do
   case $1 in
     --name) name=$2; shift ;;
@@ -45,8 +49,10 @@ while (($#)); do
     --server) server=$2; shift ;;
     --client) client=$2; shift ;;
     --expect) expects+=("$2"); shift ;;
+    --reject) rejects+=("$2"); shift ;;
     --env) envs+=("$2"); shift ;;
     --ready-log) ready_log=$2; shift ;;
+    --server-persists) server_persists=1 ;;
     --cut-after-packets) cut_packets=$2 cut_link=1; shift ;;
     --kill-after-packets) cut_packets=$2 cut_link=0; shift ;;
     --client-fails-within) fail_within=$2; shift ;;
@@ -153,8 +159,19 @@ elif ((ready)); then
   pids+=($!)
   wait $!
   client_rc=$?
-  wait "$server_pid"
-  server_rc=$?
+  if ((server_persists)); then
+    if kill -0 "$server_pid" 2>/dev/null; then
+      kill -TERM -- "-$server_pid" 2>/dev/null
+      wait "$server_pid"
+      server_rc=0
+    else
+      wait "$server_pid"
+      server_rc="$?(exited by itself)"
+    fi
+  else
+    wait "$server_pid"
+    server_rc=$?
+  fi
 else
   if [[ -n $ready_log ]]; then
     echo "[$name] the server's output did not match /$ready_log/ within 20 s"
@@ -169,6 +186,9 @@ sed "s/^/[$name client] /" "$work/client"
 [[ -n $cut_packets || ($server_rc == 0 && $client_rc == 0) ]] || status=FAIL
 for re in "${expects[@]}"; do
   grep -Eq -- "$re" "$work/client" || { echo "[$name] the client's output lacks /$re/"; status=FAIL; }
+done
+for re in "${rejects[@]}"; do
+  if grep -Eq -- "$re" "$work/server" "$work/client"; then echo "[$name] an output matches /$re/"; status=FAIL; fi
 done
 if grep -Eq "symbol lookup error|no version information available|ERROR: (Address|Thread)Sanitizer" "$work/server" "$work/client"; then
   echo "[$name] a loader or sanitizer error"; status=FAIL
