@@ -309,6 +309,15 @@ class Service {
   // service_addressing.cpp
   Result<void> bind_locked(CmId* id, const IpAddress& addr);
   // resolve_addr to an IP multicast group.
+  // The address an id reaches a destination from: the one given, else the
+  // one it is bound to, else otherwise() (with the port the id has or was
+  // given); nullopt when otherwise() finds none.
+  std::optional<IpAddress> source_locked(const CmId* id, const std::optional<IpAddress>& src,
+                                         const std::function<std::optional<IpAddress>()>& otherwise);
+  // Binds an unbound id to `s`; fills in the address of one bound to a wildcard.
+  Result<void> take_source_locked(CmId* id, const IpAddress& s);
+  // Records a resolved destination and queues ADDR_RESOLVED.
+  void resolved_locked(CmId* id, const IpAddress& dst, uint32_t sgid_index, const Gid& dgid);
   // resolve_addr to an address of another host.
   Result<void> resolve_other_host_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst);
   // Opens the way to other hosts (transport_->reach_other_hosts) if not yet.

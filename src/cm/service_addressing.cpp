@@ -107,33 +107,42 @@ Result<void> Service::resolve_addr(CmId* id, const std::optional<IpAddress>& src
   if (is_multicast(dst)) return resolve_multicast_locked(id, src, dst);
   const auto dst_idx = local_gid_index(dst, dev);
   if (!dst_idx) return resolve_other_host_locked(id, src, dst);
-  IpAddress s;
-  if (src && !src->wildcard()) {
-    s = *src;
-  } else if (id->bound_ && !id->src_.wildcard()) {
-    s = id->src_;
-  } else {
-    s = dst;  // a local destination is reached from itself (through lo)
-    s.port = id->bound_ ? id->src_.port : (src ? src->port : 0);
-  }
-  if (!id->bound_) {
-    if (auto r = bind_locked(id, s); !r) return r;
-  } else if (id->src_.wildcard()) {
+  // A local destination is reached from itself (through lo).
+  const auto s = source_locked(id, src, [&] { return std::optional<IpAddress>(dst); });
+  if (auto r = take_source_locked(id, *s); !r) return r;
+  resolved_locked(id, dst, local_gid_index(id->src_, dev).value_or(*dst_idx), detail::gid_at(*dst_idx));
+  return {};
+}
+
+std::optional<IpAddress> Service::source_locked(const CmId* id, const std::optional<IpAddress>& src,
+                                                const std::function<std::optional<IpAddress>()>& otherwise) {
+  if (src && !src->wildcard()) return *src;
+  if (id->bound_ && !id->src_.wildcard()) return id->src_;
+  auto s = otherwise();
+  if (s) s->port = id->bound_ ? id->src_.port : (src ? src->port : 0);
+  return s;
+}
+
+Result<void> Service::take_source_locked(CmId* id, const IpAddress& s) {
+  if (!id->bound_) return bind_locked(id, s);
+  if (id->src_.wildcard()) {
     const uint16_t port = id->src_.port;
     id->src_ = s;
     id->src_.port = port;
   }
-  const uint32_t sidx = local_gid_index(id->src_, dev).value_or(*dst_idx);
+  return {};
+}
+
+void Service::resolved_locked(CmId* id, const IpAddress& dst, uint32_t sgid_index, const Gid& dgid) {
   id->dst_ = dst;
   id->has_device_ = true;
-  id->sgid_index_ = static_cast<uint8_t>(sidx);
-  id->sgid_ = detail::gid_at(sidx);
-  id->dgid_ = detail::gid_at(*dst_idx);
+  id->sgid_index_ = static_cast<uint8_t>(sgid_index);
+  id->sgid_ = detail::gid_at(sgid_index);
+  id->dgid_ = dgid;
   id->addr_resolved_ = true;
   EventOut ev;
   ev.type = CmEventType::kAddrResolved;
   push_event_locked(id->channel_, Event{id, nullptr, id, ev});
-  return {};
 }
 
 void Service::set_node_source(std::function<engine::Node*()> source) {
@@ -154,19 +163,9 @@ Result<void> Service::resolve_other_host_locked(CmId* id, const std::optional<Ip
   // the neighbour table whether the host answers: a silent host shows as
   // UNREACHABLE when the connection's request times out.)
   if (!kernel_has_route(dst)) return fail(std::errc::network_unreachable);
-  const auto& dev = engine::device_info();
-  IpAddress s;
-  if (src && !src->wildcard()) {
-    s = *src;
-  } else if (id->bound_ && !id->src_.wildcard()) {
-    s = id->src_;
-  } else {
-    auto picked = kernel_source_for(dst);
-    if (!picked) return fail(std::errc::network_unreachable);
-    s = *picked;
-    s.port = id->bound_ ? id->src_.port : (src ? src->port : 0);
-  }
-  const auto sidx = local_gid_index(s, dev);
+  const auto s = source_locked(id, src, [&] { return kernel_source_for(dst); });
+  if (!s) return fail(std::errc::network_unreachable);
+  const auto sidx = local_gid_index(*s, engine::device_info());
   if (!sidx) return fail(std::errc::address_not_available);
   if (auto r = reach_other_hosts_locked(); !r) {
     SOFTHCA_WARN("cm: cannot reach other hosts: %s", std::make_error_code(r.error()).message().c_str());
@@ -177,23 +176,9 @@ Result<void> Service::resolve_other_host_locked(CmId* id, const std::optional<Ip
     push_event_locked(id->channel_, Event{id, nullptr, id, ev});
     return {};
   }
-  if (!id->bound_) {
-    if (auto r = bind_locked(id, s); !r) return r;
-  } else if (id->src_.wildcard()) {
-    const uint16_t port = id->src_.port;
-    id->src_ = s;
-    id->src_.port = port;
-  }
-  id->dst_ = dst;
+  if (auto r = take_source_locked(id, *s); !r) return r;
   id->dst_on_other_host_ = true;
-  id->has_device_ = true;
-  id->sgid_index_ = static_cast<uint8_t>(*sidx);
-  id->sgid_ = detail::gid_at(*sidx);
-  id->dgid_ = dst.addr;
-  id->addr_resolved_ = true;
-  EventOut ev;
-  ev.type = CmEventType::kAddrResolved;
-  push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+  resolved_locked(id, dst, *sidx, dst.addr);
   return {};
 }
 
@@ -202,36 +187,12 @@ Result<void> Service::resolve_multicast_locked(CmId* id, const std::optional<IpA
   // given or bound source, else the one the kernel's route picks (mckey
   // without -b), which must be one of ours; as in the kernel, no route at all
   // is ENETUNREACH. The group itself is the destination GID.
-  const auto& dev = engine::device_info();
-  IpAddress s;
-  if (src && !src->wildcard()) {
-    s = *src;
-  } else if (id->bound_ && !id->src_.wildcard()) {
-    s = id->src_;
-  } else {
-    auto picked = kernel_source_for(dst);
-    if (!picked) return fail(std::errc::network_unreachable);
-    s = *picked;
-    s.port = id->bound_ ? id->src_.port : (src ? src->port : 0);
-  }
-  const auto sidx = local_gid_index(s, dev);
+  const auto s = source_locked(id, src, [&] { return kernel_source_for(dst); });
+  if (!s) return fail(std::errc::network_unreachable);
+  const auto sidx = local_gid_index(*s, engine::device_info());
   if (!sidx) return fail(std::errc::address_not_available);
-  if (!id->bound_) {
-    if (auto r = bind_locked(id, s); !r) return r;
-  } else if (id->src_.wildcard()) {
-    const uint16_t port = id->src_.port;
-    id->src_ = s;
-    id->src_.port = port;
-  }
-  id->dst_ = dst;
-  id->has_device_ = true;
-  id->sgid_index_ = static_cast<uint8_t>(*sidx);
-  id->sgid_ = detail::gid_at(*sidx);
-  id->dgid_ = dst.addr;
-  id->addr_resolved_ = true;
-  EventOut ev;
-  ev.type = CmEventType::kAddrResolved;
-  push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+  if (auto r = take_source_locked(id, *s); !r) return r;
+  resolved_locked(id, dst, *sidx, dst.addr);
   return {};
 }
 
