@@ -126,6 +126,10 @@ void RequesterFlow::pump(PacketSink& out) {
       transmit_packet(o, 0, out);
       send_psn_ = psn_add(o.first_psn, o.npsn);
       sent_through(send_psn_);
+      // It is in flight now too: one pass must not send past the limit (a
+      // completion, or a go-back-N that rewound over several, let every
+      // READ left go out at once, and the responder forgot the oldest).
+      if (is_read_or_atomic(o)) ++rd_atomic_in_flight;
       continue;
     }
     for (uint32_t i = static_cast<uint32_t>(psn_diff(send_psn_, o.first_psn)); i < o.npsn; ++i) {

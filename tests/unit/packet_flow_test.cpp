@@ -249,6 +249,68 @@ TEST_F(PacketFlow, NoMoreReadsInFlightThanMaxRdAtomic) {
   }
 }
 
+// When a READ completes, one more may go out, not all of those waiting: the
+// pump counted only the READs sent before it began, so the first completion
+// let every READ left go out at once, past max_rd_atomic.
+TEST_F(PacketFlow, ACompletedReadLetsOnlyOneMoreReadOut) {
+  start();
+  RequesterConfig rc;
+  rc.dest_qpn = kResponderQpn;
+  rc.mtu = kMtu;
+  rc.start_psn = 0x1000;
+  rc.timeout = 10;
+  rc.max_rd_atomic = 4;
+  requester_.emplace(rc);
+  std::vector<std::vector<uint8_t>> locals(20, std::vector<uint8_t>(100, 0));
+  for (uint32_t i = 0; i < 20; ++i)
+    requester_->post(message(i, Operation::kRead, locals[i], kIova + 100 * i), now_, to_responder_);
+  ASSERT_EQ(to_responder_.sent(), 4u);
+  auto respond = [&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); };
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(to_responder_.deliver_one(respond));
+  // The first READ's response: it completes, and one READ takes its place.
+  ASSERT_TRUE(to_requester_.deliver_one([&](const wire::ParsedPacket& p) { requester_->on_response(p, now_, to_responder_); }));
+  RequesterCompletion c;
+  ASSERT_TRUE(requester_->pop_completion(c));
+  EXPECT_EQ(to_responder_.sent(), 5u) << "no more than max_rd_atomic READs in flight";
+}
+
+// A burst of 32 three-packet READs whose response packets are sometimes
+// reordered, against a responder that keeps max_dest_rd_atomic (16) READs
+// for replay, as between two hosts with integrity_peer --burst 32. A
+// response overtaking the last packet of the READ before it is taken for a
+// loss, and the READ is asked again; with more READs in flight than the
+// responder keeps, the one asked again was forgotten, never answered, and
+// the burst ended in RETRY_EXC_ERR.
+TEST_F(PacketFlow, AReadBurstWithReorderedResponsesCompletes) {
+  for (uint64_t hold_every : {5u, 7u, 11u, 13u, 29u, 50u}) {
+    start();
+    now_ = 0;
+    RequesterConfig rc;
+    rc.dest_qpn = kResponderQpn;
+    rc.mtu = kMtu;
+    rc.start_psn = 0x1000;
+    rc.timeout = 10;
+    rc.max_rd_atomic = 16;
+    rc.counters = CounterSink(requester_counters_.get(), nullptr);
+    requester_.emplace(rc);
+    auto remote = pattern(32 * (2 * kMtu + 5), static_cast<uint8_t>(hold_every));
+    std::memcpy(port_.at(kIova), remote.data(), remote.size());
+    to_requester_.fault = [&](const wire::Headers&, uint64_t index) {
+      return index % hold_every == hold_every / 2 ? Wire::Fault{1, true} : Wire::Fault{};
+    };
+    std::vector<std::vector<uint8_t>> locals(32, std::vector<uint8_t>(2 * kMtu + 5, 0));
+    for (uint32_t i = 0; i < 32; ++i)
+      requester_->post(message(i, Operation::kRead, locals[i], kIova + (2 * kMtu + 5) * i), now_, to_responder_);
+    const auto done = run(32);
+    ASSERT_EQ(done.size(), 32u) << "hold every " << hold_every;
+    for (uint32_t i = 0; i < 32; ++i) {
+      ASSERT_EQ(done[i].status, IBV_WC_SUCCESS) << "read " << i << ", hold every " << hold_every;
+      ASSERT_EQ(std::memcmp(locals[i].data(), remote.data() + (2 * kMtu + 5) * i, locals[i].size()), 0)
+          << "read " << i << ", hold every " << hold_every;
+    }
+  }
+}
+
 TEST_F(PacketFlow, AMessageLongerThanTheWindowGoesOutAsAcksComeBack) {
   start();
   auto data = pattern(200 * 1024, 15);  // 200 packets
