@@ -374,6 +374,14 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       switch (*code) {
         case wire::NakCode::kPsnSequenceError:
           count_received_answer(config_.counters, Answer::kNakSequenceError);
+          // A resend costs a retry, as an ACK timeout's does (rxe's
+          // completer too): two ends that disagree about the PSNs, or a
+          // forged NAK, would otherwise trade NAKs and resends for ever. A
+          // NAK that acknowledged something above restored the budget first.
+          if (after_ack_timeout(retry_left_) == RetryVerdict::kGiveUp) {
+            fail_front(IBV_WC_RETRY_EXC_ERR);
+            return;
+          }
           shrink_window(window_ / 2);
           retransmit_from(psn, out);
           arm_ack_timer(now_ns);
