@@ -16,6 +16,21 @@ bool is_last(wire::Segment s) { return s == wire::Segment::kLast || s == wire::S
 bool is_first(wire::Segment s) { return s == wire::Segment::kFirst || s == wire::Segment::kOnly; }
 bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
 
+// The transport an opcode belongs to, as an ibv_qp_type (0, no type, for RD).
+uint32_t qp_type_of(wire::Transport t) {
+  switch (t) {
+    case wire::Transport::kRc:
+      return IBV_QPT_RC;
+    case wire::Transport::kUc:
+      return IBV_QPT_UC;
+    case wire::Transport::kUd:
+      return IBV_QPT_UD;
+    case wire::Transport::kRd:
+      break;
+  }
+  return 0;
+}
+
 wire::Syndrome to_wire(const Syndrome& s) {
   switch (s.answer) {
     case Answer::kAck:
@@ -45,7 +60,9 @@ Request ResponderFlow::request_of(const wire::ParsedPacket& packet, Operation op
   const wire::Headers& h = packet.headers;
   Request r;
   r.op = op;
-  r.qp_type = config_.reliable ? IBV_QPT_RC : IBV_QPT_UC;
+  // The packet's own transport, not the QP's: the stages drop a request
+  // whose transport is not the QP's.
+  r.qp_type = qp_type_of(packet.info.transport);
   r.src_qpn = config_.peer_qpn;
   r.solicited = h.bth.solicited;
   if (h.immdt) r.imm_data = htonl(h.immdt->imm);
@@ -291,6 +308,13 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
   // that went to ERROR, whose NAK was lost, NAKed each resend's second
   // packet (the first dropped silently), and each NAK drew the resend again.
   if (!receives_in_state(port.qp().state)) return;
+  // An opcode of another transport (UC at an RC QP, RC at a UC one) is
+  // dropped and counted before its PSN means anything (as rxe's
+  // check_type_psn): taken as the QP's own it was received, and ACKed.
+  if (packet.info.transport != (config_.reliable ? wire::Transport::kRc : wire::Transport::kUc)) {
+    config_.counters.add(Counter::kMalformedDrops);
+    return;
+  }
   const uint32_t psn = packet.headers.bth.psn;
   const int32_t d = psn_diff(psn, epsn_);
   if (config_.reliable) {

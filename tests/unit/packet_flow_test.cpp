@@ -828,6 +828,50 @@ TEST_F(PacketFlow, SequenceNaksThatMoveOnDoNotRunOutOfRetries) {
   EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
 }
 
+// An opcode of another transport than the QP's (UC at an RC QP, RC at a UC
+// one) is dropped before the PSN is looked at and counted, as rxe's
+// check_type_psn does: the responder took the transport from the QP, so a UC
+// SEND at an RC QP was received, and ACKed, as an RC one.
+TEST_F(PacketFlow, AnOpcodeOfAnotherTransportIsDroppedAndCounted) {
+  for (const bool reliable : {true, false}) {
+    start(reliable);
+    port_.receives.clear();
+    port_.post_receive(5, kIova, 1024);
+    const std::vector<uint8_t> bytes(16, 0xAB);
+    wire::ParsedPacket p;
+    const wire::Opcode op = reliable ? wire::Opcode::kUcSendOnly : wire::Opcode::kRcSendOnly;
+    p.info = *wire::opcode_info(op);
+    p.headers.bth.opcode = static_cast<uint8_t>(op);
+    p.headers.bth.dest_qpn = kResponderQpn;
+    p.headers.bth.psn = 0x1000;
+    p.headers.bth.ack_req = true;
+    p.payload = bytes;
+    responder_->on_request(p, port_, to_requester_);
+    EXPECT_TRUE(port_.completions.empty()) << "reliable " << reliable;
+    EXPECT_EQ(port_.receives.size(), 1u) << "no receive WQE taken; reliable " << reliable;
+    EXPECT_EQ(responder_->expected_psn(), 0x1000u) << "reliable " << reliable;
+    EXPECT_FALSE(to_requester_.deliver_one([](const wire::ParsedPacket&) {})) << "no answer; reliable " << reliable;
+    EXPECT_EQ(responder_count(Counter::kMalformedDrops), 1u) << "reliable " << reliable;
+    EXPECT_TRUE(port_.events.empty()) << "reliable " << reliable;
+  }
+}
+
+// The same for a READ request (RC only) at a UC QP: dropped and counted,
+// and the PSN a UC responder expects does not jump to it.
+TEST_F(PacketFlow, AnRcReadAtAUcQpIsDroppedAndCounted) {
+  start(false);
+  wire::ParsedPacket p;
+  p.info = *wire::opcode_info(wire::Opcode::kRcRdmaReadRequest);
+  p.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadRequest);
+  p.headers.bth.dest_qpn = kResponderQpn;
+  p.headers.bth.psn = 0x1005;
+  p.headers.reth = wire::Reth{kIova, kKey, 64};
+  responder_->on_request(p, port_, to_requester_);
+  EXPECT_EQ(responder_->expected_psn(), 0x1000u);
+  EXPECT_EQ(responder_count(Counter::kMalformedDrops), 1u);
+  EXPECT_FALSE(to_requester_.deliver_one([](const wire::ParsedPacket&) {}));
+}
+
 TEST_F(PacketFlow, PsnsWrapAt24Bits) {
   start(true, 0xFF'FFF0);
   auto data = pattern(40 * kMtu, 9);
