@@ -141,6 +141,20 @@ void RequesterFlow::pump(PacketSink& out) {
   }
 }
 
+bool RequesterFlow::starts_and_ends_right(const Outstanding& read, uint32_t psn, wire::Segment segment) {
+  // A READ's response begins with a FIRST packet (ONLY when it is one
+  // packet long) and ends with a LAST (or an ONLY, the answer to asking
+  // again for the last packet alone), as rxe's completer checks; inside it
+  // any segment may come, since a READ asked again is answered from the
+  // PSN asked for with a response of its own. A MIDDLE or LAST at the first
+  // PSN is no start of this READ's response: taken for one, its bytes
+  // landed, and a one-packet READ completed on it.
+  if (psn == read.first_psn)
+    return read.npsn == 1 ? segment == wire::Segment::kOnly : segment == wire::Segment::kFirst;
+  if (psn == read.last_psn()) return segment == wire::Segment::kLast || segment == wire::Segment::kOnly;
+  return true;
+}
+
 void RequesterFlow::advance_una(uint32_t psn_after) {
   if (psn_diff(psn_after, una_psn_) > 0) {
     // A packet per window acknowledged, back up to the full window.
@@ -427,6 +441,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
         }
       }
       if (read == nullptr) return;
+      if (!starts_and_ends_right(*read, psn, packet.info.segment)) {
+        config_.counters.add(Counter::kMalformedDrops);
+        return;
+      }
       ++read->responses_since_ask;
       if (psn != read->read_next) {
         // A response packet went missing: ask for the rest from it, once per

@@ -102,6 +102,8 @@ class RequesterFlow {
   };
 
   bool is_read_or_atomic(const Outstanding& o) const;
+  // Whether a READ response packet of `segment` may stand at `psn` of `read`.
+  static bool starts_and_ends_right(const Outstanding& read, uint32_t psn, wire::Segment segment);
   // Sends packet `index` of `o` (a READ or atomic: its one request).
   void transmit_packet(Outstanding& o, uint32_t index, PacketSink& out);
   // Sends what the window allows, from send_psn_ on.

@@ -872,6 +872,45 @@ TEST_F(PacketFlow, AnRcReadAtAUcQpIsDroppedAndCounted) {
   EXPECT_FALSE(to_requester_.deliver_one([](const wire::ParsedPacket&) {}));
 }
 
+// A READ's response starts with READ RESPONSE FIRST (ONLY for one packet),
+// as rxe's completer checks: a MIDDLE or LAST packet at the READ's first PSN
+// (forged, or of some other READ) was taken for its start, its bytes
+// landed, and a one-packet READ completed on a LAST. It is dropped.
+TEST_F(PacketFlow, AReadResponseMiddleOrLastCannotStartARead) {
+  start();
+  auto remote = pattern(3 * kMtu, 22);
+  std::memcpy(port_.at(kIova), remote.data(), remote.size());
+  std::vector<uint8_t> local(remote.size(), 0), one(100, 0);
+  requester_->post(message(1, Operation::kRead, local), now_, to_responder_);       // PSNs 0x1000-0x1002
+  requester_->post(message(2, Operation::kRead, one, kIova), now_, to_responder_);  // PSN 0x1003
+  const std::vector<uint8_t> forged(kMtu, 0xEE);
+  auto respond = [&](wire::Opcode op, uint32_t psn, size_t bytes) {
+    wire::ParsedPacket p;
+    p.info = *wire::opcode_info(op);
+    p.headers.bth.opcode = static_cast<uint8_t>(op);
+    p.headers.bth.dest_qpn = kRequesterQpn;
+    p.headers.bth.psn = psn;
+    if (op != wire::Opcode::kRcRdmaReadResponseMiddle)
+      p.headers.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), 1};
+    p.payload = std::span<const uint8_t>(forged.data(), bytes);
+    requester_->on_response(p, now_, to_responder_);
+  };
+  respond(wire::Opcode::kRcRdmaReadResponseMiddle, 0x1000, kMtu);
+  respond(wire::Opcode::kRcRdmaReadResponseLast, 0x1000, kMtu);
+  EXPECT_EQ(local, std::vector<uint8_t>(local.size(), 0)) << "no forged byte landed";
+  respond(wire::Opcode::kRcRdmaReadResponseLast, 0x1003, one.size());
+  RequesterCompletion c;
+  EXPECT_FALSE(requester_->pop_completion(c)) << "nothing completes";
+  EXPECT_EQ(requester_count(Counter::kMalformedDrops), 3u);
+  // The real responses still complete both.
+  const auto done = run(2);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(done[1].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(local, remote);
+  EXPECT_EQ(std::memcmp(one.data(), remote.data(), one.size()), 0);
+}
+
 TEST_F(PacketFlow, PsnsWrapAt24Bits) {
   start(true, 0xFF'FFF0);
   auto data = pattern(40 * kMtu, 9);
