@@ -55,6 +55,7 @@ class Wire final : public PacketSink {
     ASSERT_TRUE(wire::encode(h, data, image, bytes).has_value());
     const Fault f = fault(h, sent_++);
     for (int c = 0; c < f.copies; ++c) {
+      ++queued_;
       if (f.hold) {
         held_.push_back({image, bytes});
       } else {
@@ -82,12 +83,15 @@ class Wire final : public PacketSink {
     return true;
   }
   uint64_t sent() const { return sent_; }
+  // Copies put on the wire (a lost packet none, a duplicated one two).
+  uint64_t queued() const { return queued_; }
 
  private:
   wire::UdpFlow flow_{wire::Gid{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1},
                       wire::Gid{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 2}};
   std::deque<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> queue_, held_;
   uint64_t sent_ = 0;
+  uint64_t queued_ = 0;
 };
 
 class PacketFlow : public ::testing::Test {
@@ -909,6 +913,98 @@ TEST_F(PacketFlow, AReadResponseMiddleOrLastCannotStartARead) {
   EXPECT_EQ(done[1].status, IBV_WC_SUCCESS);
   EXPECT_EQ(local, remote);
   EXPECT_EQ(std::memcmp(one.data(), remote.data(), one.size()), 0);
+}
+
+// A stream on a wire that takes `latency_ns` each way, on a virtual clock in
+// steps of 10 us: a one-packet WRITE posted every `every_ns`, `count` of
+// them; the responder takes no packet while `stalled(now)` (they wait for
+// it). Returns the completions; `last_post_ns` is when the last was posted.
+struct TimedStream {
+  uint64_t latency_ns = 100'000;
+  uint64_t every_ns = 200'000;
+  uint32_t count = 30;
+  std::function<bool(uint64_t)> stalled = [](uint64_t) { return false; };
+  uint64_t last_post_ns = 0;
+  uint64_t done_ns = 0;
+};
+
+class TimedPacketFlow : public PacketFlow {
+ protected:
+  std::vector<RequesterCompletion> run_stream(TimedStream& s) {
+    std::deque<uint64_t> to_responder_due, to_requester_due;
+    uint64_t seen_out = to_responder_.queued(), seen_back = to_requester_.queued();
+    auto note = [&] {
+      for (; seen_out < to_responder_.queued(); ++seen_out) to_responder_due.push_back(now_ + s.latency_ns);
+      for (; seen_back < to_requester_.queued(); ++seen_back) to_requester_due.push_back(now_ + s.latency_ns);
+    };
+    std::vector<std::vector<uint8_t>> payloads(s.count, std::vector<uint8_t>(64, 0x5A));
+    std::vector<RequesterCompletion> done;
+    uint32_t posted = 0;
+    for (now_ = 0; done.size() < s.count && now_ < 1'000'000'000; now_ += 10'000) {
+      if (posted < s.count && now_ >= posted * s.every_ns) {
+        requester_->post(message(posted, Operation::kWrite, payloads[posted], kIova + 64 * posted), now_, to_responder_);
+        s.last_post_ns = now_;
+        ++posted;
+        note();
+      }
+      while (!s.stalled(now_) && !to_responder_due.empty() && to_responder_due.front() <= now_) {
+        to_responder_due.pop_front();
+        to_responder_.deliver_one([&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); });
+        note();
+      }
+      while (!to_requester_due.empty() && to_requester_due.front() <= now_) {
+        to_requester_due.pop_front();
+        to_requester_.deliver_one([&](const wire::ParsedPacket& p) { requester_->on_response(p, now_, to_responder_); });
+        note();
+      }
+      if (requester_->deadline() != 0 && now_ >= requester_->deadline()) {
+        requester_->on_timer(now_, to_responder_);
+        note();
+      }
+      RequesterCompletion c;
+      while (requester_->pop_completion(c)) done.push_back(c);
+    }
+    s.done_ns = now_;
+    return done;
+  }
+};
+
+// The tail-loss probe counted 1 ms from the last progress (an ACK), not
+// from the last packet sent: when the responder fell silent for longer
+// (here it takes nothing for 1.6 ms, as a busy host may) while the stream
+// went on, the probe sent the whole window again for nothing (lossless
+// ib_write_bw between namespaces: 0.8% of its packets). Counted from the
+// last packet sent, a stream that keeps sending is never probed.
+TEST_F(TimedPacketFlow, AStreamThatKeepsSendingIsNotProbedWhileTheResponderStalls) {
+  start();
+  TimedStream s;
+  s.stalled = [](uint64_t now) { return now >= 1'000'000 && now < 2'600'000; };
+  const auto done = run_stream(s);
+  ASSERT_EQ(done.size(), s.count);
+  for (const RequesterCompletion& c : done) EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 0u);
+  EXPECT_EQ(responder_count(Counter::kDuplicateRequest), 0u);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
+}
+
+// The same stream with its last packet lost: the probe sends it again 1 ms
+// after it was sent, long before the ACK timer (4.2 ms here), spending no
+// retry.
+TEST_F(TimedPacketFlow, ALostTailOfAStreamIsProbedAMillisecondAfterItWasSent) {
+  start();
+  TimedStream s;
+  s.count = 10;
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index == 9 ? Wire::Fault{0, false} : Wire::Fault{};  // the last message's packet, once
+  };
+  const auto done = run_stream(s);
+  ASSERT_EQ(done.size(), s.count);
+  for (const RequesterCompletion& c : done) EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 1u);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
+  // Sent again at last_post + 1 ms, answered a round trip later.
+  EXPECT_GE(s.done_ns, s.last_post_ns + 1'000'000 + 2 * s.latency_ns);
+  EXPECT_LE(s.done_ns, s.last_post_ns + 1'000'000 + 2 * s.latency_ns + 20'000);
 }
 
 TEST_F(PacketFlow, PsnsWrapAt24Bits) {
