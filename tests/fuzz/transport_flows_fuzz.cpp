@@ -58,7 +58,7 @@ class Session {
       : setup_(s),
         requester_(counted(s.requester, &requester_counts_)),
         responder_(counted(s.responder, &responder_counts_)),
-        ledger_(s.reliable, s.mtu, s.requester.start_psn) {
+        ledger_(s.reliable, s.mtu, s.requester.start_psn, s.requester.max_rd_atomic) {
     FakePort& fake = port_.fake();
     fake.qp_.type = s.reliable ? IBV_QPT_RC : IBV_QPT_UC;
     fake.qp_.access = s.access;
