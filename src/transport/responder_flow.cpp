@@ -98,6 +98,15 @@ void ResponderFlow::answer(const Syndrome& syndrome, uint32_t psn, PacketSink& o
 
 void ResponderFlow::ack(uint32_t psn, PacketSink& out) { answer(Syndrome::ack(), psn, out); }
 
+void ResponderFlow::rnr_naked(uint32_t psn) {
+  // The packets behind the refused one are dropped silently; the requester
+  // sends again from it once the RNR timer ran out, and if that packet is
+  // lost, the one after it shows the new round.
+  nak_sent_ = true;
+  last_gap_psn_ = psn;
+  round_gap_psn_ = psn_add(psn, 1);
+}
+
 void ResponderFlow::remember(const ReadOrAtomic& r) {
   recent_.push_back(r);
   while (recent_.size() > config_.resources) recent_.pop_front();
@@ -196,7 +205,7 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
     const Response r = accept(first, port, config_.reliable, message_, reuse);
     if (r.syndrome.answer != Answer::kAck) {
       answer(r.syndrome, psn, out);
-      if (r.syndrome.answer == Answer::kRnrNak) nak_sent_ = true;
+      if (r.syndrome.answer == Answer::kRnrNak) rnr_naked(psn);
       return;
     }
     if (reuse != nullptr) spare_wqe_.reset();
@@ -226,7 +235,7 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
       // without immediate for this PSN would complete a WQE never taken.
       message_.op = before;
       answer(r.syndrome, psn, out);
-      if (r.syndrome.answer == Answer::kRnrNak) nak_sent_ = true;
+      if (r.syndrome.answer == Answer::kRnrNak) rnr_naked(psn);
       // The requester sends this packet again: an ONLY packet starts the
       // message afresh, a LAST one continues it.
       if (is_first(segment)) in_message_ = false;
@@ -324,15 +333,20 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
     }
     if (d > 0) {
       // A gap: one NAK, then silence until the missing packet comes. But
-      // when the PSNs go back (the requester began sending again from the
-      // gap, and the packet we wait for was lost once more), NAK again at
-      // once rather than leave the requester to its ACK timer.
+      // when the requester began sending again from the gap and the packet
+      // we wait for was lost once more, NAK again at once rather than leave
+      // it to its timers. Such a round shows as PSNs that go back to where
+      // the gap first showed, or before: two packets of one round merely
+      // swapped on the way go back too, but not that far, and each NAK
+      // costs the requester a retry.
       config_.counters.add(Counter::kOutOfSeqRequest);
-      const bool new_round = nak_sent_ && psn_diff(psn, last_gap_psn_) < 0;
+      const bool new_round =
+          nak_sent_ && psn_diff(psn, last_gap_psn_) < 0 && psn_diff(psn, round_gap_psn_) <= 0;
       last_gap_psn_ = psn;
       if (!nak_sent_ || new_round) {
         answer(Syndrome::nak(Answer::kNakSequenceError), epsn_, out);
         nak_sent_ = true;
+        round_gap_psn_ = psn;
       }
       return;
     }
