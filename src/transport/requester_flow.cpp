@@ -309,6 +309,7 @@ void RequesterFlow::progress_made(uint64_t now_ns) {
   rnr_left_ = config_.rnr_retry;
   rnr_waiting_ = false;
   probe_spent_ = false;
+  nak_since_progress_ = false;
   if (outstanding_.empty()) {
     deadline_ = 0;
     probe_at_ = 0;
@@ -397,13 +398,19 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       const std::optional<wire::NakCode> code = s.nak_code();
       if (!code) return;
       switch (*code) {
-        case wire::NakCode::kPsnSequenceError:
+        case wire::NakCode::kPsnSequenceError: {
           count_received_answer(config_.counters, Answer::kNakSequenceError);
           // A resend costs a retry, as an ACK timeout's does (rxe's
           // completer too): two ends that disagree about the PSNs, or a
           // forged NAK, would otherwise trade NAKs and resends for ever. A
-          // NAK that acknowledged something above restored the budget first.
-          if (after_ack_timeout(retry_left_) == RetryVerdict::kGiveUp) {
+          // NAK that acknowledged something above restored the budget first;
+          // one past the previous NAK's PSN shows the responder moved on
+          // (when an atomic's lost ACK holds the window, the NAKs after it
+          // acknowledge nothing) and costs nothing.
+          const bool moved_on = nak_since_progress_ && psn_diff(psn, last_nak_psn_) > 0;
+          nak_since_progress_ = true;
+          last_nak_psn_ = psn;
+          if (!moved_on && after_ack_timeout(retry_left_) == RetryVerdict::kGiveUp) {
             fail_front(IBV_WC_RETRY_EXC_ERR);
             return;
           }
@@ -411,6 +418,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
           retransmit_from(psn, now_ns, out);
           arm_ack_timer(now_ns);
           return;
+        }
         case wire::NakCode::kInvalidRequest:
         case wire::NakCode::kInvalidRdRequest:
           count_received_answer(config_.counters, Answer::kNakInvalidRequest);

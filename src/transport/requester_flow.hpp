@@ -139,6 +139,9 @@ class RequesterFlow {
   void arm_probe(uint64_t now_ns);
   // Every packet sent (re)arms the probe.
   void transmitted(uint64_t now_ns);
+  // The PSN of the latest sequence NAK since the last progress.
+  bool nak_since_progress_ = false;
+  uint32_t last_nak_psn_ = 0;
   bool rnr_waiting_ = false;
   uint32_t rnr_psn_ = 0;
   uint8_t retry_left_;
