@@ -43,7 +43,8 @@ enum class Counter : uint8_t {
   kForwardedPkts,        // port: packets received for another process of this host, handed to it
   kForwardDrops,         // port: such packets lost because their owner did not take them in time
   kIcrcDrops,            // port: packets dropped for a bad ICRC (corrupted on the way)
-  kMalformedDrops,       // port: packets dropped as malformed (truncated, bad headers, bad opcode)
+  kMalformedDrops,       // packets dropped as malformed: by the port (truncated, bad headers, bad opcode),
+                         // by a QP's flows (an opcode of another transport, a READ response out of place)
   kUnknownQpDrops,       // port: packets for a QPN no process of this host has
   kSendErr,              // port: packets the operating system refused to send
 };

@@ -28,7 +28,9 @@ Verdict on_answer(const Syndrome& syndrome, RetryState& retry, uint8_t rnr_retry
       return Verdict::complete(status_of_nak(syndrome.answer));
     case Answer::kNakSequenceError:
       // The responder saw a gap: send again from the NAK'd message at once
-      // (go-back-N). It does not spend the retry budget (IBTA 9.7.5.1.6).
+      // (go-back-N), spending a retry as a timeout does (rxe's completer
+      // too), so that NAKs that never let it through end in RETRY_EXC_ERR.
+      if (after_ack_timeout(retry.retry_left) == RetryVerdict::kGiveUp) return Verdict::complete(IBV_WC_RETRY_EXC_ERR);
       retry.deadline_ns = now_ns;
       return Verdict::retry_at(now_ns);
     case Answer::kRnrNak:

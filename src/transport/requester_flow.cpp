@@ -29,12 +29,13 @@ constexpr uint32_t kLeastWindowPackets = 16;
 // How soon an ACK past a READ or atomic still unanswered may ask for it
 // again: a few round trips on a busy host, far below any ACK timeout.
 constexpr uint64_t kAskAgainAfterNs = 100'000;
-// When a requester that made progress hears nothing more, it sends again
-// from the oldest unacknowledged packet this soon, once, without spending a
-// retry: the last packets of a burst that are lost leave the responder no
-// later packet to see the gap by, and waiting out the ACK timer (67 ms at
-// perftest's timeout 14) for each such loss made 1% loss cost most of the
-// throughput. At most a quarter of the ACK timeout.
+// When a requester hears nothing for this long after the last packet it
+// sent, it sends again from the oldest unacknowledged packet, once per
+// progress, without spending a retry: the last packets of a burst that are
+// lost leave the responder no later packet to see the gap by, and waiting
+// out the ACK timer (67 ms at perftest's timeout 14) for each such loss
+// made 1% loss cost most of the throughput. At most a quarter of the ACK
+// timeout.
 constexpr uint64_t kTailProbeNs = 1'000'000;
 
 bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
@@ -92,21 +93,21 @@ void RequesterFlow::post(const OutgoingMessage& message, uint64_t now_ns, Packet
   next_psn_ = psn_add(next_psn_, o.npsn);
   if (!config_.reliable) {
     // UC: no acknowledgements and no window; the message is done once it is sent.
-    for (uint32_t i = 0; i < o.npsn; ++i) transmit_packet(o, i, out);
+    for (uint32_t i = 0; i < o.npsn; ++i) transmit_packet(o, i, now_ns, out);
     send_psn_ = una_psn_ = next_psn_;
     completions_.push_back(RequesterCompletion{message.position, IBV_WC_SUCCESS});
     return;
   }
   packets_in_flight_ += o.npsn;
   outstanding_.push_back(o);
-  pump(out);
+  pump(now_ns, out);
   if (deadline_ == 0) {
     arm_ack_timer(now_ns);
     arm_probe(now_ns);
   }
 }
 
-void RequesterFlow::pump(PacketSink& out) {
+void RequesterFlow::pump(uint64_t now_ns, PacketSink& out) {
   if (rnr_waiting_ || failed_) return;
   // READs and atomics already sent and not yet answered.
   uint32_t rd_atomic_in_flight = 0;
@@ -123,18 +124,36 @@ void RequesterFlow::pump(PacketSink& out) {
     if (is_read_or_atomic(o) && rd_atomic_in_flight >= rd_atomic_limit) return;
     if (is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite) {
       if (o.message.op == Operation::kRead && psn_diff(send_psn_, o.first_psn) > 0) o.read_next = send_psn_;
-      transmit_packet(o, 0, out);
+      transmit_packet(o, 0, now_ns, out);
       send_psn_ = psn_add(o.first_psn, o.npsn);
       sent_through(send_psn_);
+      // It is in flight now too: one pass must not send past the limit (a
+      // completion, or a go-back-N that rewound over several, let every
+      // READ left go out at once, and the responder forgot the oldest).
+      if (is_read_or_atomic(o)) ++rd_atomic_in_flight;
       continue;
     }
     for (uint32_t i = static_cast<uint32_t>(psn_diff(send_psn_, o.first_psn)); i < o.npsn; ++i) {
       if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(window_)) return;
-      transmit_packet(o, i, out);
+      transmit_packet(o, i, now_ns, out);
       send_psn_ = psn_add(o.first_psn, i + 1);
       sent_through(send_psn_);
     }
   }
+}
+
+bool RequesterFlow::starts_and_ends_right(const Outstanding& read, uint32_t psn, wire::Segment segment) {
+  // A READ's response begins with a FIRST packet (ONLY when it is one
+  // packet long) and ends with a LAST (or an ONLY, the answer to asking
+  // again for the last packet alone), as rxe's completer checks; inside it
+  // any segment may come, since a READ asked again is answered from the
+  // PSN asked for with a response of its own. A MIDDLE or LAST at the first
+  // PSN is no start of this READ's response: taken for one, its bytes
+  // landed, and a one-packet READ completed on it.
+  if (psn == read.first_psn)
+    return read.npsn == 1 ? segment == wire::Segment::kOnly : segment == wire::Segment::kFirst;
+  if (psn == read.last_psn()) return segment == wire::Segment::kLast || segment == wire::Segment::kOnly;
+  return true;
 }
 
 void RequesterFlow::advance_una(uint32_t psn_after) {
@@ -154,7 +173,8 @@ void RequesterFlow::sent_through(uint32_t psn_after) {
   if (psn_diff(psn_after, sent_end_) > 0) sent_end_ = psn_after;
 }
 
-void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& out) {
+void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now_ns, PacketSink& out) {
+  transmitted(now_ns);
   const OutgoingMessage& m = o.message;
   wire::Headers h;
   h.bth.dest_qpn = config_.dest_qpn;
@@ -225,7 +245,7 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, PacketSink& 
   out.send(h, part, n, static_cast<uint32_t>(bytes));
 }
 
-void RequesterFlow::retransmit_from(uint32_t psn, PacketSink& out) {
+void RequesterFlow::retransmit_from(uint32_t psn, uint64_t now_ns, PacketSink& out) {
   // An atomic is sent again whole; a READ from its first missing response.
   for (const Outstanding& o : outstanding_) {
     if (psn_diff(o.last_psn(), psn) < 0) continue;
@@ -241,7 +261,7 @@ void RequesterFlow::retransmit_from(uint32_t psn, PacketSink& out) {
   }
   send_psn_ = psn;
   if (psn_diff(una_psn_, psn) > 0) una_psn_ = psn;
-  pump(out);
+  pump(now_ns, out);
 }
 
 void RequesterFlow::shrink_window(uint32_t packets) {
@@ -263,6 +283,14 @@ void RequesterFlow::fail_front(ibv_wc_status status) {
   probe_at_ = 0;
 }
 
+void RequesterFlow::transmitted(uint64_t now_ns) {
+  // The probe counts from the last packet sent, not from the last progress:
+  // a window slower than the probe's delay to be acknowledged is not lost
+  // while packets still go out (counted from progress, the probe resent
+  // such windows for nothing: 0.8% of a lossless ib_write_bw's packets).
+  if (config_.reliable && !probe_spent_ && !rnr_waiting_ && !failed_) arm_probe(now_ns);
+}
+
 void RequesterFlow::arm_probe(uint64_t now_ns) {
   const uint64_t wait = ack_timeout_ns(config_.timeout);
   const uint64_t delay = std::min(kTailProbeNs, wait / 4);
@@ -280,6 +308,8 @@ void RequesterFlow::progress_made(uint64_t now_ns) {
   retry_left_ = config_.retry_cnt;
   rnr_left_ = config_.rnr_retry;
   rnr_waiting_ = false;
+  probe_spent_ = false;
+  nak_since_progress_ = false;
   if (outstanding_.empty()) {
     deadline_ = 0;
     probe_at_ = 0;
@@ -310,7 +340,7 @@ void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSin
       // ACK timer each time made a run of atomics crawl).
       if (front.asked_again_ns == 0 || now_ns >= front.asked_again_ns + kAskAgainAfterNs) {
         front.asked_again_ns = now_ns == 0 ? 1 : now_ns;
-        retransmit_from(front.first_psn, out);
+        retransmit_from(front.first_psn, now_ns, out);
       }
       break;
     }
@@ -330,7 +360,7 @@ void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSin
   // that only passed a READ or atomic still waiting does not restore the
   // retries, or a responder that cannot answer it would keep them full.
   if (completed || psn_diff(una_psn_, una_before) > 0) progress_made(now_ns);
-  pump(out);
+  pump(now_ns, out);
 }
 
 void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_ns, PacketSink& out) {
@@ -368,12 +398,27 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       const std::optional<wire::NakCode> code = s.nak_code();
       if (!code) return;
       switch (*code) {
-        case wire::NakCode::kPsnSequenceError:
+        case wire::NakCode::kPsnSequenceError: {
           count_received_answer(config_.counters, Answer::kNakSequenceError);
+          // A resend costs a retry, as an ACK timeout's does (rxe's
+          // completer too): two ends that disagree about the PSNs, or a
+          // forged NAK, would otherwise trade NAKs and resends for ever. A
+          // NAK that acknowledged something above restored the budget first;
+          // one past the previous NAK's PSN shows the responder moved on
+          // (when an atomic's lost ACK holds the window, the NAKs after it
+          // acknowledge nothing) and costs nothing.
+          const bool moved_on = nak_since_progress_ && psn_diff(psn, last_nak_psn_) > 0;
+          nak_since_progress_ = true;
+          last_nak_psn_ = psn;
+          if (!moved_on && after_ack_timeout(retry_left_) == RetryVerdict::kGiveUp) {
+            fail_front(IBV_WC_RETRY_EXC_ERR);
+            return;
+          }
           shrink_window(window_ / 2);
-          retransmit_from(psn, out);
+          retransmit_from(psn, now_ns, out);
           arm_ack_timer(now_ns);
           return;
+        }
         case wire::NakCode::kInvalidRequest:
         case wire::NakCode::kInvalidRdRequest:
           count_received_answer(config_.counters, Answer::kNakInvalidRequest);
@@ -402,7 +447,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       advance_una(psn_add(psn, 1));
       complete_front(IBV_WC_SUCCESS);
       progress_made(now_ns);
-      pump(out);
+      pump(now_ns, out);
       return;
     }
     case wire::Operation::kRdmaReadResponse: {
@@ -415,6 +460,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
         }
       }
       if (read == nullptr) return;
+      if (!starts_and_ends_right(*read, psn, packet.info.segment)) {
+        config_.counters.add(Counter::kMalformedDrops);
+        return;
+      }
       ++read->responses_since_ask;
       if (psn != read->read_next) {
         // A response packet went missing: ask for the rest from it, once per
@@ -429,7 +478,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
         read->read_seen = psn;
         if (psn_diff(psn, read->read_next) > 0 && (read->read_asked != read->read_next || new_round)) {
           config_.counters.add(Counter::kRetransmittedPkts);
-          transmit_packet(*read, 0, out);
+          transmit_packet(*read, 0, now_ns, out);
         }
         return;
       }
@@ -450,10 +499,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       if (psn == front.last_psn()) {
         complete_front(IBV_WC_SUCCESS);
       } else if (front.read_next == front.read_asked_end) {
-        transmit_packet(front, 0, out);  // the next window's worth
+        transmit_packet(front, 0, now_ns, out);  // the next window's worth
       }
       progress_made(now_ns);
-      pump(out);
+      pump(now_ns, out);
       return;
     }
     default:
@@ -463,8 +512,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
 
 void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
   if (probe_at_ != 0 && now_ns >= probe_at_ && (deadline_ == 0 || now_ns < deadline_)) {
+    // Once: what it sends does not arm it again, only progress does.
     probe_at_ = 0;
-    if (!failed_ && !rnr_waiting_ && !outstanding_.empty()) retransmit_from(una_psn_, out);
+    probe_spent_ = true;
+    if (!failed_ && !rnr_waiting_ && !outstanding_.empty()) retransmit_from(una_psn_, now_ns, out);
     return;
   }
   if (failed_ || deadline_ == 0 || now_ns < deadline_) return;
@@ -475,7 +526,7 @@ void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
   }
   if (rnr_waiting_) {
     rnr_waiting_ = false;
-    retransmit_from(rnr_psn_, out);
+    retransmit_from(rnr_psn_, now_ns, out);
     arm_ack_timer(now_ns);
     return;
   }
@@ -485,7 +536,8 @@ void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
   }
   config_.counters.add(Counter::kCompleterRetryErr);
   shrink_window(kLeastWindowPackets);
-  retransmit_from(una_psn_, out);
+  probe_spent_ = true;  // no probe after a timeout until progress: the timer paces the retries
+  retransmit_from(una_psn_, now_ns, out);
   arm_ack_timer(now_ns);
 }
 

@@ -102,12 +102,14 @@ class RequesterFlow {
   };
 
   bool is_read_or_atomic(const Outstanding& o) const;
+  // Whether a READ response packet of `segment` may stand at `psn` of `read`.
+  static bool starts_and_ends_right(const Outstanding& read, uint32_t psn, wire::Segment segment);
   // Sends packet `index` of `o` (a READ or atomic: its one request).
-  void transmit_packet(Outstanding& o, uint32_t index, PacketSink& out);
+  void transmit_packet(Outstanding& o, uint32_t index, uint64_t now_ns, PacketSink& out);
   // Sends what the window allows, from send_psn_ on.
-  void pump(PacketSink& out);
+  void pump(uint64_t now_ns, PacketSink& out);
   // Go-back-N: the next packet sent is `psn`'s (a READ or atomic from its first PSN).
-  void retransmit_from(uint32_t psn, PacketSink& out);
+  void retransmit_from(uint32_t psn, uint64_t now_ns, PacketSink& out);
   void advance_una(uint32_t psn_after);
   void sent_through(uint32_t psn_after);
   // Completes, in order, the messages an ACK of `psn` covers; a READ or
@@ -129,10 +131,17 @@ class RequesterFlow {
   uint32_t sent_end_;   // the PSN after the furthest one ever sent: responses name PSNs before it
   uint32_t packets_in_flight_ = 0;
   uint64_t deadline_ = 0;  // the ACK (or RNR) timer
-  // The tail-loss probe: once after progress, well before the ACK timer, a
-  // silent path is asked again (0: none due).
+  // The tail-loss probe: a path silent for a while after the last packet
+  // sent is asked again, well before the ACK timer (0: none due). Once per
+  // progress: what the probe or the ACK timer sends does not arm it again.
   uint64_t probe_at_ = 0;
+  bool probe_spent_ = false;
   void arm_probe(uint64_t now_ns);
+  // Every packet sent (re)arms the probe.
+  void transmitted(uint64_t now_ns);
+  // The PSN of the latest sequence NAK since the last progress.
+  bool nak_since_progress_ = false;
+  uint32_t last_nak_psn_ = 0;
   bool rnr_waiting_ = false;
   uint32_t rnr_psn_ = 0;
   uint8_t retry_left_;

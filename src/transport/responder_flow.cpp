@@ -16,6 +16,21 @@ bool is_last(wire::Segment s) { return s == wire::Segment::kLast || s == wire::S
 bool is_first(wire::Segment s) { return s == wire::Segment::kFirst || s == wire::Segment::kOnly; }
 bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
 
+// The transport an opcode belongs to, as an ibv_qp_type (0, no type, for RD).
+uint32_t qp_type_of(wire::Transport t) {
+  switch (t) {
+    case wire::Transport::kRc:
+      return IBV_QPT_RC;
+    case wire::Transport::kUc:
+      return IBV_QPT_UC;
+    case wire::Transport::kUd:
+      return IBV_QPT_UD;
+    case wire::Transport::kRd:
+      break;
+  }
+  return 0;
+}
+
 wire::Syndrome to_wire(const Syndrome& s) {
   switch (s.answer) {
     case Answer::kAck:
@@ -45,7 +60,9 @@ Request ResponderFlow::request_of(const wire::ParsedPacket& packet, Operation op
   const wire::Headers& h = packet.headers;
   Request r;
   r.op = op;
-  r.qp_type = config_.reliable ? IBV_QPT_RC : IBV_QPT_UC;
+  // The packet's own transport, not the QP's: the stages drop a request
+  // whose transport is not the QP's.
+  r.qp_type = qp_type_of(packet.info.transport);
   r.src_qpn = config_.peer_qpn;
   r.solicited = h.bth.solicited;
   if (h.immdt) r.imm_data = htonl(h.immdt->imm);
@@ -80,6 +97,15 @@ void ResponderFlow::answer(const Syndrome& syndrome, uint32_t psn, PacketSink& o
 }
 
 void ResponderFlow::ack(uint32_t psn, PacketSink& out) { answer(Syndrome::ack(), psn, out); }
+
+void ResponderFlow::rnr_naked(uint32_t psn) {
+  // The packets behind the refused one are dropped silently; the requester
+  // sends again from it once the RNR timer ran out, and if that packet is
+  // lost, the one after it shows the new round.
+  nak_sent_ = true;
+  last_gap_psn_ = psn;
+  round_gap_psn_ = psn_add(psn, 1);
+}
 
 void ResponderFlow::remember(const ReadOrAtomic& r) {
   recent_.push_back(r);
@@ -179,7 +205,7 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
     const Response r = accept(first, port, config_.reliable, message_, reuse);
     if (r.syndrome.answer != Answer::kAck) {
       answer(r.syndrome, psn, out);
-      if (r.syndrome.answer == Answer::kRnrNak) nak_sent_ = true;
+      if (r.syndrome.answer == Answer::kRnrNak) rnr_naked(psn);
       return;
     }
     if (reuse != nullptr) spare_wqe_.reset();
@@ -209,7 +235,7 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
       // without immediate for this PSN would complete a WQE never taken.
       message_.op = before;
       answer(r.syndrome, psn, out);
-      if (r.syndrome.answer == Answer::kRnrNak) nak_sent_ = true;
+      if (r.syndrome.answer == Answer::kRnrNak) rnr_naked(psn);
       // The requester sends this packet again: an ONLY packet starts the
       // message afresh, a LAST one continues it.
       if (is_first(segment)) in_message_ = false;
@@ -291,6 +317,13 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
   // that went to ERROR, whose NAK was lost, NAKed each resend's second
   // packet (the first dropped silently), and each NAK drew the resend again.
   if (!receives_in_state(port.qp().state)) return;
+  // An opcode of another transport (UC at an RC QP, RC at a UC one) is
+  // dropped and counted before its PSN means anything (as rxe's
+  // check_type_psn): taken as the QP's own it was received, and ACKed.
+  if (packet.info.transport != (config_.reliable ? wire::Transport::kRc : wire::Transport::kUc)) {
+    config_.counters.add(Counter::kMalformedDrops);
+    return;
+  }
   const uint32_t psn = packet.headers.bth.psn;
   const int32_t d = psn_diff(psn, epsn_);
   if (config_.reliable) {
@@ -300,15 +333,20 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
     }
     if (d > 0) {
       // A gap: one NAK, then silence until the missing packet comes. But
-      // when the PSNs go back (the requester began sending again from the
-      // gap, and the packet we wait for was lost once more), NAK again at
-      // once rather than leave the requester to its ACK timer.
+      // when the requester began sending again from the gap and the packet
+      // we wait for was lost once more, NAK again at once rather than leave
+      // it to its timers. Such a round shows as PSNs that go back to where
+      // the gap first showed, or before: two packets of one round merely
+      // swapped on the way go back too, but not that far, and each NAK
+      // costs the requester a retry.
       config_.counters.add(Counter::kOutOfSeqRequest);
-      const bool new_round = nak_sent_ && psn_diff(psn, last_gap_psn_) < 0;
+      const bool new_round =
+          nak_sent_ && psn_diff(psn, last_gap_psn_) < 0 && psn_diff(psn, round_gap_psn_) <= 0;
       last_gap_psn_ = psn;
       if (!nak_sent_ || new_round) {
         answer(Syndrome::nak(Answer::kNakSequenceError), epsn_, out);
         nak_sent_ = true;
+        round_gap_psn_ = psn;
       }
       return;
     }

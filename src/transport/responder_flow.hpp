@@ -53,6 +53,7 @@ class ResponderFlow {
   void send_read_response(const ReadOrAtomic& read, const iovec& from, PacketSink& out);
   void send_atomic_ack(const ReadOrAtomic& atomic, PacketSink& out);
   void remember(const ReadOrAtomic& r);
+  void rnr_naked(uint32_t psn);
   void duplicate(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
   void send_or_write(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
   void read(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
@@ -63,6 +64,7 @@ class ResponderFlow {
   uint32_t msn_ = 0;
   bool nak_sent_ = false;  // a NAK (sequence or RNR) is out: later packets are dropped silently
   uint32_t last_gap_psn_ = 0;  // the PSN of the latest out-of-sequence packet
+  uint32_t round_gap_psn_ = 0;  // the one that drew the latest NAK (where its round showed the gap)
   bool in_message_ = false;
   MessageInProgress message_;
   // UC: a receive WQE taken by a message that a gap dropped, for the next one.

@@ -4,8 +4,9 @@
 // completions name posted messages, in posting order, each once; a message
 // completes successfully only once each of its packets went out; a request
 // packet carries a PSN of a message still outstanding and within the window
-// of unacknowledged PSNs; the window accounting matches has_room(); no byte
-// lands outside a local buffer.
+// of unacknowledged PSNs; no more READs and atomics than max_rd_atomic are
+// out at once; the window accounting matches has_room(); no byte lands
+// outside a local buffer.
 #pragma once
 
 #include <algorithm>
@@ -37,8 +38,11 @@ class RequesterLedger {
     uint8_t* data() { return local.data() + kGuard; }
   };
 
-  RequesterLedger(bool reliable, uint32_t mtu, uint32_t start_psn)
-      : reliable_(reliable), mtu_(mtu), next_psn_(start_psn & transport::kPsnMask) {}
+  RequesterLedger(bool reliable, uint32_t mtu, uint32_t start_psn, uint32_t max_rd_atomic)
+      : reliable_(reliable),
+        mtu_(mtu),
+        next_psn_(start_psn & transport::kPsnMask),
+        rd_atomic_limit_(std::max<uint32_t>(1, max_rd_atomic)) {}
 
   // A message about to be posted: its local buffer (filled with `fill`).
   Posted& add(uint32_t position, transport::Operation op, uint64_t length, uint8_t fill) {
@@ -90,6 +94,14 @@ class RequesterLedger {
   // is at most the end of the oldest message still outstanding.
   void step_ends() {
     if (!reliable_) return;
+    // Every READ or atomic sent and not completed the responder may have
+    // run, and it keeps only max_dest_rd_atomic of them to answer again: no
+    // more than max_rd_atomic may be out at once. (Checked here, once the
+    // step's completions are in: one completes and the next goes out in the
+    // same call.)
+    const auto out = std::count_if(posted_.begin(), posted_.end(),
+                                   [](const Posted& q) { return waits_for_answer(q.op) && q.sent[0]; });
+    if (static_cast<uint32_t>(out) > rd_atomic_limit_) broken("no more READs and atomics in flight than max_rd_atomic");
     const uint32_t bound = posted_.empty() ? next_psn_ : transport::psn_add(oldest().first_psn, oldest().npsn);
     for (uint32_t psn : step_psns_) {
       if (transport::psn_diff(psn, bound) >= static_cast<int32_t>(kWindowPackets))
@@ -119,6 +131,13 @@ class RequesterLedger {
   }
 
  private:
+  // READ, CMP_AND_SWP, FETCH_AND_ADD: answered by a response the responder
+  // must be able to replay (an ATOMIC_WRITE is acknowledged like a WRITE).
+  static bool waits_for_answer(transport::Operation op) {
+    return op == transport::Operation::kRead || op == transport::Operation::kCompareSwap ||
+           op == transport::Operation::kFetchAdd;
+  }
+
   static void check_guards(const Posted& p) {
     const std::size_t n = p.local.size();
     for (std::size_t i = 0; i < kGuard; ++i) {
@@ -131,6 +150,7 @@ class RequesterLedger {
   uint32_t next_psn_;
   std::deque<Posted> posted_;
   std::vector<uint32_t> step_psns_;
+  uint32_t rd_atomic_limit_;
 };
 
 }  // namespace softhca::fuzz

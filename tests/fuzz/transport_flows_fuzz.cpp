@@ -58,7 +58,7 @@ class Session {
       : setup_(s),
         requester_(counted(s.requester, &requester_counts_)),
         responder_(counted(s.responder, &responder_counts_)),
-        ledger_(s.reliable, s.mtu, s.requester.start_psn) {
+        ledger_(s.reliable, s.mtu, s.requester.start_psn, s.requester.max_rd_atomic) {
     FakePort& fake = port_.fake();
     fake.qp_.type = s.reliable ? IBV_QPT_RC : IBV_QPT_UC;
     fake.qp_.access = s.access;
@@ -126,23 +126,23 @@ class Session {
   }
 
   // The faults stop: a flow whose retries are finite must end, every message
-  // completed or the flow failed.
+  // completed or the flow failed, and without a storm of packets.
   //
-  // Unless a forged or corrupted request moved the responder's expected PSN,
-  // or such a response named a PSN the requester waits for: then the two
-  // ends disagree about which PSNs were received, and the requester may
-  // resend for ever what the responder takes for something else, or never
-  // send what the responder waits for (a known limit: sequence NAKs, which
-  // make it resend at once, cost no retry).
+  // Even when a forged or corrupted request moved the responder's expected
+  // PSN, or such a response named a PSN the requester waits for: the two
+  // ends then disagree about which PSNs were received, and the requester may
+  // resend what the responder takes for something else, or never send what
+  // the responder waits for; but every resend costs a retry (sequence NAKs
+  // included, as on hardware), so the requester gives up.
   void drain() {
     ledger_.step_begins();
     const bool waits_for_ever = setup_.requester.timeout == 0 || setup_.requester.rnr_retry == kRnrRetryForever;
-    run(desynced_ ? 2000 : kDrainRounds, waits_for_ever ? kDrainTimeoutsForever : kDrainTimeouts);
+    run(kDrainRounds, waits_for_ever ? kDrainTimeoutsForever : kDrainTimeouts);
     step_ends();
     TRACE("drained: now %llu deadline %llu failed %d outstanding %d epsn 0x%06x next_psn 0x%06x\n",
           static_cast<unsigned long long>(now_), static_cast<unsigned long long>(requester_.deadline()),
           requester_.failed(), !ledger_.empty(), responder_.expected_psn(), requester_.next_psn());
-    if (setup_.reliable && !desynced_ && !waits_for_ever && !requester_.failed() && !ledger_.empty())
+    if (setup_.reliable && !waits_for_ever && !requester_.failed() && !ledger_.empty())
       broken("with finite retries and a clean wire, every message completes or the flow fails");
     port_.check_guards();
     ++stats.inputs;
@@ -298,7 +298,7 @@ class Session {
         fire_timer();
         continue;
       }
-      if (++busy > kStormRounds && !desynced_) broken("the wire falls quiet between timeouts: no storm of packets");
+      if (++busy > kStormRounds) broken("the wire falls quiet between timeouts: no storm of packets");
       to_responder_.deliver(0, 0, 0, [this](const wire::ParsedPacket& p) { arrive(p); });
       to_requester_.deliver(0, 0, 0, [this](const wire::ParsedPacket& p) { arrive(p); });
     }

@@ -63,6 +63,9 @@ inline Setup read_setup(script::Reader& in) {
   s.responder.reliable = s.reliable;
   s.responder.start_psn = psn;
   s.responder.resources = 1 + (c[6] & 7);
+  // Paired as applications pair them: no more READs and atomics out at once
+  // than the responder keeps to answer again.
+  s.requester.max_rd_atomic = s.responder.resources;
   s.min_rnr_timer = c[6] >> 3;
   if (c[7] & 0x80) {
     s.access = ((c[7] & 1) ? IBV_ACCESS_REMOTE_WRITE : 0) | ((c[7] & 2) ? IBV_ACCESS_REMOTE_READ : 0) |

@@ -58,10 +58,12 @@ TEST(Completer, TimeoutZeroWaitsForEver) {
     ASSERT_EQ(on_answer(Syndrome::silence(), s, 7, 0, i), Verdict::retry_at(i + kInfiniteTimeoutPollNs));
 }
 
-TEST(Completer, ASequenceErrorResendsAtOnceWithoutSpendingRetries) {
+TEST(Completer, ASequenceErrorResendsAtOnceAndSpendsARetry) {
   RetryState s = RetryState::start(7, 1);
   EXPECT_EQ(on_answer(Syndrome::nak(Answer::kNakSequenceError), s, 7, 14, 42), Verdict::retry_at(42));
-  EXPECT_EQ(s.retry_left, 1);
+  EXPECT_EQ(s.retry_left, 0);
+  EXPECT_EQ(on_answer(Syndrome::nak(Answer::kNakSequenceError), s, 7, 14, 43),
+            Verdict::complete(IBV_WC_RETRY_EXC_ERR));
 }
 
 }  // namespace
