@@ -520,6 +520,17 @@ Step Connection::on_destroy() {
   return step;
 }
 
+Step Connection::on_exit() {
+  if (state_ == ConnState::kTimewait) {
+    DrepMsg drep;
+    drep.local_comm_id = local_comm_id_;
+    drep.remote_comm_id = remote_comm_id_;
+    state_ = ConnState::kIdle;
+    return Step{CmMessage(drep), std::nullopt};
+  }
+  return on_destroy();
+}
+
 Result<QpAttrPlan> init_qp_attr(const Connection& conn, ibv_qp_type qp_type, uint8_t port_num, uint16_t pkey_index,
                                 uint32_t qkey, ibv_qp_state target) {
   QpAttrPlan plan;

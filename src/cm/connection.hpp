@@ -272,6 +272,10 @@ class Connection {
   // This id is being destroyed: the message that tells the peer (the kernel's
   // cm_destroy_id), and the connection is idle afterwards.
   Step on_destroy();
+  // The process is exiting with this id: as on_destroy, and in TIMEWAIT
+  // the DREP once more (the one answering the peer's DREQ may not have left
+  // before the exit, and no CM outlives the process to answer it again).
+  Step on_exit();
 
   // For the passive side before accept: what the REQ asked for.
   void set_local_qpn(uint32_t qpn) { neg_.local_qpn = qpn; }

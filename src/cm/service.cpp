@@ -65,8 +65,31 @@ void service_atfork_child() {
 
 void service_atexit() {
   if (g_service == nullptr || g_service_pid != ::getpid()) return;
+  g_service->tell_other_hosts_at_exit();
   g_service->table_->unregister_process(g_service->proc_);
   g_service->transport_->leave_at_exit();
+}
+
+void Service::tell_other_hosts_at_exit() {
+  // What the kernel does for the ids of a closed rdma_cm file, for the
+  // peers that would not notice otherwise: a process of this host sees our
+  // connections break, another host would wait out its timeouts (say, for
+  // the DREP of a DREQ that arrived just before the exit and whose answer
+  // had not left yet: it goes again). Ours cross theirs: a DREQ meeting the
+  // peer's own DREQ is answered and ends both.
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard g(mu_);
+    for (auto& [comm, id] : ids_) {
+      if (id->destroying_ || !id->peer_.on_other_host()) continue;
+      Step step = id->conn_.on_exit();
+      if (step.send) out.push_back({id->peer_, 0, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
+    }
+  }
+  send_all(std::move(out));
+  // And what the CM thread had decided to send before the exit began: an
+  // event it queued may be what let the application exit.
+  wait_for_unsent_at_exit();
 }
 
 Result<Service*> Service::instance() {
@@ -165,8 +188,11 @@ void Service::fire_timers() {
         SOFTHCA_DEBUG("cm: id %u: no answer to %s in time, sending it again", comm, message_name(*step.send));
       apply_step_locked(id, std::move(step), out);
     }
+    hold_exit_locked(out.size());
   }
+  const std::size_t n = out.size();
   send_all(std::move(out));
+  release_exit(n);
 }
 
 void Service::cancel_retransmit_timer_locked(CmId* id) {

@@ -388,6 +388,20 @@ class Service {
 
   friend void service_atfork_child();
   friend void service_atexit();
+  // At exit: tells each id's peer on another host, as destroying it would,
+  // and waits (200 ms at most) for the messages the CM thread has decided
+  // on but not sent yet.
+  void tell_other_hosts_at_exit();
+  // The CM thread counts the messages of a step from the moment it decides
+  // them (under mu_, before the events that come with them can be seen)
+  // until they are sent, so that an application that exits on such an
+  // event does not take them with it.
+  void hold_exit_locked(std::size_t messages);
+  void release_exit(std::size_t messages);
+  void wait_for_unsent_at_exit();
+  std::mutex unsent_mu_;
+  std::condition_variable unsent_cv_;
+  std::size_t unsent_ = 0;
 };
 
 }  // namespace softhca::cm

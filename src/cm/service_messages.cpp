@@ -98,8 +98,29 @@ void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
         apply_step_locked(id, id->conn_.on_message(mad->msg), out);
       }
     }
+    hold_exit_locked(out.size());
   }
+  const std::size_t n = out.size();
   send_all(std::move(out));
+  release_exit(n);
+}
+
+void Service::hold_exit_locked(std::size_t messages) {
+  if (messages == 0) return;
+  std::lock_guard g(unsent_mu_);
+  unsent_ += messages;
+}
+
+void Service::release_exit(std::size_t messages) {
+  if (messages == 0) return;
+  std::lock_guard g(unsent_mu_);
+  unsent_ -= messages;
+  if (unsent_ == 0) unsent_cv_.notify_all();
+}
+
+void Service::wait_for_unsent_at_exit() {
+  std::unique_lock lk(unsent_mu_);
+  unsent_cv_.wait_for(lk, std::chrono::milliseconds(200), [this] { return unsent_ == 0; });
 }
 
 }  // namespace softhca::cm

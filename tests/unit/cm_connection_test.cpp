@@ -436,3 +436,34 @@ TEST(CmConnection, SidrResolvesARemoteUdQp) {
 
 }  // namespace
 }  // namespace softhca::cm
+
+namespace softhca::cm {
+namespace {
+
+// A process that exits right after a DREQ came may not have sent its DREP
+// yet: at exit the DREP goes once more; an established id sends its DREQ.
+TEST(CmConnectionExit, TimewaitRepeatsItsDrepAndEstablishedSendsADreq) {
+  Pair p = handshake_to_rep();
+  auto rtu = p.active.establish();
+  ASSERT_TRUE(rtu.has_value() && rtu->send);
+  p.passive.on_message(*rtu->send);
+  ASSERT_EQ(p.passive.state(), ConnState::kEstablished);
+  auto dreq = p.active.disconnect();
+  ASSERT_TRUE(dreq.has_value() && dreq->send);
+  Step answered = p.passive.on_message(*dreq->send);
+  ASSERT_EQ(p.passive.state(), ConnState::kTimewait);
+  Step at_exit = p.passive.on_exit();
+  ASSERT_TRUE(at_exit.send && std::holds_alternative<DrepMsg>(*at_exit.send));
+  EXPECT_EQ(std::get<DrepMsg>(*at_exit.send), std::get<DrepMsg>(*answered.send));
+  EXPECT_FALSE(at_exit.event);
+
+  Pair q = handshake_to_rep();
+  auto rtu2 = q.active.establish();
+  ASSERT_TRUE(rtu2.has_value());
+  Step exit_established = q.active.on_exit();
+  ASSERT_TRUE(exit_established.send);
+  EXPECT_TRUE(std::holds_alternative<DreqMsg>(*exit_established.send));
+}
+
+}  // namespace
+}  // namespace softhca::cm
