@@ -65,7 +65,10 @@ void RoutingTransport::route(const ArrivedMad& arrived, const MessageFn& on_mess
     relayed.local = arrived.from.local;
     relayed.mad = arrived.mad;
     const auto envelope = encode_relayed(relayed);
-    if (local_->send(Peer{owner->pid, owner->socket_path, std::nullopt}, envelope)) return;
+    if (local_->send(Peer{owner->pid, owner->socket_path, std::nullopt}, envelope)) {
+      SOFTHCA_DEBUG("cm: passed a MAD from another host on to process %u", owner->pid);
+      return;
+    }
     SOFTHCA_DEBUG("cm: cannot pass a MAD from another host on to process %u; answering it here", owner->pid);
   }
   on_message(from, arrived.mad);
