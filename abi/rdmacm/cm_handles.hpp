@@ -21,6 +21,10 @@
 
 #include "cm/service.hpp"
 
+namespace softhca::engine {
+class Node;
+}
+
 namespace softhca::rdmacm {
 
 struct ChannelHandle {
@@ -97,6 +101,9 @@ int create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context, rdma
 // ---- the device (one softhca0 context shared by every id, as librdmacm does) ----
 bool device_present();  // without opening it (librdmacm's "No RDMA devices" check)
 ibv_context* device_context();
+// The engine node of libibverbs.so.1 behind device_context(), or null when
+// that context is not softhca's (device.cpp says why the CM needs it).
+engine::Node* verbs_node();
 // The default protection domain, allocated with the first id that needs it.
 ibv_pd* device_pd_acquire();
 void device_pd_release();

@@ -44,6 +44,8 @@ ibv_context* open_locked() {
   return g_context;
 }
 
+}  // namespace
+
 // The engine node of libibverbs.so.1, behind our device context (our
 // libibverbs keeps it in the context's verbs_context::priv): its udp link
 // carries the CM's MADs to other hosts. This library's own copy of the
@@ -57,8 +59,6 @@ engine::Node* verbs_node() {
   if (v == nullptr || v->priv == nullptr) return nullptr;
   return &reinterpret_cast<engine::Context*>(v->priv)->node();
 }
-
-}  // namespace
 
 cm::Service* service() {
   static std::atomic<cm::Service*> configured{nullptr};

@@ -2,15 +2,20 @@
 // join queues MULTICAST_JOIN (the service), whose param.ud describes the group
 // (MGID = the IPv4-mapped or IPv6 group address, QPN 0xFFFFFF, RDMA_UDP_QKEY,
 // as the kernel's cma_iboe_join_multicast sets them); handing that event out
-// attaches the id's QP with ibv_attach_mcast, and the leave detaches it.
-// Delivery is the verbs library's: every QP attached on this host, nothing
-// onto a network.
+// attaches the id's QP, and the leave detaches it. Delivery is the verbs
+// library's: every QP attached on this host through shared memory, and other
+// hosts' members through the group's IP address, which the attachment joins
+// on the interface of the id's address (as the kernel's
+// cma_iboe_join_multicast joins it on the id's netdev; ibv_attach_mcast,
+// which names no interface, would join it on all of them).
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "cm_handles.hpp"
+#include "engine/device/device_info.hpp"
+#include "engine/node.hpp"
 
 using namespace softhca;
 using namespace softhca::rdmacm;
@@ -28,6 +33,34 @@ Result<cm::IpAddress> group_of(const sockaddr* addr) {
   const bool multicast = ip->family == AF_INET ? (g[12] & 0xF0) == 0xE0 : g[0] == 0xff;
   if (!multicast) return fail(std::errc::invalid_argument);
   return ip;
+}
+
+// Attaches the id's QP to the group (0 or an errno): through libibverbs'
+// node when it is softhca's, with the group joined on the network on the
+// interface of the id's source address only (none for loopback).
+int attach(IdHandle* h, const cm::Gid& mgid) {
+  engine::Node* node = verbs_node();
+  if (node == nullptr) {
+    ibv_gid gid;
+    std::memcpy(gid.raw, mgid.data(), 16);
+    return ibv_attach_mcast(h->id.qp, &gid, 0);
+  }
+  const auto& device = engine::device_info();
+  const engine::GidEntry* source = device.gid_at(service()->info(h->impl).sgid_index);
+  const auto interfaces = source != nullptr ? engine::group_interfaces(device.gids, mgid.data(), source->ifindex)
+                                            : std::vector<uint32_t>{};
+  const auto r = node->attach_multicast(h->id.qp->qp_num, mgid.data(), interfaces);
+  return r ? 0 : to_errno(r.error());
+}
+
+int detach(IdHandle* h, const cm::Gid& mgid) {
+  if (engine::Node* node = verbs_node()) {
+    const auto r = node->detach_multicast(h->id.qp->qp_num, mgid.data());
+    return r ? 0 : to_errno(r.error());
+  }
+  ibv_gid gid;
+  std::memcpy(gid.raw, mgid.data(), 16);
+  return ibv_detach_mcast(h->id.qp, &gid, 0);
 }
 
 int join(rdma_cm_id* id, const sockaddr* addr, bool send_only, void* context) {
@@ -63,9 +96,7 @@ bool process_join(IdHandle* h, rdma_cm_event& event, const cm::Gid& mgid, void* 
   auto mc = std::find_if(h->multicast.begin(), h->multicast.end(),
                          [&](const McJoin& m) { return m.mgid == mgid && m.context == context && !m.attached; });
   if (mc == h->multicast.end() || mc->send_only || h->id.qp == nullptr) return true;
-  ibv_gid gid;
-  std::memcpy(gid.raw, mgid.data(), 16);
-  if (int rc = ibv_attach_mcast(h->id.qp, &gid, 0); rc != 0) {
+  if (int rc = attach(h, mgid); rc != 0) {
     errno = rc;
     return false;
   }
@@ -105,9 +136,7 @@ int rdma_leave_multicast(rdma_cm_id* id, sockaddr* addr) {
     });
     if (mc == h->multicast.end()) return set_errno(EADDRNOTAVAIL);  // never joined
     if (mc->attached && h->id.qp != nullptr) {
-      ibv_gid gid;
-      std::memcpy(gid.raw, mc->mgid.data(), 16);
-      if (int rc = ibv_detach_mcast(h->id.qp, &gid, 0); rc != 0) return set_errno(rc);
+      if (int rc = detach(h, mc->mgid); rc != 0) return set_errno(rc);
     }
     h->multicast.erase(mc);
     return 0;

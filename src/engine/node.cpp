@@ -57,12 +57,14 @@ Result<void> Node::start() {
   host_ = *host;
   shm_link_ = link::make_shm_link(*host_);
   udp_link_ = link::make_udp_link(*host_);
+  multicast_ = std::make_unique<MulticastMembership>(*udp_link_);
   progress_.start(host_->header(), *this);
   return {};
 }
 
 Node::~Node() {
   progress_.stop();
+  multicast_.reset();
   udp_link_.reset();  // joins its thread, which may still relay answers to QPs through the tables
   shm_link_.reset();
   delete host_;

@@ -20,6 +20,7 @@
 
 #include "common/limits.hpp"
 #include "common/result.hpp"
+#include "engine/multicast_membership.hpp"
 #include "engine/object_quota.hpp"
 #include "engine/progress_thread.hpp"
 #include "host/attachment.hpp"
@@ -87,6 +88,22 @@ class Node final : private ProgressThread::Work {
   }
   void receive_mads(link::ManagementReceiver receiver) { udp_link_->receive_management(std::move(receiver)); }
 
+  // Attaches this process's UD QP `qpn` to multicast group `mgid`: the host's
+  // group table (delivery on this host) and the group's IP address joined on
+  // `interfaces` (delivery from other hosts; group_interfaces() picks them).
+  Result<void> attach_multicast(uint32_t qpn, const uint8_t* mgid, std::span<const uint32_t> interfaces) {
+    if (auto r = registry().attach_mcast(mgid, qpn, proc()); !r) return r;
+    multicast_->add(mgid, qpn, interfaces);
+    return {};
+  }
+  Result<void> detach_multicast(uint32_t qpn, const uint8_t* mgid) {
+    if (auto r = registry().detach_mcast(mgid, qpn); !r) return r;
+    multicast_->remove(mgid, qpn);
+    return {};
+  }
+  // A destroyed QP's groups (the registry forgets them with its QPN).
+  void forget_multicast(uint32_t qpn) { multicast_->remove_qp(qpn); }
+
   ObjectTable<CompletionQueue>& cqs() { return cqs_; }
   ObjectTable<QueuePair>& qps() { return qps_; }
   ObjectTable<SharedReceiveQueue>& srqs() { return srqs_; }
@@ -117,6 +134,7 @@ class Node final : private ProgressThread::Work {
   host::Attachment* host_ = nullptr;
   std::unique_ptr<link::Link> shm_link_;
   std::unique_ptr<link::Link> udp_link_;
+  std::unique_ptr<MulticastMembership> multicast_;  // over udp_link_
   ObjectTable<CompletionQueue> cqs_;
   ObjectTable<QueuePair> qps_;
   ObjectTable<SharedReceiveQueue> srqs_;

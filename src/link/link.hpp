@@ -92,6 +92,7 @@ struct Datagram {
   uint8_t hop_limit = 0;
   uint32_t flow_label = 0;
   bool block_self_multicast = false;  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
+  uint32_t ifindex = 0;               // the interface of sgid: a group's datagrams leave through it
   Counters* qp_counters = nullptr;    // the sending QP's
 };
 
@@ -141,6 +142,13 @@ class Link {
   // installed one first and still runs), which passes each on to whichever
   // process it concerns. An empty receiver uninstalls.
   virtual void receive_management(ManagementReceiver) {}
+  // Makes this process receive the datagrams other hosts send to the IP
+  // multicast group of `mgid` (an IPv4-mapped 224.0.0.0/4 address or an
+  // IPv6 ff00::/8 one) on interface `ifindex`, until as many leave_group
+  // calls as join_group ones came. Best effort, as a switch's membership
+  // is: a group that cannot be joined is logged and stays host-only.
+  virtual void join_group(const uint8_t* /*mgid*/, uint32_t /*ifindex*/) {}
+  virtual void leave_group(const uint8_t* /*mgid*/, uint32_t /*ifindex*/) {}
 };
 
 // The shared-memory link of this host, over this process's attachment.

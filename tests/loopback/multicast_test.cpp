@@ -2,7 +2,18 @@
 // group, a send to (group GID, QPN 0xFFFFFF) reaches every attached QP with
 // the GRH naming the group and src_qp naming the sender, ibv_detach_mcast
 // stops delivery, and only UD QPs may attach.
+//
+// Attaching joins the group's IP address on every interface that reaches
+// other hosts (multicast between hosts), which would announce the group on
+// whatever network this machine is on. So these tests run in a network
+// namespace of their own holding only lo, entered before main; where none
+// can be made (no root), they are skipped.
 #include <arpa/inet.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <vector>
@@ -12,6 +23,32 @@
 
 namespace loopback {
 namespace {
+
+// Enters a network namespace of lo alone, up; false when none can be made.
+bool enter_private_network() {
+  if (::unshare(CLONE_NEWNET) != 0) return false;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  ifreq request{};
+  std::strncpy(request.ifr_name, "lo", IFNAMSIZ - 1);
+  const bool up = ::ioctl(fd, SIOCGIFFLAGS, &request) == 0 &&
+                  (request.ifr_flags |= IFF_UP, ::ioctl(fd, SIOCSIFFLAGS, &request) == 0);
+  ::close(fd);
+  return up;
+}
+
+// Static initialisation: before gtest_main starts anything (or any thread).
+const bool kPrivateNetwork = enter_private_network();
+
+class PrivateNetwork final : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (!kPrivateNetwork)
+      GTEST_SKIP() << "needs a network namespace of its own (root): attaching would join groups on this "
+                      "machine's network";
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kEnvironment = ::testing::AddGlobalTestEnvironment(new PrivateNetwork);
 
 constexpr uint32_t kGrh = softhca::limits::kUdGrhBytes;
 constexpr uint32_t kQkey = 0x01234567;  // RDMA_UDP_QKEY, what rdma_cm joins use

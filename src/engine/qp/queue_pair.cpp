@@ -162,6 +162,7 @@ QueuePair::~QueuePair() {
   if (shared_ != nullptr && qpn_ != 0) {
     shared_->state.store(host::SharedQp::kDestroyed, std::memory_order_release);
     node.registry().release_qpn(qpn_);
+    node.forget_multicast(qpn_);
     const uint64_t deadline = monotonic_ns() + 100'000'000;
     while (shared_->users.load(std::memory_order_acquire) != 0 && monotonic_ns() < deadline) __builtin_ia32_pause();
   }
@@ -600,10 +601,11 @@ void QueuePair::on_remote_event(uint32_t detail) {
 }
 
 Result<void> QueuePair::attach_multicast(const uint8_t* mgid) {
-  return node_.registry().attach_mcast(mgid, qpn_, node_.proc());
+  // ibv_attach_mcast names no address: the group is joined on every interface that can reach other hosts.
+  return node_.attach_multicast(qpn_, mgid, group_interfaces(device_info().gids, mgid));
 }
 
-Result<void> QueuePair::detach_multicast(const uint8_t* mgid) { return node_.registry().detach_mcast(mgid, qpn_); }
+Result<void> QueuePair::detach_multicast(const uint8_t* mgid) { return node_.detach_multicast(qpn_, mgid); }
 
 void QueuePair::open_channel_locked() {
   const QpAddressVector& ah = attrs_.ah;

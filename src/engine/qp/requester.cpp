@@ -134,11 +134,24 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
     to.block_self_multicast = init_.block_self_multicast;
     to.qp_counters = &shared_->counters;
     // Without a GRH there is no address: the message is lost, as UD allows.
-    // Multicast groups are delivered on this host only, for now.
     const bool multicast = to.is_global && wire::is_multicast_gid(to.dgid);
     const bool local = is_local_gid(std::span<const uint8_t, 16>(av.dgid, 16));
     const bool force_udp = setting_number(SettingId::kLink) == 1;
-    if (to.is_global && (multicast || (local && !force_udp))) {
+    if (multicast) {
+      // A group: its members on this host through shared memory, those on
+      // other hosts through the group's IP address, sent out of the source
+      // address's interface (from a loopback source it could reach nobody).
+      node_.shm_link().send_datagram(to, request);
+      const GidEntry* source = device_info().gid_at(av.sgid_index);
+      if (source != nullptr) {
+        const uint32_t ifindex = source->ifindex;
+        const auto out = group_interfaces(device_info().gids, to.dgid, ifindex);
+        if (!out.empty()) {
+          to.ifindex = ifindex;
+          node_.udp_link().send_datagram(to, request);
+        }
+      }
+    } else if (to.is_global && local && !force_udp) {
       node_.shm_link().send_datagram(to, request);
     } else if (to.is_global) {
       node_.udp_link().send_datagram(to, request);

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -74,6 +75,16 @@ wire::Gid gid_of(const uint8_t* raw) {
   return g;
 }
 
+// A group's IP address as people write it (239.1.1.1, ff0e::1).
+std::string group_name(const wire::Gid& group) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (wire::is_ipv4_mapped(group))
+    ::inet_ntop(AF_INET, group.data() + 12, text, sizeof text);
+  else
+    ::inet_ntop(AF_INET6, group.data(), text, sizeof text);
+  return text;
+}
+
 class UdpLink;
 
 // Packets encoded for sending together: a burst of a window goes out in a
@@ -95,8 +106,14 @@ struct SendBatch {
 class FlowSink final : public transport::PacketSink {
  public:
   FlowSink(UdpLink& link, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit,
-           CounterSink counters)
-      : link_(link), src_(src), dst_(dst), traffic_class_(traffic_class), hop_limit_(hop_limit), counters_(counters) {}
+           CounterSink counters, uint32_t ifindex = 0)
+      : link_(link),
+        src_(src),
+        dst_(dst),
+        traffic_class_(traffic_class),
+        hop_limit_(hop_limit),
+        counters_(counters),
+        ifindex_(ifindex) {}
   ~FlowSink();
   FlowSink(const FlowSink&) = delete;
   FlowSink& operator=(const FlowSink&) = delete;
@@ -108,6 +125,7 @@ class FlowSink final : public transport::PacketSink {
   wire::Gid src_, dst_;
   uint8_t traffic_class_, hop_limit_;
   CounterSink counters_;
+  uint32_t ifindex_;  // where a multicast datagram leaves (0: the kernel's route)
   std::unique_ptr<SendBatch> batch_;
 };
 
@@ -138,6 +156,8 @@ class UdpLink final : public link::Link {
   void listen() override { start(); }
   void send_management(const uint8_t* sgid, const uint8_t* dgid, std::span<const uint8_t> mad) override;
   void receive_management(link::ManagementReceiver receiver) override;
+  void join_group(const uint8_t* mgid, uint32_t ifindex) override { change_membership(mgid, ifindex, +1); }
+  void leave_group(const uint8_t* mgid, uint32_t ifindex) override { change_membership(mgid, ifindex, -1); }
   void poll() override {
     if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return;
     receive_all();
@@ -148,7 +168,7 @@ class UdpLink final : public link::Link {
   Counters* port_counters() { return &host_.registry().process_counters(host_.proc()); }
   // Sends one encoded packet of `flow`, through the fault schedule when
   // SOFTHCA_FAULT asks for one, into the capture when SOFTHCA_PCAP does.
-  void transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet);
+  void transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex);
   // Whether packets go one by one through the fault schedule (not batched).
   bool injecting_faults() const { return faults_.has_value(); }
   // Batches for FlowSinks: taken from a pool, sent and given back.
@@ -185,6 +205,12 @@ class UdpLink final : public link::Link {
   void count_hand_off(HandOff result);
   // False when the destination QP is not this process's.
   bool datagram(const wire::ParsedPacket& packet, const Received& from);
+  // A datagram to a multicast group: to every QP of this process attached
+  // to it (each member process joined the group and gets its own copy).
+  void group_datagram(const wire::ParsedPacket& packet, const Received& from);
+  // Hands a UD message to `target`, an attached QP of this process.
+  void deliver_datagram(const wire::ParsedPacket& packet, const Received& from, const shm::TargetQp& target);
+  void change_membership(const uint8_t* mgid, uint32_t ifindex, int by);
   uint64_t run_timers(uint64_t now);
 
   host::Attachment& host_;
@@ -219,11 +245,12 @@ class UdpLink final : public link::Link {
     uint64_t due_ns;
     wire::UdpFlow flow;
     std::vector<uint8_t> bytes;
+    uint32_t ifindex = 0;
   };
   std::mutex fault_mutex_;
   std::optional<Delayed> held_;          // a packet held back behind the next one
   std::vector<Delayed> delayed_;         // packets waiting for their delay
-  void send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet);
+  void send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex);
   // Sends delayed packets that are due (and a held one that waited too long);
   // returns the next due time, 0 for none.
   uint64_t release_delayed(uint64_t now);
@@ -243,6 +270,9 @@ class UdpLink final : public link::Link {
   link::ManagementReceiver management_receiver_;
   std::mutex mutex_;  // channels_
   std::unordered_map<uint32_t, std::shared_ptr<ChannelState>> channels_;
+  // Multicast groups joined on an interface, with how many joins each has.
+  std::mutex groups_mutex_;
+  std::map<std::pair<wire::Gid, uint32_t>, int> groups_;
 };
 
 void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) {
@@ -278,11 +308,11 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
   counters_.add(Counter::kSentPkts);
   counters_.add(Counter::kSentBytes, *encoded);
   if (!batched) {
-    link_.transmit(flow, std::span<const uint8_t>(into, *encoded));
+    link_.transmit(flow, std::span<const uint8_t>(into, *encoded), ifindex_);
     return;
   }
-  batch_->packets[batch_->count] =
-      OutgoingPacket{src_, dst_, flow.traffic_class, flow.hop_limit, std::span<const uint8_t>(into, *encoded)};
+  batch_->packets[batch_->count] = OutgoingPacket{
+      src_, dst_, flow.traffic_class, flow.hop_limit, std::span<const uint8_t>(into, *encoded), ifindex_};
   batch_->source_ports[batch_->count] = flow.src_port;
   if (++batch_->count == SendBatch::kPackets) link_.send_batch(std::move(batch_));
 }
@@ -325,17 +355,18 @@ void UdpLink::send_batch(std::unique_ptr<SendBatch> batch) {
   batch_pool_.push_back(std::move(batch));
 }
 
-void UdpLink::send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet) {
+void UdpLink::send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex) {
   if (capture_) [[maybe_unused]] auto written = capture_->write(flow, packet, realtime_ns());
-  if (auto sent = sockets_->send(flow.src_gid, flow.dst_gid, flow.traffic_class, flow.hop_limit, packet); !sent) {
+  if (auto sent = sockets_->send(flow.src_gid, flow.dst_gid, flow.traffic_class, flow.hop_limit, packet, ifindex);
+      !sent) {
     port_counters()->add(Counter::kSendErr);
     SOFTHCA_DEBUG("udp link: send failed: %s", std::strerror(to_errno(sent.error())));
   }
 }
 
-void UdpLink::transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet) {
+void UdpLink::transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex) {
   if (!faults_) {
-    send_now(flow, packet);
+    send_now(flow, packet, ifindex);
     return;
   }
   const FaultDecision d = faults_->next(packet.size());
@@ -347,21 +378,21 @@ void UdpLink::transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packe
     std::lock_guard guard(fault_mutex_);
     if (d.delay_us > 0) {
       const uint64_t due = monotonic_ns() + uint64_t{d.delay_us} * 1000;
-      delayed_.push_back(Delayed{due, flow, bytes});
-      if (d.duplicate) delayed_.push_back(Delayed{due, flow, bytes});
+      delayed_.push_back(Delayed{due, flow, bytes, ifindex});
+      if (d.duplicate) delayed_.push_back(Delayed{due, flow, bytes, ifindex});
       wake();
       return;
     }
     if (d.hold_back && !held_) {
-      held_ = Delayed{monotonic_ns() + 1'000'000, flow, bytes};  // behind the next packet, 1 ms at most
+      held_ = Delayed{monotonic_ns() + 1'000'000, flow, bytes, ifindex};  // behind the next packet, 1 ms at most
       wake();
       return;
     }
     release.swap(held_);
   }
-  send_now(flow, bytes);
-  if (d.duplicate) send_now(flow, bytes);
-  if (release) send_now(release->flow, release->bytes);
+  send_now(flow, bytes, ifindex);
+  if (d.duplicate) send_now(flow, bytes, ifindex);
+  if (release) send_now(release->flow, release->bytes, release->ifindex);
 }
 
 uint64_t UdpLink::release_delayed(uint64_t now) {
@@ -385,7 +416,7 @@ uint64_t UdpLink::release_delayed(uint64_t now) {
     }
     if (held_ && (next == 0 || held_->due_ns < next)) next = held_->due_ns;
   }
-  for (const Delayed& p : due) send_now(p.flow, p.bytes);
+  for (const Delayed& p : due) send_now(p.flow, p.bytes, p.ifindex);
   return next;
 }
 
@@ -549,7 +580,7 @@ void UdpLink::send_datagram(const link::Datagram& to, const transport::Request& 
   h.deth = wire::Deth{request.qkey, request.src_qpn};
   if (request.op == transport::Operation::kSendWithImm) h.immdt = wire::ImmDt{ntohl(request.imm_data)};
   FlowSink sink(*this, gid_of(to.sgid), gid_of(to.dgid), to.traffic_class, to.hop_limit,
-                CounterSink(to.qp_counters, port_counters()));
+                CounterSink(to.qp_counters, port_counters()), to.ifindex);
   sink.send(h, request.data, request.ndata, static_cast<uint32_t>(request.length));
 }
 
@@ -822,6 +853,10 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
       management(packet, from, bytes);
       return;
     }
+    if (qpn == wire::kMulticastQpn) {
+      group_datagram(packet, from);
+      return;
+    }
     if (!datagram(packet, from)) count_hand_off(hand_off(qpn, from, bytes));
     return;
   }
@@ -926,6 +961,45 @@ bool UdpLink::datagram(const wire::ParsedPacket& packet, const Received& from) {
   shm::TargetQp target;
   if (!shm::resolve(host_, packet.headers.bth.dest_qpn, target)) return true;
   if (target.proc != host_.proc()) return false;
+  deliver_datagram(packet, from, target);
+  return true;
+}
+
+void UdpLink::group_datagram(const wire::ParsedPacket& packet, const Received& from) {
+  // Sent to a group: the IP destination is the group's address, which is its MGID.
+  if (!packet.headers.deth || !wire::is_multicast_gid(from.dst.data())) {
+    port_counters()->add(Counter::kMalformedDrops);
+    return;
+  }
+  uint32_t members[host::kMaxMcastMembers];
+  const uint32_t n = host_.registry().mcast_members(from.dst.data(), members);
+  for (uint32_t i = 0; i < n; ++i) {
+    shm::TargetQp target;
+    // Members in other processes get the copy their own socket received.
+    if (shm::resolve(host_, members[i], target) && target.proc == host_.proc()) deliver_datagram(packet, from, target);
+  }
+}
+
+void UdpLink::change_membership(const uint8_t* mgid, uint32_t ifindex, int by) {
+  if (!start()) return;
+  const wire::Gid group = gid_of(mgid);
+  std::lock_guard guard(groups_mutex_);
+  int& count = groups_[{group, ifindex}];
+  const bool first = count == 0 && by > 0;
+  count += by;
+  const bool last = count == 0 && by < 0;
+  if (count <= 0) groups_.erase({group, ifindex});
+  if (!first && !last) return;
+  if (auto r = sockets_->membership(group, ifindex, first); !r)
+    SOFTHCA_WARN("udp link: cannot %s multicast group %s on interface %u: %s; it stays on this host",
+                 first ? "join" : "leave", group_name(group).c_str(), ifindex,
+                 std::strerror(to_errno(r.error())));
+  else
+    SOFTHCA_DEBUG("udp link: %s multicast group %s on interface %u", first ? "joined" : "left",
+                  group_name(group).c_str(), ifindex);
+}
+
+void UdpLink::deliver_datagram(const wire::ParsedPacket& packet, const Received& from, const shm::TargetQp& target) {
   const CounterSink counters(&target.qp->counters, port_counters());
   counters.add(Counter::kRcvdPkts);
   counters.add(Counter::kRcvdBytes, from.length);
@@ -946,7 +1020,6 @@ bool UdpLink::datagram(const wire::ParsedPacket& packet, const Received& from) {
   unsigned char grh[wire::kUdGrhBytes];
   wire::build_ud_grh(grh, from.src.data(), from.dst.data(), static_cast<uint32_t>(r.length), 0, 64, 0);
   transport::respond_datagram(r, std::span<const unsigned char>(grh, sizeof grh), port);
-  return true;
 }
 
 }  // namespace

@@ -18,6 +18,13 @@ constexpr int kBufferBytes = 8 << 20;  // a window of packets in each direction
 
 void set_int(int fd, int level, int name, int value) { ::setsockopt(fd, level, name, &value, sizeof value); }
 
+// IPV6_MULTICAST_ALL (Linux 4.20), which glibc's headers may not name yet.
+#ifdef IPV6_MULTICAST_ALL
+constexpr int kIpv6MulticastAll = IPV6_MULTICAST_ALL;
+#else
+constexpr int kIpv6MulticastAll = 29;
+#endif
+
 // Socket buffers that hold a window of packets: net.core.rmem_max (often
 // 208 KiB) would drop most of a burst. SO_*BUFFORCE passes the limit where
 // we may (CAP_NET_ADMIN); elsewhere the kernel's maximum is what we get.
@@ -37,6 +44,8 @@ int bind_v4(uint16_t port, bool reuse) {
   // DF, and with it IP ID 0 from an unconnected socket: the header image the
   // ICRC covers (wire/ip_udp.hpp).
   set_int(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO);
+  set_int(fd, IPPROTO_IP, IP_MULTICAST_ALL, 0);
+  set_int(fd, IPPROTO_IP, IP_MULTICAST_LOOP, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -56,6 +65,8 @@ int bind_v6(uint16_t port, bool reuse) {
   set_buffers(fd);
   set_int(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1);
   set_int(fd, IPPROTO_IPV6, IPV6_DONTFRAG, 1);
+  set_int(fd, IPPROTO_IPV6, kIpv6MulticastAll, 0);
+  set_int(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, 0);
   sockaddr_in6 a{};
   a.sin6_family = AF_INET6;
   a.sin6_port = htons(port);
@@ -142,6 +153,7 @@ bool prepare(const OutgoingPacket& packet, PreparedSend& p, msghdr& msg) {
     msg.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2;
     in_pktinfo info{};
     std::memcpy(&info.ipi_spec_dst, packet.src.data() + 12, 4);
+    info.ipi_ifindex = static_cast<int>(packet.ifindex);
     cmsghdr* c = put_cmsg(msg, nullptr, IPPROTO_IP, IP_PKTINFO, info);
     c = put_cmsg(msg, c, IPPROTO_IP, IP_TTL, hops);
     put_cmsg(msg, c, IPPROTO_IP, IP_TOS, tclass);
@@ -156,6 +168,7 @@ bool prepare(const OutgoingPacket& packet, PreparedSend& p, msghdr& msg) {
   msg.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2;
   in6_pktinfo info{};
   std::memcpy(&info.ipi6_addr, packet.src.data(), 16);
+  info.ipi6_ifindex = packet.ifindex;
   cmsghdr* c = put_cmsg(msg, nullptr, IPPROTO_IPV6, IPV6_PKTINFO, info);
   c = put_cmsg(msg, c, IPPROTO_IPV6, IPV6_HOPLIMIT, hops);
   put_cmsg(msg, c, IPPROTO_IPV6, IPV6_TCLASS, tclass);
@@ -165,10 +178,30 @@ bool prepare(const OutgoingPacket& packet, PreparedSend& p, msghdr& msg) {
 }  // namespace
 
 Result<void> Sockets::send(const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit,
-                           std::span<const uint8_t> payload) {
-  const OutgoingPacket packet{src, dst, traffic_class, hop_limit, payload};
+                           std::span<const uint8_t> payload, uint32_t ifindex) {
+  const OutgoingPacket packet{src, dst, traffic_class, hop_limit, payload, ifindex};
   return send_batch(std::span<const OutgoingPacket>(&packet, 1)) == 0 ? Result<void>{}
                                                                        : fail(std::errc(errno));
+}
+
+Result<void> Sockets::membership(const wire::Gid& group, uint32_t ifindex, bool join) {
+  int rc;
+  if (wire::is_ipv4_mapped(group)) {
+    if (recv4_ < 0) return fail(std::errc::address_family_not_supported);
+    ip_mreqn request{};
+    std::memcpy(&request.imr_multiaddr, group.data() + 12, 4);
+    request.imr_ifindex = static_cast<int>(ifindex);
+    rc = ::setsockopt(recv4_, IPPROTO_IP, join ? IP_ADD_MEMBERSHIP : IP_DROP_MEMBERSHIP, &request, sizeof request);
+  } else {
+    if (recv6_ < 0) return fail(std::errc::address_family_not_supported);
+    ipv6_mreq request{};
+    std::memcpy(&request.ipv6mr_multiaddr, group.data(), 16);
+    request.ipv6mr_interface = ifindex;
+    rc = ::setsockopt(recv6_, IPPROTO_IPV6, join ? IPV6_ADD_MEMBERSHIP : IPV6_DROP_MEMBERSHIP, &request,
+                      sizeof request);
+  }
+  if (rc != 0) return fail(std::errc(errno));
+  return {};
 }
 
 size_t Sockets::send_batch(std::span<const OutgoingPacket> packets) {

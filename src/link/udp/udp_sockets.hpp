@@ -23,13 +23,15 @@ struct Received {
 };
 
 // One packet to send: its addresses (the source stated, since the ICRC
-// covers it), IP hop limit and traffic class, and its UDP payload.
+// covers it), IP hop limit and traffic class, its UDP payload, and for a
+// multicast group the interface it leaves through (0: the kernel's choice).
 struct OutgoingPacket {
   wire::Gid src;
   wire::Gid dst;
   uint8_t traffic_class = 0;
   uint8_t hop_limit = 0;
   std::span<const uint8_t> bytes;
+  uint32_t ifindex = 0;
 };
 
 class Sockets {
@@ -48,7 +50,14 @@ class Sockets {
 
   // Sends one UDP payload from `src` to `dst`, port 4791.
   Result<void> send(const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit,
-                    std::span<const uint8_t> payload);
+                    std::span<const uint8_t> payload, uint32_t ifindex = 0);
+  // Joins (or leaves) IP multicast group `group` (IPv4-mapped or IPv6) on
+  // interface `ifindex`: the receiving socket of its IP version then gets
+  // what is sent to the group there. Only a socket that joined a group gets
+  // its datagrams (IP_MULTICAST_ALL off), and what this process sends to a
+  // group does not come back to this host (multicast loopback off: the
+  // host's own members get it through shared memory).
+  Result<void> membership(const wire::Gid& group, uint32_t ifindex, bool join);
   // Sends `packets` in order, a system call per run of one IP version
   // (sendmmsg); returns how many were refused (and are lost, as on a wire).
   size_t send_batch(std::span<const OutgoingPacket> packets);
