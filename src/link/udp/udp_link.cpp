@@ -270,9 +270,14 @@ class UdpLink final : public link::Link {
   link::ManagementReceiver management_receiver_;
   std::mutex mutex_;  // channels_
   std::unordered_map<uint32_t, std::shared_ptr<ChannelState>> channels_;
-  // Multicast groups joined on an interface, with how many joins each has.
+  // Multicast groups on an interface: how many joins each has, and whether
+  // the socket is a member (the kernel may refuse).
+  struct Membership {
+    int count = 0;
+    bool joined = false;
+  };
   std::mutex groups_mutex_;
-  std::map<std::pair<wire::Gid, uint32_t>, int> groups_;
+  std::map<std::pair<wire::Gid, uint32_t>, Membership> groups_;
 };
 
 void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) {
@@ -984,19 +989,29 @@ void UdpLink::change_membership(const uint8_t* mgid, uint32_t ifindex, int by) {
   if (!start()) return;
   const wire::Gid group = gid_of(mgid);
   std::lock_guard guard(groups_mutex_);
-  int& count = groups_[{group, ifindex}];
-  const bool first = count == 0 && by > 0;
-  count += by;
-  const bool last = count == 0 && by < 0;
-  if (count <= 0) groups_.erase({group, ifindex});
-  if (!first && !last) return;
-  if (auto r = sockets_->membership(group, ifindex, first); !r)
-    SOFTHCA_WARN("udp link: cannot %s multicast group %s on interface %u: %s; it stays on this host",
-                 first ? "join" : "leave", group_name(group).c_str(), ifindex,
-                 std::strerror(to_errno(r.error())));
-  else
-    SOFTHCA_DEBUG("udp link: %s multicast group %s on interface %u", first ? "joined" : "left",
-                  group_name(group).c_str(), ifindex);
+  Membership& m = groups_[{group, ifindex}];
+  const bool first = m.count == 0 && by > 0;
+  m.count += by;
+  const bool last = m.count <= 0;
+  if (first) {
+    // Past the kernel's limit of groups per socket (net.ipv4.igmp_max_memberships,
+    // 20 by default) this fails: the group then reaches this host's members only.
+    const auto r = sockets_->membership(group, ifindex, true);
+    m.joined = r.has_value();
+    if (r)
+      SOFTHCA_DEBUG("udp link: joined multicast group %s on interface %u", group_name(group).c_str(), ifindex);
+    else
+      SOFTHCA_WARN("udp link: cannot join multicast group %s on interface %u: %s; other hosts' datagrams to it "
+                   "will not reach this process",
+                   group_name(group).c_str(), ifindex, std::strerror(to_errno(r.error())));
+  }
+  if (!last) return;
+  if (m.joined) {
+    if (auto r = sockets_->membership(group, ifindex, false); !r)
+      SOFTHCA_DEBUG("udp link: cannot leave multicast group %s on interface %u: %s", group_name(group).c_str(),
+                    ifindex, std::strerror(to_errno(r.error())));
+  }
+  groups_.erase({group, ifindex});
 }
 
 void UdpLink::deliver_datagram(const wire::ParsedPacket& packet, const Received& from, const shm::TargetQp& target) {
