@@ -32,7 +32,7 @@ void fill_path_record(const cm::IdInfo& info, ibv_sa_path_rec& rec) {
   rec.numb_path = 1;
   rec.pkey = htobe16(info.pkey);
   rec.mtu_selector = 2;
-  rec.mtu = IBV_MTU_4096;
+  rec.mtu = static_cast<ibv_mtu>(info.path_mtu);
   rec.rate_selector = 2;
   rec.rate = IBV_RATE_100_GBPS;
   rec.packet_life_time_selector = 2;

@@ -37,6 +37,11 @@ Gid gid_at(uint32_t index) {
   return g;
 }
 
+uint8_t path_mtu_at(uint32_t index) {
+  const auto* e = engine::device_info().gid_at(index);
+  return static_cast<uint8_t>(engine::mtu_enum(e != nullptr && e->mtu != 0 ? e->mtu : 4096));
+}
+
 }  // namespace detail
 
 namespace {

@@ -99,6 +99,7 @@ struct IdInfo {
   uint8_t sgid_index = 0;
   Gid sgid{};
   Gid dgid{};
+  uint8_t path_mtu = IBV_MTU_4096;  // enum ibv_mtu: the interface's, or the connection's once negotiated
   uint16_t pkey = 0xFFFF;
   uint8_t traffic_class = 0;
   ConnState conn_state = ConnState::kIdle;

@@ -62,6 +62,7 @@ PathInfo Service::request_path(const CmId& id) {
   path.dgid = id.dgid_;
   path.sgid_index = id.sgid_index_;
   path.traffic_class = id.traffic_class_;
+  path.mtu = detail::path_mtu_at(id.sgid_index_);
   return path;
 }
 

@@ -94,6 +94,7 @@ IdInfo Service::info(CmId* id) {
   i.traffic_class = id->traffic_class_;
   i.conn_state = id->conn_.state();
   i.negotiated = id->conn_.negotiated();
+  i.path_mtu = id->conn_.has_cm() ? i.negotiated.path.mtu : detail::path_mtu_at(id->sgid_index_);
   i.listening = id->listening_;
   i.route_resolved = id->route_resolved_;
   return i;

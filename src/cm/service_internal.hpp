@@ -17,6 +17,10 @@ std::mt19937& rng();
 uint32_t random_psn();
 // The GID at `index` of softhca0's table (zero when there is none).
 Gid gid_at(uint32_t index);
+// The path MTU (enum ibv_mtu) through the interface of GID `index`: the
+// largest whose RoCEv2 packets fit that interface, as the kernel's
+// iboe_get_mtu derives a RoCE path's MTU from its netdev (4096 if unknown).
+uint8_t path_mtu_at(uint32_t index);
 
 // The key of a passive id in Service::passive_by_peer_.
 inline uint64_t peer_key(const Peer& peer, uint32_t remote_comm_id) {

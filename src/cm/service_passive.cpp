@@ -159,6 +159,7 @@ void Service::on_req(const Peer& from, const Mad& mad, std::vector<Outgoing>& ou
   path.dgid = child->dgid_;
   path.sgid_index = child->sgid_index_;
   path.pkey = req.pkey;
+  path.mtu = detail::path_mtu_at(child->sgid_index_);
   path.hop_limit = req.primary_hop_limit != 0 ? req.primary_hop_limit : path.hop_limit;
   path.traffic_class = req.primary_traffic_class;
   path.flow_label = req.primary_flow_label;

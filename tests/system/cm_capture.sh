@@ -33,6 +33,9 @@ for msg in ConnectRequest ConnectReply ReadyToUse DisconnectRequest DisconnectRe
 done
 bad=$(awk -F'\t' '$2 != "0x0000000080010000" || $3 != "0x00000001" || $4 != "0x07"' <<<"$cm")
 [[ -z $bad ]] || { echo "FAIL: QP1 packets that are not GSI CM MADs:"; echo "$bad"; fail=1; }
+# The path MTU the REQ offers is the veth's (1500 bytes: IBV_MTU_1024, 3).
+mtus=$(ts -Y "infiniband.cm.req.pppmtu" -T fields -e infiniband.cm.req.pppmtu | sort -u | tr '\n' ' ')
+[[ $mtus == "0x03 " || $mtus == "3 " ]] || { echo "FAIL: the REQ's path MTU is '$mtus', not IBV_MTU_1024 (3)"; fail=1; }
 data=$(ts -Y "infiniband.bth.destqp != 1" | wc -l)
 ((data > 0)) || { echo "FAIL: no data packets between the connect and the disconnect"; fail=1; }
 malformed=$(ts -Y "_ws.malformed || _ws.expert.severity >= error" | wc -l)

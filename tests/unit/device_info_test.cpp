@@ -234,5 +234,24 @@ TEST(ActiveMtu, IsTheSmallestOfTheInterfacesThatLeaveTheHost) {
   EXPECT_EQ(mtu_enum(256), IBV_MTU_256);
 }
 
+// Each GID carries its interface's RoCE MTU: rdma_cm's path record takes it
+// from the id's interface, as the kernel does from the netdev.
+TEST(GidTable, EachEntryCarriesItsInterfacesRoceMtu) {
+  InterfaceAddress lo = v4("127.0.0.1", 1, "lo");
+  lo.mtu = 65536;
+  InterfaceAddress eth = v4("198.18.0.1", 2, "eth0");
+  eth.mtu = 1500;
+  InterfaceAddress jumbo = v6("2001:2::1", 3, "jumbo");
+  jumbo.mtu = 9000;
+  InterfaceAddress unknown = v4("198.18.1.1", 4, "tun0");
+  const InterfaceAddress all[] = {lo, eth, jumbo, unknown};
+  const auto gids = build_gid_table(all);
+  ASSERT_EQ(gids.size(), 4u);
+  EXPECT_EQ(gids[0].mtu, 4096u);
+  EXPECT_EQ(gids[1].mtu, 1024u);
+  EXPECT_EQ(gids[2].mtu, 0u) << "no MTU known for tun0";
+  EXPECT_EQ(gids[3].mtu, 4096u);
+}
+
 }  // namespace
 }  // namespace softhca::engine

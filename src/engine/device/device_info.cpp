@@ -35,6 +35,7 @@ std::optional<Candidate> classify(const InterfaceAddress& a) {
   c.entry.type = GidType::kRoceV2;
   c.entry.ifindex = a.ifindex;
   c.entry.ifname = a.ifname;
+  c.entry.mtu = a.mtu != 0 ? roce_mtu_for(a.mtu) : 0;
   if (a.family == AF_INET) {
     const std::span<const uint8_t, 4> v4(a.address.data(), 4);
     if (v4[0] == 0 && v4[1] == 0 && v4[2] == 0 && v4[3] == 0) return std::nullopt;

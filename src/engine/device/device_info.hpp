@@ -38,6 +38,7 @@ struct GidEntry {
   GidType type = GidType::kRoceV2;
   uint32_t ifindex = 0;  // 0 when no netdev backs the entry
   std::string ifname;
+  uint32_t mtu = 0;      // the largest IB MTU (bytes) of the interface's RoCEv2 packets; 0 unknown
 };
 
 // One address of a local interface, as getifaddrs reports it.
