@@ -83,7 +83,7 @@ void Service::tell_other_hosts_at_exit() {
     for (auto& [comm, id] : ids_) {
       if (id->destroying_ || !id->peer_.on_other_host()) continue;
       Step step = id->conn_.on_exit();
-      if (step.send) out.push_back({id->peer_, 0, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
+      if (step.send) out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kIgnore));
     }
   }
   send_all(std::move(out));
@@ -222,7 +222,7 @@ uint8_t Service::max_initiator_depth() { return static_cast<uint8_t>(limits::kMa
 
 void Service::apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& out) {
   if (step.send && id->peer_.known())
-    out.push_back({id->peer_, id->comm_id_, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
+    out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kFailId));
   if (step.event && !id->destroying_) {
     push_event_locked(id->channel_, Event{id, nullptr, id, *step.event});
     if (step.event->type == CmEventType::kDisconnected && id->conn_.state() == ConnState::kTimewait) {

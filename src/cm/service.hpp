@@ -363,6 +363,12 @@ class Service {
   // thread's loop calls for what the transport delivers. send_all runs
   // without mu_ held.
   void send_all(std::vector<Outgoing>&& out);
+  // Whether an id fails when its message cannot reach the peer
+  // (peer_unreachable). An id being destroyed, or any id of a process that
+  // exits, has no event left to report: kIgnore.
+  enum class IfUnreachable { kFailId, kIgnore };
+  // The id's message to its peer, numbered with the id's next transaction ID.
+  Outgoing message_to_peer_locked(const CmId* id, const CmMessage& msg, IfUnreachable if_unreachable);
   void on_message(const Peer& from, std::span<const uint8_t> bytes);
   void on_peer_lost(const Peer& peer);
   void peer_unreachable(uint32_t comm_id, const Peer& peer);

@@ -21,6 +21,11 @@ void Service::send_all(std::vector<Outgoing>&& out) {
   }
 }
 
+auto Service::message_to_peer_locked(const CmId* id, const CmMessage& msg, IfUnreachable if_unreachable) -> Outgoing {
+  const uint32_t fail = if_unreachable == IfUnreachable::kFailId ? id->comm_id_ : 0;
+  return {id->peer_, fail, encode(Mad{next_tid_locked(id->comm_id_), msg})};
+}
+
 void Service::peer_unreachable(uint32_t comm_id, const Peer& peer) {
   std::lock_guard g(mu_);
   auto it = ids_.find(comm_id);
