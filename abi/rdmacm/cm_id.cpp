@@ -22,6 +22,14 @@ socklen_t addr_len(const sockaddr* addr) {
   }
 }
 
+// The port of an address an id holds (network order), 0 for a family
+// without one (AF_IB, or none yet).
+__be16 port_of(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(sa)->sin_port;
+  if (sa->sa_family == AF_INET6) return reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port;
+  return 0;
+}
+
 void fill_path_record(const cm::IdInfo& info, ibv_sa_path_rec& rec) {
   std::memset(&rec, 0, sizeof rec);
   std::memcpy(rec.dgid.raw, info.dgid.data(), 16);
@@ -222,20 +230,8 @@ int rdma_init_qp_attr(rdma_cm_id* id, ibv_qp_attr* qp_attr, int* qp_attr_mask) {
   });
 }
 
-__be16 rdma_get_src_port(rdma_cm_id* id) {
-  if (id == nullptr) return 0;
-  const sockaddr* sa = &id->route.addr.src_addr;
-  if (sa->sa_family == AF_INET) return id->route.addr.src_sin.sin_port;
-  if (sa->sa_family == AF_INET6) return id->route.addr.src_sin6.sin6_port;
-  return 0;
-}
+__be16 rdma_get_src_port(rdma_cm_id* id) { return id == nullptr ? 0 : port_of(&id->route.addr.src_addr); }
 
-__be16 rdma_get_dst_port(rdma_cm_id* id) {
-  if (id == nullptr) return 0;
-  const sockaddr* sa = &id->route.addr.dst_addr;
-  if (sa->sa_family == AF_INET) return id->route.addr.dst_sin.sin_port;
-  if (sa->sa_family == AF_INET6) return id->route.addr.dst_sin6.sin6_port;
-  return 0;
-}
+__be16 rdma_get_dst_port(rdma_cm_id* id) { return id == nullptr ? 0 : port_of(&id->route.addr.dst_addr); }
 
 }  // extern "C"

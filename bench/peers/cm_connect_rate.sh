@@ -39,15 +39,17 @@ two_hosts() {
     | grep "client\]" | sed 's/^\[bench client\] //' | rate
 }
 
+# In a network and mount namespace of its own (lo, an empty /dev/shm), so
+# that nothing else on this machine shares its CM port or its softhca
+# processes; tests/system/harness.sh starts the client once the server logs
+# that it listens.
 one_host() {
   unshare -n -m --propagation private sh -c '
     ip link set lo up && mount -t tmpfs tmpfs /dev/shm || exit 1
-    export LD_LIBRARY_PATH='"$libdir"' SOFTHCA_LOG=info
-    timeout 120 cmtime -b 127.0.0.1 -p 7174 > '"$tmp"'/server 2>&1 &
-    server=$!
-    for i in $(seq 200); do grep -q "cm: listening on" '"$tmp"'/server && break; sleep 0.05; done
-    timeout 120 cmtime -s 127.0.0.1 -p 7174 -c '"$count"'
-    kill $server' 2>&1 | rate
+    exec bash "$1" --name bench --timeout 120 --libdir "$2" --port 18515 \
+      --ready-regex "cm: listening on" --server-persists --no-backtrace \
+      --server "env SOFTHCA_LOG=info cmtime -b 127.0.0.1 -p 7174" --client "cmtime -s 127.0.0.1 -p 7174 -c $3"' \
+    sh "$root/tests/system/harness.sh" "$libdir" "$count" 2>&1 | grep "client\]" | sed 's/^\[bench client\] //' | rate
 }
 
 median() { sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }'; }

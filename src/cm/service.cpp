@@ -88,7 +88,7 @@ void Service::tell_other_hosts_at_exit() {
     for (auto& [comm, id] : ids_) {
       if (id->destroying_ || !id->peer_.on_other_host()) continue;
       Step step = id->conn_.on_exit();
-      if (step.send) out.push_back({id->peer_, 0, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
+      if (step.send) out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kIgnore));
     }
   }
   send_all(std::move(out));
@@ -168,36 +168,31 @@ int Service::next_timeout_ms() {
 
 void Service::fire_timers() {
   std::vector<Outgoing> out;
-  {
-    std::lock_guard g(mu_);
-    const auto now = std::chrono::steady_clock::now();
-    while (!timewait_.empty() && timewait_.begin()->first <= now) {
-      const uint32_t comm = timewait_.begin()->second;
-      timewait_.erase(timewait_.begin());
-      auto it = ids_.find(comm);
-      if (it == ids_.end() || it->second->destroying_ || it->second->conn_.state() != ConnState::kTimewait) continue;
-      EventOut ev;
-      ev.type = CmEventType::kTimewaitExit;
-      push_event_locked(it->second->channel_, Event{it->second, nullptr, it->second, ev});
-    }
-    while (!retransmit_.empty() && retransmit_.begin()->first <= now) {
-      const uint32_t comm = retransmit_.begin()->second;
-      retransmit_.erase(retransmit_.begin());
-      auto it = ids_.find(comm);
-      if (it == ids_.end()) continue;
-      CmId* id = it->second;
-      id->rt_timer_.reset();
-      if (id->destroying_) continue;
-      Step step = id->conn_.on_timeout(id->rt_generation_);
-      if (step.send)
-        SOFTHCA_DEBUG("cm: id %u: no answer to %s in time, sending it again", comm, message_name(*step.send));
-      apply_step_locked(id, std::move(step), out);
-    }
-    hold_exit_locked(out.size());
+  std::unique_lock lk(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  while (!timewait_.empty() && timewait_.begin()->first <= now) {
+    const uint32_t comm = timewait_.begin()->second;
+    timewait_.erase(timewait_.begin());
+    auto it = ids_.find(comm);
+    if (it == ids_.end() || it->second->destroying_ || it->second->conn_.state() != ConnState::kTimewait) continue;
+    EventOut ev;
+    ev.type = CmEventType::kTimewaitExit;
+    push_event_locked(it->second->channel_, Event{it->second, nullptr, it->second, ev});
   }
-  const std::size_t n = out.size();
-  send_all(std::move(out));
-  release_exit(n);
+  while (!retransmit_.empty() && retransmit_.begin()->first <= now) {
+    const uint32_t comm = retransmit_.begin()->second;
+    retransmit_.erase(retransmit_.begin());
+    auto it = ids_.find(comm);
+    if (it == ids_.end()) continue;
+    CmId* id = it->second;
+    id->rt_timer_.reset();
+    if (id->destroying_) continue;
+    Step step = id->conn_.on_timeout(id->rt_generation_);
+    if (step.send)
+      SOFTHCA_DEBUG("cm: id %u: no answer to %s in time, sending it again", comm, message_name(*step.send));
+    apply_step_locked(id, std::move(step), out);
+  }
+  send_all(lk, std::move(out));
 }
 
 void Service::cancel_retransmit_timer_locked(CmId* id) {
@@ -227,7 +222,7 @@ uint8_t Service::max_initiator_depth() { return static_cast<uint8_t>(limits::kMa
 
 void Service::apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& out) {
   if (step.send && id->peer_.known())
-    out.push_back({id->peer_, id->comm_id_, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
+    out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kFailId));
   if (step.event && !id->destroying_) {
     push_event_locked(id->channel_, Event{id, nullptr, id, *step.event});
     if (step.event->type == CmEventType::kDisconnected && id->conn_.state() == ConnState::kTimewait) {

@@ -364,6 +364,18 @@ class Service {
   // thread's loop calls for what the transport delivers. send_all runs
   // without mu_ held.
   void send_all(std::vector<Outgoing>&& out);
+  // What the CM thread sends (on_message, fire_timers): the messages it
+  // decided on under `decided` (a lock of mu_, which this releases) count as
+  // unsent from before the events that come with them can be seen until
+  // they are sent, so that an application that exits on such an event does
+  // not take them with it (wait_for_unsent_at_exit).
+  void send_all(std::unique_lock<std::mutex>& decided, std::vector<Outgoing>&& out);
+  // Whether an id fails when its message cannot reach the peer
+  // (peer_unreachable). An id being destroyed, or any id of a process that
+  // exits, has no event left to report: kIgnore.
+  enum class IfUnreachable { kFailId, kIgnore };
+  // The id's message to its peer, numbered with the id's next transaction ID.
+  Outgoing message_to_peer_locked(const CmId* id, const CmMessage& msg, IfUnreachable if_unreachable);
   void on_message(const Peer& from, std::span<const uint8_t> bytes);
   void on_peer_lost(const Peer& peer);
   void peer_unreachable(uint32_t comm_id, const Peer& peer);
@@ -393,12 +405,7 @@ class Service {
   // and waits (200 ms at most) for the messages the CM thread has decided
   // on but not sent yet.
   void tell_other_hosts_at_exit();
-  // The CM thread counts the messages of a step from the moment it decides
-  // them (under mu_, before the events that come with them can be seen)
-  // until they are sent, so that an application that exits on such an
-  // event does not take them with it.
-  void hold_exit_locked(std::size_t messages);
-  void release_exit(std::size_t messages);
+  // Waits for what the CM thread's send_all has counted as unsent.
   void wait_for_unsent_at_exit();
   std::mutex unsent_mu_;
   std::condition_variable unsent_cv_;

@@ -63,7 +63,7 @@ void Service::tear_down_locked(CmId* id, std::vector<Outgoing>& out) {
   id->destroying_ = true;
   Step step = id->conn_.on_destroy();
   if (step.send && id->peer_.known())
-    out.push_back({id->peer_, 0, encode(Mad{next_tid_locked(id->comm_id_), *step.send})});
+    out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kIgnore));
   cancel_retransmit_timer_locked(id);
   if (id->listening_) std::erase(listeners_, id);
   if (id->binding_ != 0) {

@@ -21,6 +21,11 @@ void Service::send_all(std::vector<Outgoing>&& out) {
   }
 }
 
+auto Service::message_to_peer_locked(const CmId* id, const CmMessage& msg, IfUnreachable if_unreachable) -> Outgoing {
+  const uint32_t fail = if_unreachable == IfUnreachable::kFailId ? id->comm_id_ : 0;
+  return {id->peer_, fail, encode(Mad{next_tid_locked(id->comm_id_), msg})};
+}
+
 void Service::peer_unreachable(uint32_t comm_id, const Peer& peer) {
   std::lock_guard g(mu_);
   auto it = ids_.find(comm_id);
@@ -62,59 +67,60 @@ void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
     return;
   }
   std::vector<Outgoing> out;
-  {
-    std::lock_guard g(mu_);
-    if (std::holds_alternative<ReqMsg>(mad->msg)) {
-      on_req(from, *mad, out);
-    } else if (std::holds_alternative<SidrReqMsg>(mad->msg)) {
-      on_sidr_req(from, *mad, out);
-    } else {
-      uint32_t local = 0, remote = 0;
-      std::visit(
-          [&](const auto& m) {
-            using T = std::decay_t<decltype(m)>;
-            if constexpr (std::is_same_v<T, SidrRepMsg>) {
-              local = m.request_id;
-            } else if constexpr (!std::is_same_v<T, ReqMsg> && !std::is_same_v<T, SidrReqMsg>) {
-              local = m.remote_comm_id;
-              remote = m.local_comm_id;
-            }
-          },
-          mad->msg);
-      auto it = ids_.find(local);
-      CmId* id = it == ids_.end() ? nullptr : it->second;
-      const bool stale = id == nullptr || id->destroying_ || !id->peer_.same_cm(from) ||
-                         (id->conn_.remote_comm_id() != 0 && remote != 0 && id->conn_.remote_comm_id() != remote);
-      if (stale) {
-        SOFTHCA_DEBUG("cm: dropping a %s for comm id %u, which has no such peer", message_name(mad->msg), local);
-        if (const auto* dreq = std::get_if<DreqMsg>(&mad->msg)) {
-          // The kernel's CM answers a DREQ for an id it no longer has, so the
-          // peer does not wait for its DREP timeout.
-          DrepMsg drep;
-          drep.remote_comm_id = dreq->local_comm_id;
-          out.push_back({from, 0, encode(Mad{mad->tid, CmMessage(drep)})});
-        }
-      } else {
-        apply_step_locked(id, id->conn_.on_message(mad->msg), out);
+  std::unique_lock lk(mu_);
+  if (std::holds_alternative<ReqMsg>(mad->msg)) {
+    on_req(from, *mad, out);
+  } else if (std::holds_alternative<SidrReqMsg>(mad->msg)) {
+    on_sidr_req(from, *mad, out);
+  } else {
+    uint32_t local = 0, remote = 0;
+    std::visit(
+        [&](const auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, SidrRepMsg>) {
+            local = m.request_id;
+          } else if constexpr (!std::is_same_v<T, ReqMsg> && !std::is_same_v<T, SidrReqMsg>) {
+            local = m.remote_comm_id;
+            remote = m.local_comm_id;
+          }
+        },
+        mad->msg);
+    auto it = ids_.find(local);
+    CmId* id = it == ids_.end() ? nullptr : it->second;
+    const bool stale = id == nullptr || id->destroying_ || !id->peer_.same_cm(from) ||
+                       (id->conn_.remote_comm_id() != 0 && remote != 0 && id->conn_.remote_comm_id() != remote);
+    if (stale) {
+      SOFTHCA_DEBUG("cm: dropping a %s for comm id %u, which has no such peer", message_name(mad->msg), local);
+      if (const auto* dreq = std::get_if<DreqMsg>(&mad->msg)) {
+        // The kernel's CM answers a DREQ for an id it no longer has, so the
+        // peer does not wait for its DREP timeout.
+        DrepMsg drep;
+        drep.remote_comm_id = dreq->local_comm_id;
+        out.push_back({from, 0, encode(Mad{mad->tid, CmMessage(drep)})});
       }
+    } else {
+      apply_step_locked(id, id->conn_.on_message(mad->msg), out);
     }
-    hold_exit_locked(out.size());
   }
+  send_all(lk, std::move(out));
+}
+
+void Service::send_all(std::unique_lock<std::mutex>& decided, std::vector<Outgoing>&& out) {
   const std::size_t n = out.size();
+  if (n == 0) {
+    decided.unlock();
+    return;
+  }
+  {
+    // Counted before mu_ is let go: from then on the application may see
+    // the events that came with these messages, and exit on them.
+    std::lock_guard g(unsent_mu_);
+    unsent_ += n;
+  }
+  decided.unlock();
   send_all(std::move(out));
-  release_exit(n);
-}
-
-void Service::hold_exit_locked(std::size_t messages) {
-  if (messages == 0) return;
   std::lock_guard g(unsent_mu_);
-  unsent_ += messages;
-}
-
-void Service::release_exit(std::size_t messages) {
-  if (messages == 0) return;
-  std::lock_guard g(unsent_mu_);
-  unsent_ -= messages;
+  unsent_ -= n;
   if (unsent_ == 0) unsent_cv_.notify_all();
 }
 

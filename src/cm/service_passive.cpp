@@ -168,7 +168,8 @@ void Service::on_req(const Peer& from, const Mad& mad, std::vector<Outgoing>& ou
   child->conn_ = Connection::from_req(req, child->comm_id_, detail::random_psn(), path, kIpHeaderSize, step);
   admit_request_locked(ids->listener, child, *step.event);
   // The MRA: the application answers in its own time, not in the REQ's.
-  if (step.send) out.push_back({from, child->comm_id_, encode(Mad{next_tid_locked(child->comm_id_), *step.send})});
+  // (The child's peer is `from`: new_passive_id_locked.)
+  if (step.send) out.push_back(message_to_peer_locked(child, *step.send, IfUnreachable::kFailId));
 }
 
 Result<void> Service::accept(CmId* id, const AcceptRequest& req) {

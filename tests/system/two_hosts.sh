@@ -8,7 +8,7 @@
 #
 #   two_hosts.sh --name NAME --libdir DIR --port PORT --timeout SECS \
 #                --server 'CMD ARGS' --client 'CMD ARGS' [--expect RE]... [--env VAR=VALUE]...
-#                [--ready-log RE] [--server-persists] [--reject RE]...
+#                [--ready-log RE [--ready-count N]] [--server-persists] [--reject RE]...
 #                [--cut-after-packets N | --kill-after-packets N] [--client-fails-within SECS]
 #
 # --cut-after-packets N takes the server's host off the network (its veth
@@ -27,8 +27,11 @@
 # (the out-of-band exchange of perftest and the pingpongs), or, with
 # --ready-log, once the server's output matches RE (an rdma_cm server
 # listens on no TCP port: run it with SOFTHCA_LOG=info and wait for
-# softhca's "cm: listening on" line). --server-persists: the server never
-# exits by itself (cmtime); it is stopped once the client has exited, and
+# softhca's "cm: listening on" line); with --ready-count N, once N lines
+# of it match (a server command that starts N listening processes). The
+# wait is bounded (20 s) and ends early if the server exits.
+# --server-persists: the server never exits by itself (cmtime); it is
+# stopped once the client has exited, and
 # only the client's status counts. --reject RE fails the run when either
 # program's output matches RE (rdma_cm programs report some failures and
 # still exit 0). Each program is
@@ -39,7 +42,7 @@
 set -u -o pipefail
 
 name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" cut_link=1 fail_within=""
-expects=() rejects=() envs=() ready_log="" server_persists=0
+expects=() rejects=() envs=() ready_log="" ready_count=1 server_persists=0
 while (($#)); do
   case $1 in
     --name) name=$2; shift ;;
@@ -52,6 +55,7 @@ while (($#)); do
     --reject) rejects+=("$2"); shift ;;
     --env) envs+=("$2"); shift ;;
     --ready-log) ready_log=$2; shift ;;
+    --ready-count) ready_count=$2; shift ;;
     --server-persists) server_persists=1 ;;
     --cut-after-packets) cut_packets=$2 cut_link=1; shift ;;
     --kill-after-packets) cut_packets=$2 cut_link=0; shift ;;
@@ -62,6 +66,7 @@ while (($#)); do
   shift
 done
 [[ -n $name && -n $libdir && -n $port && -n $server && -n $client ]] || { echo "two_hosts.sh: missing arguments (see --help)" >&2; exit 2; }
+[[ $ready_count =~ ^[1-9][0-9]*$ ]] || { echo "two_hosts.sh: --ready-count takes a whole number >= 1" >&2; exit 2; }
 
 a_ip=198.18.0.1 b_ip=198.18.0.2 a_ip6=2001:2::1 b_ip6=2001:2::2
 ns_a="softhca-$$-a" ns_b="softhca-$$-b"
@@ -114,7 +119,8 @@ server_pid=$!
 ready=0
 for ((i = 0; i < 400; i++)); do
   if [[ -n $ready_log ]]; then
-    if grep -Eq -- "$ready_log" "$work/server" 2>/dev/null; then ready=1; break; fi
+    matched=$(grep -Ec -- "$ready_log" "$work/server" 2>/dev/null)
+    if ((${matched:-0} >= ready_count)); then ready=1; break; fi
   elif ip netns exec "$ns_a" ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
     ready=1
     break
@@ -174,7 +180,7 @@ elif ((ready)); then
   fi
 else
   if [[ -n $ready_log ]]; then
-    echo "[$name] the server's output did not match /$ready_log/ within 20 s"
+    echo "[$name] the server's output did not have $ready_count line(s) matching /$ready_log/ within 20 s"
   else
     echo "[$name] the server did not listen on TCP $port within 20 s"
   fi

@@ -149,6 +149,20 @@ class Client {
 
 uint64_t payload_bytes(const Case& c) { return uint64_t{c.count} * (is_atomic(c.op) ? 8 : c.size); }
 
+// The end of a run: says goodbye and reads the server's verdict on all it
+// checked; false (and the reason printed) unless it found no errors.
+bool server_found_no_errors(Channel& channel, const PeerOptions& options) {
+  Msg bye;
+  bye.type = MsgType::kBye;
+  std::string error = channel.send(bye);
+  auto summary = error.empty() ? channel.recv(Clock::now() + options.op_timeout) : std::unexpected(error);
+  if (!summary || summary->w[0] != 0) {
+    std::printf("integrity: FAILED: the server %s\n", summary ? "found errors" : summary.error().c_str());
+    return false;
+  }
+  return true;
+}
+
 // The cases, each announced to and judged by the server as well.
 int run_cases(Client& client, Channel& channel, const PeerOptions& options) {
   const std::vector<Case> cases = make_cases(options.plan);
@@ -185,14 +199,7 @@ int run_cases(Client& client, Channel& channel, const PeerOptions& options) {
     ops += c.count;
     bytes += payload_bytes(c);
   }
-  Msg bye;
-  bye.type = MsgType::kBye;
-  std::string error = channel.send(bye);
-  auto summary = error.empty() ? channel.recv(Clock::now() + options.op_timeout) : std::unexpected(error);
-  if (!summary || summary->w[0] != 0) {
-    std::printf("integrity: FAILED: the server %s\n", summary ? "found errors" : summary.error().c_str());
-    return 1;
-  }
+  if (!server_found_no_errors(channel, options)) return 1;
   std::printf("integrity: %zu cases, %llu operations, %llu bytes, all correct\n", cases.size(),
               static_cast<unsigned long long>(ops), static_cast<unsigned long long>(bytes));
   return 0;
@@ -223,14 +230,7 @@ int run_soak(Client& client, Channel& channel, const PeerOptions& options) {
     ops += 2;
     bytes += 2 * payload_bytes(write);
   }
-  Msg bye;
-  bye.type = MsgType::kBye;
-  std::string error = channel.send(bye);
-  auto summary = error.empty() ? channel.recv(Clock::now() + options.op_timeout) : std::unexpected(error);
-  if (!summary || summary->w[0] != 0) {
-    std::printf("integrity: FAILED: the server %s\n", summary ? "found errors" : summary.error().c_str());
-    return 1;
-  }
+  if (!server_found_no_errors(channel, options)) return 1;
   std::printf("integrity: soak of %d s, %llu operations, %llu bytes, all correct\n", options.soak_seconds,
               static_cast<unsigned long long>(ops), static_cast<unsigned long long>(bytes));
   return 0;
