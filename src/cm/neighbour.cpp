@@ -31,25 +31,35 @@ IpAddress address_from(uint8_t family, std::span<const uint8_t> bytes) {
   return ip;
 }
 
-// A request: the netlink header, the family header `body`, and one address attribute.
+// Appends one attribute (padded) to a message under construction.
+void put_attr(std::vector<uint8_t>& out, uint16_t type, const void* value, std::size_t len) {
+  rtattr a{};
+  a.rta_len = static_cast<unsigned short>(sizeof a + len);
+  a.rta_type = type;
+  const std::size_t at = out.size();
+  out.resize(at + align4(sizeof a + len), 0);
+  std::memcpy(out.data() + at, &a, sizeof a);
+  std::memcpy(out.data() + at + sizeof a, value, len);
+}
+
+// A request: the netlink header, the family header `body`, and the address
+// attribute; the length is set by finish().
 template <typename Body>
 std::vector<uint8_t> request(uint16_t type, uint32_t seq, const Body& body, uint16_t attr, const IpAddress& ip) {
-  const std::size_t alen = address_size(ip.family);
-  const std::size_t len = kHeader + align4(sizeof body) + align4(sizeof(rtattr) + alen);
-  std::vector<uint8_t> out(len, 0);
+  std::vector<uint8_t> out(kHeader + align4(sizeof body), 0);
   nlmsghdr h{};
-  h.nlmsg_len = static_cast<uint32_t>(len);
   h.nlmsg_type = type;
   h.nlmsg_flags = NLM_F_REQUEST;
   h.nlmsg_seq = seq;
   std::memcpy(out.data(), &h, sizeof h);
   std::memcpy(out.data() + kHeader, &body, sizeof body);
-  rtattr a{};
-  a.rta_len = static_cast<unsigned short>(sizeof(rtattr) + alen);
-  a.rta_type = attr;
-  uint8_t* at = out.data() + kHeader + align4(sizeof body);
-  std::memcpy(at, &a, sizeof a);
-  std::memcpy(at + sizeof a, address_bytes(ip), alen);
+  put_attr(out, attr, address_bytes(ip), address_size(ip.family));
+  return out;
+}
+
+std::vector<uint8_t> finish(std::vector<uint8_t> out) {
+  const auto len = static_cast<uint32_t>(out.size());
+  std::memcpy(out.data(), &len, sizeof len);  // nlmsg_len comes first
   return out;
 }
 
@@ -106,7 +116,13 @@ std::vector<uint8_t> route_request(const IpAddress& dst, uint32_t seq) {
   rtmsg r{};
   r.rtm_family = dst.family;
   r.rtm_dst_len = static_cast<unsigned char>(address_size(dst.family) * 8);
-  return request(RTM_GETROUTE, seq, r, RTA_DST, dst);
+  auto out = request(RTM_GETROUTE, seq, r, RTA_DST, dst);
+  // A scoped (link-local) IPv6 address is only routed on its interface.
+  if (dst.family == AF_INET6 && dst.scope_id != 0) {
+    const uint32_t oif = dst.scope_id;
+    put_attr(out, RTA_OIF, &oif, sizeof oif);
+  }
+  return finish(std::move(out));
 }
 
 Result<NextHop> parse_route_reply(std::span<const uint8_t> reply, uint32_t seq, const IpAddress& dst) {
@@ -127,6 +143,14 @@ Result<NextHop> parse_route_reply(std::span<const uint8_t> reply, uint32_t seq, 
       hop.ifindex = static_cast<int>(oif);
     } else if (type == RTA_GATEWAY && value.size() == alen) {
       hop.addr = address_from(dst.family, value);
+    } else if (type == RTA_VIA && value.size() >= sizeof(rtvia)) {
+      // A gateway of the other family (IPv4 routed via an IPv6 next hop):
+      // its own neighbour entry is the one to wait for.
+      uint16_t family = 0;
+      std::memcpy(&family, value.data(), sizeof family);
+      const auto bytes = value.subspan(sizeof family);
+      if ((family == AF_INET || family == AF_INET6) && bytes.size() == address_size(static_cast<uint8_t>(family)))
+        hop.addr = address_from(static_cast<uint8_t>(family), bytes);
     }
   });
   if (!ok || (hop.ifindex == 0 && !hop.local)) return fail(std::errc::bad_message);
@@ -137,7 +161,7 @@ std::vector<uint8_t> neighbour_request(const NextHop& hop, uint32_t seq) {
   ndmsg n{};
   n.ndm_family = hop.addr.family;
   n.ndm_ifindex = hop.ifindex;
-  return request(RTM_GETNEIGH, seq, n, NDA_DST, hop.addr);
+  return finish(request(RTM_GETNEIGH, seq, n, NDA_DST, hop.addr));
 }
 
 Result<uint16_t> parse_neighbour_reply(std::span<const uint8_t> reply, uint32_t seq) {

@@ -29,11 +29,12 @@ Verdict judge(uint16_t nud_state);
 
 struct NextHop {
   int ifindex = 0;
-  IpAddress addr;      // the gateway, or the destination itself when on-link
+  IpAddress addr;      // the gateway (of either family), or the destination itself when on-link
   bool local = false;  // the route leads to this host (RTN_LOCAL): no neighbour to ask
 };
 
-// RTM_GETROUTE for `dst` (its family and address; the port is ignored).
+// RTM_GETROUTE for `dst` (its family and address, and for a scoped IPv6
+// address its interface; the port is ignored).
 std::vector<uint8_t> route_request(const IpAddress& dst, uint32_t seq);
 // The answer to route_request(dst, seq). Errors: the kernel's own (an
 // NLMSG_ERROR, e.g. network_unreachable), bad_message (truncated or no

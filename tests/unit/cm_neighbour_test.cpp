@@ -134,6 +134,18 @@ TEST(NeighbourRequests, RouteRequestAsksForOneHostRoute) {
   EXPECT_EQ(req6.back(), 3);
 }
 
+TEST(NeighbourRequests, AScopedAddressIsRoutedOnItsInterface) {
+  IpAddress dst = v6({0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2});
+  dst.scope_id = 6;
+  const auto req = route_request(dst, 1);
+  ASSERT_EQ(req.size(), kHeader + sizeof(rtmsg) + 20 + 8);
+  nlmsghdr h;
+  std::memcpy(&h, req.data(), sizeof h);
+  EXPECT_EQ(h.nlmsg_len, req.size());
+  const uint8_t oif[] = {8, 0, RTA_OIF, 0, 6, 0, 0, 0};  // host order: a little-endian host's bytes
+  EXPECT_EQ(std::memcmp(req.data() + req.size() - 8, oif, sizeof oif), 0);
+}
+
 TEST(NeighbourRequests, NeighbourRequestNamesTheInterfaceAndAddress) {
   NextHop hop;
   hop.ifindex = 7;
@@ -193,6 +205,25 @@ TEST(NeighbourRoutes, Ipv6GatewayAndLocalRoutes) {
   hop = parse_route_reply(local.bytes(), 2, dst);
   ASSERT_TRUE(hop.has_value());
   EXPECT_TRUE(hop->local);
+}
+
+TEST(NeighbourRoutes, AnIpv6GatewayOfAnIpv4Route) {
+  const IpAddress dst = v4(198, 51, 100, 7);
+  const IpAddress gw = v6({0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1});
+  uint8_t via[2 + 16];
+  const uint16_t family = AF_INET6;
+  std::memcpy(via, &family, 2);
+  std::memcpy(via + 2, gw.addr.data(), 16);
+  Reply r;
+  r.message(RTM_NEWROUTE, 3, route(AF_INET, RTN_UNICAST)).attr(RTA_VIA, via, sizeof via).attr_u32(RTA_OIF, 2);
+  auto hop = parse_route_reply(r.bytes(), 3, dst);
+  ASSERT_TRUE(hop.has_value());
+  EXPECT_EQ(hop->addr, gw);
+  const auto req = neighbour_request(*hop, 4);
+  ndmsg n;
+  std::memcpy(&n, req.data() + kHeader, sizeof n);
+  EXPECT_EQ(n.ndm_family, AF_INET6);
+  EXPECT_EQ(req.size(), kHeader + sizeof n + 20);
 }
 
 TEST(NeighbourRoutes, ErrorsAndMessagesForOthers) {
