@@ -152,6 +152,7 @@ void Service::run() {
         next_timeout_ms(), [this](const Peer& from, std::span<const uint8_t> bytes) { on_message(from, bytes); },
         [this](const Peer& peer) { on_peer_lost(peer); });
     fire_timers();
+    check_neighbours();
   }
 }
 
@@ -160,6 +161,7 @@ int Service::next_timeout_ms() {
   std::optional<std::chrono::steady_clock::time_point> next;
   if (!timewait_.empty()) next = timewait_.begin()->first;
   if (!retransmit_.empty() && (!next || retransmit_.begin()->first < *next)) next = retransmit_.begin()->first;
+  if (!addr_checks_.empty() && (!next || addr_checks_.begin()->first < *next)) next = addr_checks_.begin()->first;
   if (!next) return -1;
   const auto left = *next - std::chrono::steady_clock::now();
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();

@@ -31,7 +31,8 @@
 // Where the members are defined, one job a file: service.cpp (the instance,
 // fork and exit, the CM thread, timers, applying a step), service_events.cpp
 // (channels and events), service_ids.cpp (ids and their tables),
-// service_addressing.cpp (bind, address and route resolution, multicast),
+// service_addressing.cpp (bind, address and route resolution, multicast;
+// the neighbour check of cm/kernel_neighbour.hpp),
 // service_active.cpp (connect, RTU, disconnect), service_passive.cpp (listen,
 // incoming REQ/SIDR_REQ, accept, reject) and service_messages.cpp (messages
 // to and from other CMs: the only place anything is sent, and where the CM
@@ -137,6 +138,20 @@ class CmId {
   Gid sgid_{};
   Gid dgid_{};
   bool dst_on_other_host_ = false;      // reached over the udp link (RemoteTransport)
+  // A resolution to another host waiting for the neighbour entry of its
+  // next hop (the kernel's ADDR_QUERY state): what it resolves to, when it
+  // gives up, and the timer of its next look at the entry. `generation`
+  // tells a look decided before a destroy or a new resolution from a
+  // current one.
+  struct AddrQuery {
+    IpAddress dst;
+    uint32_t sgid_index = 0;
+    std::chrono::steady_clock::time_point deadline;
+    uint32_t generation = 0;
+  };
+  std::optional<AddrQuery> addr_query_;
+  std::optional<std::multimap<std::chrono::steady_clock::time_point, uint32_t>::iterator> addr_timer_;
+  uint32_t addr_generation_ = 0;
   std::optional<uint8_t> ack_timeout_;  // rdma_set_option's, for the RC QP at RTS
   uint8_t tos_ = 0;                     // rdma_set_option's type of service
   uint8_t traffic_class_ = 0;           // the route's: tos_ when the route was resolved
@@ -208,8 +223,12 @@ class Service {
   // Errors: invalid_argument (wrong state), address_not_available (not an
   // address of this host), address_in_use, address_family_not_supported.
   Result<void> bind(CmId* id, const IpAddress& addr);
-  // Queues ADDR_RESOLVED, or ADDR_ERROR(-EHOSTUNREACH) for an address that is
-  // not on this host. Errors: invalid_argument, address_not_available (src),
+  // Queues ADDR_RESOLVED: at once for an address of this host or a
+  // multicast group; for another host's, once the neighbour entry of the
+  // route's next hop is valid, or ADDR_ERROR(-ETIMEDOUT) when it is not
+  // within timeout_ms (ADDR_ERROR(-EHOSTUNREACH) at once when the udp link
+  // cannot reach other hosts). Errors: invalid_argument (wrong state, or a
+  // resolution still under way), address_not_available (src),
   // network_unreachable (no route at all).
   Result<void> resolve_addr(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst, int timeout_ms);
   // Queues ROUTE_RESOLVED. Errors: invalid_argument (address not resolved).
@@ -320,7 +339,15 @@ class Service {
   // Records a resolved destination and queues ADDR_RESOLVED.
   void resolved_locked(CmId* id, const IpAddress& dst, uint32_t sgid_index, const Gid& dgid);
   // resolve_addr to an address of another host.
-  Result<void> resolve_other_host_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst);
+  Result<void> resolve_other_host_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst,
+                                         int timeout_ms);
+  // Schedules the next look at a waiting resolution's neighbour entry.
+  void arm_addr_check_locked(CmId* id, std::chrono::steady_clock::time_point when);
+  // Abandons a waiting resolution (no event follows).
+  void cancel_addr_query_locked(CmId* id);
+  // Thread: CM. Looks at the neighbour entries of the resolutions whose
+  // time has come (without mu_: netlink), then resolves, fails or re-arms them.
+  void check_neighbours();
   // Opens the way to other hosts (transport_->reach_other_hosts) if not yet.
   Result<void> reach_other_hosts_locked();
   Result<void> resolve_multicast_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst);
@@ -390,6 +417,8 @@ class Service {
   std::multimap<std::chrono::steady_clock::time_point, uint32_t> timewait_;
   // Retransmission deadlines (comm IDs of connections waiting for an answer).
   std::multimap<std::chrono::steady_clock::time_point, uint32_t> retransmit_;
+  // When to look again at the next hop of a waiting address resolution (comm IDs).
+  std::multimap<std::chrono::steady_clock::time_point, uint32_t> addr_checks_;
   std::vector<CmId*> listeners_;
   uint32_t comm_id_seed_ = 0;
   uint64_t tid_counter_ = 0;

@@ -1,12 +1,16 @@
 // Addressing: bind, address resolution (unicast and multicast), route
-// resolution and multicast joins. Same-host only: a destination is
-// reachable when it is one of this host's addresses.
+// resolution and multicast joins. A destination on this host is resolved at
+// once; one on another host once the kernel knows the link-layer address of
+// the route's next hop (cm/kernel_neighbour.hpp), as the kernel's ib_addr
+// resolves it.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
+#include "cm/kernel_neighbour.hpp"
 #include "cm/service.hpp"
 #include "cm/service_internal.hpp"
 #include "common/log.hpp"
@@ -14,6 +18,13 @@
 
 namespace softhca::cm {
 namespace {
+
+// How often a waiting resolution looks at its next hop's neighbour entry.
+// The kernel looks again when a neighbour becomes valid (a netevent); user
+// space has no such notice without a netlink subscription per process, and
+// a look is two netlink round trips, so a few milliseconds cost little and
+// add little to the time an answer takes.
+constexpr std::chrono::milliseconds kNeighbourRecheck{5};
 
 IpAddress loopback_of(uint8_t family) {
   IpAddress ip;
@@ -91,10 +102,13 @@ Result<void> Service::bind(CmId* id, const IpAddress& addr) {
 }
 
 Result<void> Service::resolve_addr(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst_in,
-                                   int /*timeout_ms*/) {
+                                   int timeout_ms) {
   std::lock_guard g(mu_);
   if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
-  if (id->listening_ || id->conn_.has_cm() || id->route_resolved_) return fail(std::errc::invalid_argument);
+  // A resolution still under way is the kernel's ADDR_QUERY state, from
+  // which rdma_resolve_addr fails with EINVAL too.
+  if (id->listening_ || id->conn_.has_cm() || id->route_resolved_ || id->addr_query_)
+    return fail(std::errc::invalid_argument);
   if (dst_in.family != AF_INET && dst_in.family != AF_INET6) return fail(std::errc::address_family_not_supported);
   IpAddress dst = dst_in;
   if (dst.wildcard()) {
@@ -106,7 +120,7 @@ Result<void> Service::resolve_addr(CmId* id, const std::optional<IpAddress>& src
   if (src && !src->wildcard() && !local_gid_index(*src, dev)) return fail(std::errc::address_not_available);
   if (is_multicast(dst)) return resolve_multicast_locked(id, src, dst);
   const auto dst_idx = local_gid_index(dst, dev);
-  if (!dst_idx) return resolve_other_host_locked(id, src, dst);
+  if (!dst_idx) return resolve_other_host_locked(id, src, dst, timeout_ms);
   // A local destination is reached from itself (through lo).
   const auto s = source_locked(id, src, [&] { return std::optional<IpAddress>(dst); });
   if (auto r = take_source_locked(id, *s); !r) return r;
@@ -156,12 +170,17 @@ Result<void> Service::reach_other_hosts_locked() {
   return transport_->reach_other_hosts(*node);
 }
 
-Result<void> Service::resolve_other_host_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst) {
+Result<void> Service::resolve_other_host_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst,
+                                                int timeout_ms) {
   // Another host, over the udp link: from the given or bound source, else
   // the one the kernel's route picks, which must be one of ours. As in the
-  // kernel, no route at all is ENETUNREACH at once. (Softhca does not ask
-  // the neighbour table whether the host answers: a silent host shows as
-  // UNREACHABLE when the connection's request times out.)
+  // kernel, no route at all is ENETUNREACH at once; a route is not enough
+  // though: the neighbour entry of its next hop (the gateway, or the host
+  // itself when on-link) must be valid, and until it is the CM thread looks
+  // again, nudging the kernel to ask, until timeout_ms has passed
+  // (ADDR_ERROR, -ETIMEDOUT), as the kernel's addr_resolve retries do. The
+  // first look is the CM thread's too: no netlink under mu_, and the event
+  // comes from there as the kernel's comes from its work queue.
   if (!kernel_has_route(dst)) return fail(std::errc::network_unreachable);
   const auto s = source_locked(id, src, [&] { return kernel_source_for(dst); });
   if (!s) return fail(std::errc::network_unreachable);
@@ -177,9 +196,89 @@ Result<void> Service::resolve_other_host_locked(CmId* id, const std::optional<Ip
     return {};
   }
   if (auto r = take_source_locked(id, *s); !r) return r;
-  id->dst_on_other_host_ = true;
-  resolved_locked(id, dst, *sidx, dst.addr);
+  id->dst_ = dst;
+  id->addr_resolved_ = false;  // resolving again: no route on the old address meanwhile
+  const auto now = std::chrono::steady_clock::now();
+  // rdma_resolve_addr's int reaches the kernel as an unsigned 32-bit count:
+  // a negative timeout is a very long one there, and here.
+  const auto timeout = std::chrono::milliseconds(static_cast<uint32_t>(timeout_ms));
+  id->addr_query_ = CmId::AddrQuery{dst, *sidx, now + timeout, ++id->addr_generation_};
+  arm_addr_check_locked(id, now);
   return {};
+}
+
+void Service::arm_addr_check_locked(CmId* id, std::chrono::steady_clock::time_point when) {
+  // The CM thread sleeps until the earliest deadline; it must hear of an earlier one.
+  const bool earliest = addr_checks_.empty() || when < addr_checks_.begin()->first;
+  id->addr_timer_ = addr_checks_.emplace(when, id->comm_id_);
+  if (earliest) transport_->wake();
+}
+
+void Service::cancel_addr_query_locked(CmId* id) {
+  if (id->addr_timer_) addr_checks_.erase(*id->addr_timer_);
+  id->addr_timer_.reset();
+  id->addr_query_.reset();
+}
+
+void Service::check_neighbours() {
+  struct Look {
+    uint32_t comm = 0;
+    uint32_t generation = 0;
+    IpAddress dst;
+    IpAddress src;
+    neighbour::Verdict verdict = neighbour::Verdict::kIdle;
+  };
+  std::vector<Look> looks;
+  {
+    std::lock_guard g(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    while (!addr_checks_.empty() && addr_checks_.begin()->first <= now) {
+      const uint32_t comm = addr_checks_.begin()->second;
+      addr_checks_.erase(addr_checks_.begin());
+      auto it = ids_.find(comm);
+      if (it == ids_.end()) continue;
+      CmId* id = it->second;
+      id->addr_timer_.reset();
+      if (id->destroying_ || !id->addr_query_) continue;
+      const CmId::AddrQuery& q = *id->addr_query_;
+      looks.push_back({comm, q.generation, q.dst, id->src_, neighbour::Verdict::kIdle});
+    }
+  }
+  if (looks.empty()) return;
+  // Without mu_: an id may be destroyed or resolve again meanwhile, which
+  // the comm ID and generation below tell.
+  for (Look& look : looks) {
+    look.verdict = next_hop_state(look.dst);
+    // Nothing asks for an absent or failed entry until a packet goes that
+    // way (the kernel's neigh_event_send); INCOMPLETE is being asked already.
+    if (look.verdict == neighbour::Verdict::kIdle) nudge_neighbour(look.dst, look.src);
+  }
+  std::lock_guard g(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  for (const Look& look : looks) {
+    auto it = ids_.find(look.comm);
+    if (it == ids_.end()) continue;
+    CmId* id = it->second;
+    if (id->destroying_ || !id->addr_query_ || id->addr_query_->generation != look.generation) continue;
+    const CmId::AddrQuery q = *id->addr_query_;
+    if (look.verdict == neighbour::Verdict::kValid) {
+      SOFTHCA_DEBUG("cm: id %u: %s resolved (its next hop has a link-layer address)", look.comm,
+                    to_string(q.dst).c_str());
+      id->addr_query_.reset();
+      id->dst_on_other_host_ = true;
+      resolved_locked(id, q.dst, q.sgid_index, q.dst.addr);
+    } else if (now >= q.deadline) {
+      id->addr_query_.reset();
+      SOFTHCA_DEBUG("cm: id %u: no link-layer address for the next hop towards %s in time", look.comm,
+                    to_string(q.dst).c_str());
+      EventOut ev;
+      ev.type = CmEventType::kAddrError;
+      ev.status = -ETIMEDOUT;
+      push_event_locked(id->channel_, Event{id, nullptr, id, ev});
+    } else {
+      arm_addr_check_locked(id, std::min(now + kNeighbourRecheck, q.deadline));
+    }
+  }
 }
 
 Result<void> Service::resolve_multicast_locked(CmId* id, const std::optional<IpAddress>& src, const IpAddress& dst) {

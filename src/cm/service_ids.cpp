@@ -65,6 +65,7 @@ void Service::tear_down_locked(CmId* id, std::vector<Outgoing>& out) {
   if (step.send && id->peer_.known())
     out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kIgnore));
   cancel_retransmit_timer_locked(id);
+  cancel_addr_query_locked(id);
   if (id->listening_) std::erase(listeners_, id);
   if (id->binding_ != 0) {
     table_->unbind(id->binding_);

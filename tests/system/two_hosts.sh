@@ -9,7 +9,8 @@
 #   two_hosts.sh --name NAME --libdir DIR --port PORT --timeout SECS \
 #                --server 'CMD ARGS' --client 'CMD ARGS' [--expect RE]... [--env VAR=VALUE]...
 #                [--ready-log RE [--ready-count N]] [--server-persists] [--reject RE]...
-#                [--cut-after-packets N | --kill-after-packets N] [--client-fails-within SECS]
+#                [--cut-after-packets N | --kill-after-packets N | --cut-when-client-says RE]
+#                [--client-fails-within SECS] [--static-neighbours]
 #
 # --cut-after-packets N takes the server's host off the network (its veth
 # goes down and its processes are killed) once its veth has received N
@@ -19,10 +20,20 @@
 # (its QPs ended in error instead of hanging) and its output matches every
 # --expect. --kill-after-packets N is the same with the veth left up: only
 # the server's processes die (SIGKILL), so the host still answers, but no
-# QP is left there to acknowledge.
+# QP is left there to acknowledge. --cut-when-client-says RE cuts as
+# --cut-after-packets does, once the client's output matches RE instead (a
+# client that reports a state, line-buffered, and then waits for the cut).
+# --static-neighbours gives each host a permanent neighbour entry (ARP,
+# neighbour discovery) for the other's addresses, as on a network with
+# static ARP: no packet is needed before the first one softhca sends, so a
+# cut after packet 1 falls after address resolution.
 #
 # In the commands, @SERVER@ and @CLIENT@ stand for the hosts' IPv4
-# addresses, @SERVER6@ and @CLIENT6@ for their IPv6 ones.
+# addresses, @SERVER6@ and @CLIENT6@ for their IPv6 ones; @NOBODY@ and
+# @NOBODY6@ for addresses no host owns but the client's host reaches
+# on-link (198.18.0.5 by a host route on its veth, as the /30 has no free
+# host address; 2001:2::3 in the /64), so that only the neighbour table
+# (ARP, neighbour discovery nobody answers) stands in the way.
 # The client starts once the server listens on TCP PORT in its namespace
 # (the out-of-band exchange of perftest and the pingpongs), or, with
 # --ready-log, once the server's output matches RE (an rdma_cm server
@@ -41,8 +52,8 @@
 # made are removed.
 set -u -o pipefail
 
-name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" cut_link=1 fail_within=""
-expects=() rejects=() envs=() ready_log="" ready_count=1 server_persists=0
+name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" cut_link=1 cut_log="" fail_within=""
+expects=() rejects=() envs=() ready_log="" ready_count=1 server_persists=0 static_neighbours=0
 while (($#)); do
   case $1 in
     --name) name=$2; shift ;;
@@ -59,7 +70,9 @@ while (($#)); do
     --server-persists) server_persists=1 ;;
     --cut-after-packets) cut_packets=$2 cut_link=1; shift ;;
     --kill-after-packets) cut_packets=$2 cut_link=0; shift ;;
+    --cut-when-client-says) cut_log=$2 cut_link=1; shift ;;
     --client-fails-within) fail_within=$2; shift ;;
+    --static-neighbours) static_neighbours=1 ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "two_hosts.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -68,7 +81,7 @@ done
 [[ -n $name && -n $libdir && -n $port && -n $server && -n $client ]] || { echo "two_hosts.sh: missing arguments (see --help)" >&2; exit 2; }
 [[ $ready_count =~ ^[1-9][0-9]*$ ]] || { echo "two_hosts.sh: --ready-count takes a whole number >= 1" >&2; exit 2; }
 
-a_ip=198.18.0.1 b_ip=198.18.0.2 a_ip6=2001:2::1 b_ip6=2001:2::2
+a_ip=198.18.0.1 b_ip=198.18.0.2 a_ip6=2001:2::1 b_ip6=2001:2::2 nobody_ip=198.18.0.5 nobody_ip6=2001:2::3
 ns_a="softhca-$$-a" ns_b="softhca-$$-b"
 veth_a="sha$$" veth_b="shb$$"
 work=$(mktemp -d "${TMPDIR:-/tmp}/softhca-two-hosts.XXXXXX") || exit 1
@@ -93,9 +106,18 @@ ip -n "$ns_a" addr add "$a_ip/30" dev "$veth_a" && ip -n "$ns_b" addr add "$b_ip
 ip -n "$ns_a" addr add "$a_ip6/64" dev "$veth_a" nodad && ip -n "$ns_b" addr add "$b_ip6/64" dev "$veth_b" nodad || exit 1
 for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up || exit 1; done
 ip -n "$ns_a" link set "$veth_a" up && ip -n "$ns_b" link set "$veth_b" up || exit 1
+ip -n "$ns_b" route add "$nobody_ip/32" dev "$veth_b" || exit 1
+if ((static_neighbours)); then
+  mac_a=$(ip netns exec "$ns_a" cat "/sys/class/net/$veth_a/address") || exit 1
+  mac_b=$(ip netns exec "$ns_b" cat "/sys/class/net/$veth_b/address") || exit 1
+  for ip in "$a_ip" "$a_ip6"; do ip -n "$ns_b" neigh replace "$ip" lladdr "$mac_a" dev "$veth_b" nud permanent || exit 1; done
+  for ip in "$b_ip" "$b_ip6"; do ip -n "$ns_a" neigh replace "$ip" lladdr "$mac_b" dev "$veth_a" nud permanent || exit 1; done
+fi
 
 expand() {
   local s=${1//@SERVER6@/$a_ip6}
+  s=${s//@NOBODY6@/$nobody_ip6}
+  s=${s//@NOBODY@/$nobody_ip}
   s=${s//@CLIENT6@/$b_ip6}
   s=${s//@SERVER@/$a_ip}
   echo "${s//@CLIENT@/$b_ip}"
@@ -129,15 +151,21 @@ for ((i = 0; i < 400; i++)); do
   sleep 0.05
 done
 status=PASS
-if ((ready)) && [[ -n $cut_packets ]]; then
+cut=0
+[[ -n $cut_packets || -n $cut_log ]] && cut=1
+if ((ready && cut)); then
   run_on "$ns_b" "$work/client" "$(expand "$client")" &
   client_pid=$!
   pids+=($client_pid)
   # Cut once traffic flows (bounded; a client that dies first is judged
   # below like any other).
   for ((i = 0; i < 20 * timeout; i++)); do
-    received=$(ip netns exec "$ns_a" cat "/sys/class/net/$veth_a/statistics/rx_packets" 2>/dev/null || echo 0)
-    ((received >= cut_packets)) && break
+    if [[ -n $cut_log ]]; then
+      grep -Eq -- "$cut_log" "$work/client" 2>/dev/null && break
+    else
+      received=$(ip netns exec "$ns_a" cat "/sys/class/net/$veth_a/statistics/rx_packets" 2>/dev/null || echo 0)
+      ((received >= cut_packets)) && break
+    fi
     kill -0 "$client_pid" 2>/dev/null || break
     sleep 0.05
   done
@@ -189,7 +217,7 @@ else
 fi
 sed "s/^/[$name server] /" "$work/server"
 sed "s/^/[$name client] /" "$work/client"
-[[ -n $cut_packets || ($server_rc == 0 && $client_rc == 0) ]] || status=FAIL
+((cut)) || [[ $server_rc == 0 && $client_rc == 0 ]] || status=FAIL
 for re in "${expects[@]}"; do
   grep -Eq -- "$re" "$work/client" || { echo "[$name] the client's output lacks /$re/"; status=FAIL; }
 done
