@@ -446,43 +446,13 @@ TEST_F(CmApi, AddressErrors) {
   EXPECT_EQ(rdma_resolve_route(id, 100), -1);  // no address yet
   EXPECT_EQ(errno, EINVAL);
 
-  // Another host (TEST-NET-2): with a route in the kernel, resolved over
-  // the udp link from the source address that route picks once the route's
-  // next hop (this machine's gateway) has a valid neighbour entry, or
-  // ADDR_ERROR -ETIMEDOUT when the gateway does not answer within the
-  // 200 ms given; with no route at all, ENETUNREACH at once. Nothing goes to
-  // the address itself but, where the gateway is not known yet, an empty
-  // datagram to the discard port that makes the kernel ask for it.
-  sockaddr_in far = loopback(7174);
-  inet_pton(AF_INET, "198.51.100.7", &far.sin_addr);
-  if (rdma_resolve_addr(id, nullptr, sa(far), 200) == 0) {
-    // Resolving again while the first one may still wait: EINVAL then, as
-    // in the kernel's ADDR_QUERY state; allowed once it has resolved.
-    errno = 0;
-    const int again = rdma_resolve_addr(id, nullptr, sa(far), 200);
-    EXPECT_TRUE(again == 0 || errno == EINVAL) << again << " " << errno;
-    rdma_cm_event* ev = wait_event(ch_);
-    ASSERT_NE(ev, nullptr);
-    if (ev->event == RDMA_CM_EVENT_ADDR_RESOLVED) {
-      EXPECT_EQ(ev->status, 0);
-      const auto* dst = reinterpret_cast<const sockaddr_in*>(rdma_get_peer_addr(id));
-      EXPECT_EQ(dst->sin_addr.s_addr, far.sin_addr.s_addr);
-      const auto* src = reinterpret_cast<const sockaddr_in*>(rdma_get_local_addr(id));
-      EXPECT_NE(src->sin_addr.s_addr, htonl(INADDR_ANY));
-      EXPECT_NE(src->sin_addr.s_addr, htonl(INADDR_LOOPBACK));
-    } else {
-      EXPECT_EQ(ev->event, RDMA_CM_EVENT_ADDR_ERROR);
-      EXPECT_EQ(ev->status, -ETIMEDOUT);
-    }
-    rdma_ack_cm_event(ev);
-    if (again == 0) {
-      ev = wait_event(ch_);
-      ASSERT_NE(ev, nullptr);
-      rdma_ack_cm_event(ev);
-    }
-  } else {
-    EXPECT_EQ(errno, ENETUNREACH);
-  }
+  // Another host's address is not resolved here: that needs the kernel's
+  // neighbour table, and asking it to resolve the machine's gateway would
+  // send a datagram onto whatever network runs this test. The system tests
+  // two_hosts.cm.* resolve between network namespaces they make: rping and
+  // the others (ADDR_RESOLVED), addr_error_no_neighbour (ADDR_ERROR
+  // -ETIMEDOUT), addr_pending_destroy (EINVAL while resolving, destroy
+  // mid-way).
   EXPECT_EQ(rdma_destroy_id(id), 0);
 
   rdma_cm_id* client = resolved(port);
