@@ -1,12 +1,13 @@
 // IP addresses as rdma_cm sees them, and how they map onto softhca0's port 1.
 //
-// Reachability (this slice: same-host only): a destination is reachable when
-// it is an address of this host — any 127.0.0.0/8 address, ::1, or an address
-// in the device's GID table (every interface address, engine/device). Its GID
-// is the table entry for the address; 127/8 addresses that are not in the
-// table (only 127.0.0.1 usually is) and ::1 without an entry use the
-// ::ffff:127.0.0.1 entry, as the kernel routes them all through `lo`.
-// Anything else is unreachable until the udp link exists.
+// Local reachability: a destination is on this host when it is one of its
+// addresses — any 127.0.0.0/8 address, ::1, or an address in the device's
+// GID table (every interface address, engine/device). Its GID is the table
+// entry for the address; 127/8 addresses that are not in the table (only
+// 127.0.0.1 usually is) and ::1 without an entry use the ::ffff:127.0.0.1
+// entry, as the kernel routes them all through `lo`. Anything else is
+// another host's, which the service resolves through the kernel's route and
+// neighbour tables (service_addressing.cpp) and reaches over the udp link.
 //
 // Pure functions over a DeviceInfo; no I/O.
 #pragma once

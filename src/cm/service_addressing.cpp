@@ -311,8 +311,10 @@ Result<void> Service::join_multicast(CmId* id, const Gid& mgid, void* context) {
   std::lock_guard g(mu_);
   if (id->orphaned_) return fail(std::errc::bad_file_descriptor);
   // The kernel's rdma_join_multicast wants an id bound to a device (a local
-  // address bound, or an address resolved); softhca joins nothing on the
-  // network, so the event comes at once.
+  // address bound, or an address resolved). The event comes at once: no
+  // subnet manager to ask on RoCE; the group's IP address is joined on the
+  // network when the event is handed out and the id's QP attaches
+  // (abi/rdmacm/multicast.cpp).
   if (id->qp_type_ != IBV_QPT_UD || !id->has_device_) return fail(std::errc::invalid_argument);
   EventOut ev;
   ev.type = CmEventType::kMulticastJoin;
