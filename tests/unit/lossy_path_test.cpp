@@ -28,5 +28,24 @@ TEST(LossyPath, ALosslessRunResendsNothingAndKeepsTheLinkBusy) {
   EXPECT_LT(r.elapsed_ns, 75'000'000u);
 }
 
+// 30 us each way and 1 us per packet: the path holds about 60 packets, and
+// a window of 128 keeps it busy. Halving the window on each sequence NAK
+// held it near 20 packets at 1% loss (4.1 times as long as lossless); cut
+// to what the path holds instead, the go-back-N resend behind each loss is
+// what is left (about twice the lossless time, issue #9's bar being 2).
+TEST(LossyPath, OnePercentLossTakesLittleMoreThanTwiceTheLosslessTime) {
+  LossyPathConfig c;
+  c.loss_per_10000 = 0;
+  const LossyPathResult lossless = run_path(c, "lossless");
+  ASSERT_TRUE(lossless.finished);
+  for (uint64_t seed : {3, 4, 5}) {
+    c.loss_per_10000 = 100;
+    c.seed = seed;
+    const LossyPathResult lossy = run_path(c, "1% loss");
+    ASSERT_TRUE(lossy.finished);
+    EXPECT_LE(lossy.elapsed_ns, 9 * lossless.elapsed_ns / 4) << "seed " << seed;
+  }
+}
+
 }  // namespace
 }  // namespace softhca::transport
