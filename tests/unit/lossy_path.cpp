@@ -1,9 +1,9 @@
 #include "lossy_path.hpp"
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 
 namespace softhca::transport {
 namespace {
@@ -18,13 +18,19 @@ const wire::UdpFlow kFlow{wire::Gid{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 19
 }  // namespace
 
 std::string LossyPathResult::summary() const {
-  return fmt::format(
-      "{:.2f} ms (link idle {:.2f} ms), {} requests ({} again), lost {} requests {} responses, {} naks, {} probes, {} timeouts, "
-      "mean window {:.1f}; stalls: {} ended by a probe ({:.2f} ms), {} by a timeout ({:.2f} ms), "
-      "{} by a response ({:.2f} ms)",
-      double(elapsed_ns) / 1e6, double(idle_ns) / 1e6, data_packets, retransmitted, lost_requests, lost_responses, seq_naks, probes,
-      timeouts, mean_window(), stalls_by_probe, double(stall_ns_by_probe) / 1e6, stalls_by_timeout,
-      double(stall_ns_by_timeout) / 1e6, stalls_by_response, double(stall_ns_by_response) / 1e6);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "%.2f ms (link idle %.2f ms), %llu requests (%llu again), lost %llu requests %llu responses, "
+                "%llu naks, %llu probes, %llu timeouts, mean window %.1f; stalls: %llu ended by a probe (%.2f ms), "
+                "%llu by a timeout (%.2f ms), %llu by a response (%.2f ms)",
+                double(elapsed_ns) / 1e6, double(idle_ns) / 1e6, (unsigned long long)data_packets,
+                (unsigned long long)retransmitted, (unsigned long long)lost_requests,
+                (unsigned long long)lost_responses, (unsigned long long)seq_naks, (unsigned long long)probes,
+                (unsigned long long)timeouts, mean_window(), (unsigned long long)stalls_by_probe,
+                double(stall_ns_by_probe) / 1e6, (unsigned long long)stalls_by_timeout,
+                double(stall_ns_by_timeout) / 1e6, (unsigned long long)stalls_by_response,
+                double(stall_ns_by_response) / 1e6);
+  return line;
 }
 
 void LossyPath::Link::send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) {
