@@ -24,12 +24,15 @@ constexpr uint32_t kWindowPackets = 128;
 // acknowledged: go-back-N resends what was in flight behind the lost packet,
 // so in-flight packets beyond what the path holds (queued in a socket
 // buffer, not moving faster) are resent for nothing. A PSN gap shrinks it
-// to twice what the path holds, no further: halving it on each one made
+// to what the path holds (and the ACK step below), no further: halving it on each one made
 // 1% random loss hold it near 20 packets (a packet per window of growth
 // against a halving per hundred packets, Reno's 1.2/sqrt(loss)), far below
 // what a fast path holds, and a quarter of the lossless bandwidth was left
-// (a deterministic simulation, tests/unit/lossy_path_test.cpp). A timeout
-// shrinks it to the least. This is not congestion control (no ECN, no
+// (a deterministic simulation, tests/unit/lossy_path_test.cpp). The same
+// PSN NAKed again without progress halves it, as before: the resend was
+// lost too, which a queue that overflows does (many processes handing
+// packets to each other), random loss seldom. A timeout shrinks it to the
+// least. This is not congestion control (no ECN, no
 // pacing); it bounds the cost of a loss.
 constexpr uint32_t kLeastWindowPackets = 16;
 // A long message asks for an ACK every this many packets: the window frees
@@ -448,13 +451,18 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
           // (when an atomic's lost ACK holds the window, the NAKs after it
           // acknowledge nothing) and costs nothing.
           const bool moved_on = nak_since_progress_ && psn_diff(psn, last_nak_psn_) > 0;
+          // The same PSN NAKed again before any progress: the resend was lost
+          // too, as a full queue on the way loses a burst, not as a random loss.
+          const bool lost_again = nak_since_progress_ && !moved_on;
           nak_since_progress_ = true;
           last_nak_psn_ = psn;
           if (!moved_on && after_ack_timeout(retry_left_) == RetryVerdict::kGiveUp) {
             fail_front(IBV_WC_RETRY_EXC_ERR);
             return;
           }
-          const uint32_t held = path_packets();
+          // A first loss cuts the window to what the path holds; a loss
+          // again, or one before any round trip was timed, halves it.
+          const uint32_t held = lost_again ? 0 : path_packets();
           shrink_window(held != 0 ? held + kAckEveryPackets : window_ / 2);
           retransmit_from(psn, now_ns, out);
           arm_ack_timer(now_ns);
