@@ -20,12 +20,24 @@ namespace {
 // go-back-N after a loss resends a bounded amount.
 constexpr size_t kWindowMessages = 128;
 constexpr uint32_t kWindowPackets = 128;
-// After a loss the window shrinks (halved for a PSN gap, to the least for a
-// timeout) and grows back by a packet per window acknowledged: go-back-N
-// resends what was in flight behind the lost packet, so on a lossy path a
-// smaller window wastes less. This is not congestion control (no rate, no
-// ECN); it bounds the cost of a loss.
+// After a loss the window shrinks and grows back by a packet per window
+// acknowledged: go-back-N resends what was in flight behind the lost packet,
+// so in-flight packets beyond what the path holds (queued in a socket
+// buffer, not moving faster) are resent for nothing. A PSN gap shrinks it
+// to what the path holds (and the ACK step below), no further: halving it on each one made
+// 1% random loss hold it near 20 packets (a packet per window of growth
+// against a halving per hundred packets, Reno's 1.2/sqrt(loss)), far below
+// what a fast path holds, and a quarter of the lossless bandwidth was left
+// (a deterministic simulation, tests/unit/lossy_path_test.cpp). The same
+// PSN NAKed again without progress halves it, as before: the resend was
+// lost too, which a queue that overflows does (many processes handing
+// packets to each other), random loss seldom. A timeout shrinks it to the
+// least. This is not congestion control (no ECN, no
+// pacing); it bounds the cost of a loss.
 constexpr uint32_t kLeastWindowPackets = 16;
+// A long message asks for an ACK every this many packets: the window frees
+// in steps of it, so it needs that much beyond what the path holds.
+constexpr uint32_t kAckEveryPackets = 32;
 // How soon an ACK past a READ or atomic still unanswered may ask for it
 // again: a few round trips on a busy host, far below any ACK timeout.
 constexpr uint64_t kAskAgainAfterNs = 100'000;
@@ -160,6 +172,7 @@ void RequesterFlow::advance_una(uint32_t psn_after) {
   if (psn_diff(psn_after, una_psn_) > 0) {
     // A packet per window acknowledged, back up to the full window.
     acked_toward_growth_ += static_cast<uint32_t>(psn_diff(psn_after, una_psn_));
+    acked_total_ += static_cast<uint32_t>(psn_diff(psn_after, una_psn_));
     while (window_ < kWindowPackets && acked_toward_growth_ >= window_) {
       acked_toward_growth_ -= window_;
       ++window_;
@@ -234,7 +247,8 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
   // Ask for an ACK at the end of each message, every 32 packets inside a
   // long one, and when the window fills, so that it moves on.
   const bool fills_window = psn_diff(psn_add(h.bth.psn, 1), una_psn_) >= static_cast<int32_t>(window_);
-  h.bth.ack_req = config_.reliable && (last || (i % 32) == 31 || fills_window);
+  h.bth.ack_req = config_.reliable && (last || (i % kAckEveryPackets) == kAckEveryPackets - 1 || fills_window);
+  if (h.bth.ack_req) time_round_trip(h.bth.psn, now_ns);
   if (!send && (segment == wire::Segment::kFirst || segment == wire::Segment::kOnly))
     h.reth = wire::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)};
   if (last && has_imm(m.op)) h.immdt = wire::ImmDt{ntohl(m.imm_data)};
@@ -259,9 +273,37 @@ void RequesterFlow::retransmit_from(uint32_t psn, uint64_t now_ns, PacketSink& o
     const auto again = static_cast<uint32_t>(psn_diff(send_psn_, psn));
     config_.counters.add(Counter::kRetransmittedPkts, again);
   }
+  // A timed packet sent again: its ACK no longer times one round trip.
+  if (timing_ && psn_diff(timed_psn_, psn) >= 0) timing_ = false;
   send_psn_ = psn;
   if (psn_diff(una_psn_, psn) > 0) una_psn_ = psn;
   pump(now_ns, out);
+}
+
+uint32_t RequesterFlow::path_packets() const {
+  const uint32_t rate = *std::max_element(std::begin(rates_), std::end(rates_));  // packets per ms
+  return static_cast<uint32_t>(std::min<uint64_t>(kWindowPackets, uint64_t{rate} * min_rtt_ns_ / 1'000'000));
+}
+
+void RequesterFlow::time_round_trip(uint32_t psn, uint64_t now_ns) {
+  // Only a first transmission: an ACK after a resend may answer either copy.
+  if (timing_ || psn != sent_end_) return;
+  timing_ = true;
+  timed_psn_ = psn;
+  timed_sent_ns_ = now_ns;
+  timed_acked_before_ = acked_total_;
+}
+
+void RequesterFlow::round_trip_answered(uint64_t now_ns) {
+  if (!timing_ || psn_diff(una_psn_, timed_psn_) <= 0) return;
+  timing_ = false;
+  const uint64_t rtt = now_ns > timed_sent_ns_ ? now_ns - timed_sent_ns_ : 1;
+  if (min_rtt_ns_ == 0 || rtt < min_rtt_ns_) min_rtt_ns_ = rtt;
+  // What was acknowledged while it went there and back: the path's rate,
+  // or less where the window or the application held it back.
+  const uint64_t delivered = acked_total_ - timed_acked_before_;
+  rates_[rate_next_] = static_cast<uint32_t>(std::min<uint64_t>(UINT32_MAX, delivered * 1'000'000 / rtt));
+  rate_next_ = (rate_next_ + 1) % kRateSamples;
 }
 
 void RequesterFlow::shrink_window(uint32_t packets) {
@@ -328,6 +370,7 @@ void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSin
   // completed made the next one posted be skipped.
   if (!outstanding_.empty() && psn_diff(psn, una_psn_) >= 0 && psn_diff(psn, sent_end_) < 0) {
     advance_una(psn_add(psn, 1));
+    round_trip_answered(now_ns);
   }
   while (!outstanding_.empty() && psn_diff(outstanding_.front().last_psn(), psn) <= 0) {
     Outstanding& front = outstanding_.front();
@@ -408,13 +451,19 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
           // (when an atomic's lost ACK holds the window, the NAKs after it
           // acknowledge nothing) and costs nothing.
           const bool moved_on = nak_since_progress_ && psn_diff(psn, last_nak_psn_) > 0;
+          // The same PSN NAKed again before any progress: the resend was lost
+          // too, as a full queue on the way loses a burst, not as a random loss.
+          const bool lost_again = nak_since_progress_ && !moved_on;
           nak_since_progress_ = true;
           last_nak_psn_ = psn;
           if (!moved_on && after_ack_timeout(retry_left_) == RetryVerdict::kGiveUp) {
             fail_front(IBV_WC_RETRY_EXC_ERR);
             return;
           }
-          shrink_window(window_ / 2);
+          // A first loss cuts the window to what the path holds; a loss
+          // again, or one before any round trip was timed, halves it.
+          const uint32_t held = lost_again ? 0 : path_packets();
+          shrink_window(held != 0 ? held + kAckEveryPackets : window_ / 2);
           retransmit_from(psn, now_ns, out);
           arm_ack_timer(now_ns);
           return;

@@ -121,6 +121,11 @@ class RequesterFlow {
   void arm_ack_timer(uint64_t now_ns);
   // After a loss: at most `packets` in flight from now (never below the least window).
   void shrink_window(uint32_t packets);
+  // What the path holds, in packets: the fastest recent delivery rate times
+  // the least round trip seen (0 until a round trip was timed).
+  uint32_t path_packets() const;
+  void time_round_trip(uint32_t psn, uint64_t now_ns);
+  void round_trip_answered(uint64_t now_ns);
 
   RequesterConfig config_;
   std::deque<Outstanding> outstanding_;
@@ -149,6 +154,20 @@ class RequesterFlow {
   bool failed_ = false;
   uint32_t window_ = 128;               // packets that may be unacknowledged now
   uint32_t acked_toward_growth_ = 0;    // packets acknowledged since the window last grew
+  // The round trip timed now: a first transmission that asks for an ACK,
+  // the time it left and how many packets were acknowledged by then. A
+  // go-back-N over it drops it (an ACK could then answer either copy).
+  bool timing_ = false;
+  uint32_t timed_psn_ = 0;
+  uint64_t timed_sent_ns_ = 0;
+  uint64_t timed_acked_before_ = 0;
+  uint64_t acked_total_ = 0;            // packets acknowledged since the start
+  uint64_t min_rtt_ns_ = 0;             // 0: none timed yet
+  // The delivery rates of the latest round trips timed, in packets per
+  // millisecond: the fastest of them is the path's.
+  static constexpr size_t kRateSamples = 8;
+  uint32_t rates_[kRateSamples] = {};
+  size_t rate_next_ = 0;
 };
 
 }  // namespace softhca::transport
