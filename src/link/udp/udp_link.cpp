@@ -3,14 +3,11 @@
 // channel holding its requester and responder flows (src/transport); the
 // link's one thread per process receives packets, runs the responder on
 // this process's QPs and the requester's completer, and fires the
-// requester's timers. It sleeps in poll() when idle; the requesters' next
-// deadline is armed on a timerfd that it polls too, so that a post that
-// needs a timer arms it without waking the thread.
+// requester's timers. It sleeps in poll() when idle.
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -181,9 +178,6 @@ class UdpLink final : public link::Link {
     const uint64_t one = 1;
     if (wake_fd_ >= 0) [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
   }
-  // A requester (in an application's thread) has a timer due at `deadline`:
-  // makes the timerfd fire by then. Cheap when it already does.
-  void need_timer_by(uint64_t deadline);
   void forget(uint32_t qpn) {
     std::lock_guard guard(mutex_);
     channels_.erase(qpn);
@@ -218,22 +212,8 @@ class UdpLink final : public link::Link {
   void deliver_datagram(const wire::ParsedPacket& packet, const Received& from, const shm::TargetQp& target);
   void change_membership(const uint8_t* mgid, uint32_t ifindex, int by);
   uint64_t run_timers(uint64_t now);
-  // The link's thread recomputes the requesters' earliest deadline: between
-  // begin (before it reads them) and end (with what it found), a deadline
-  // that need_timer_by asks for is kept, whichever side saw it.
-  void begin_timer_recompute();
-  void end_timer_recompute(uint64_t deadline);
-  void set_timerfd_locked(uint64_t deadline);
 
   host::Attachment& host_;
-  // The timerfd of the requesters' deadlines: armed for armed_ns_ (0: not
-  // armed, or being recomputed); requested_ns_ is the earliest deadline
-  // asked for during a recompute. All change under timer_mutex_.
-  int timer_fd_ = -1;
-  std::mutex timer_mutex_;
-  std::atomic<uint64_t> armed_ns_{0};
-  bool recomputing_ = false;
-  uint64_t requested_ns_ = 0;
   std::mutex start_mutex_;
   std::atomic<bool> started_{false};
   std::unique_ptr<Sockets> sockets_;
@@ -477,6 +457,7 @@ class UdpChannel final : public link::Channel {
     m.length = request.length;
     FlowSink sink(link_, gid_of(state_->config.sgid), gid_of(state_->config.dgid),
                   state_->config.traffic_class, state_->config.hop_limit, state_->counters);
+    const bool had_deadline = state_->requester->deadline() != 0;
     state_->requester->post(m, monotonic_ns(), sink);
     if (state_->config.qp_type != IBV_QPT_RC) {
       // UC: done once sent.
@@ -486,7 +467,7 @@ class UdpChannel final : public link::Channel {
       r.syndrome = transport::Syndrome::ack();
       return r;
     }
-    if (const uint64_t due = state_->requester->deadline(); due != 0) link_.need_timer_by(due);
+    if (!had_deadline) link_.wake();  // the thread recomputes its sleep
     r.pending = true;
     return r;
   }
@@ -542,7 +523,6 @@ bool UdpLink::start() {
   if (sockets) {
     sockets_ = std::move(*sockets);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
     if (auto faults = fault_config_from_environment()) {
       faults_.emplace(*faults);
       SOFTHCA_INFO("udp link: injecting faults: %s", to_string(*faults).c_str());
@@ -587,7 +567,6 @@ void UdpLink::stop() {
     thread_.join();
   }
   if (wake_fd_ >= 0) ::close(wake_fd_);
-  if (timer_fd_ >= 0) ::close(timer_fd_);
   for (int fd : handoff_conns_) ::close(fd);
   if (handoff_fd_ >= 0) {
     ::close(handoff_fd_);
@@ -639,58 +618,11 @@ uint64_t UdpLink::run_timers(uint64_t now) {
   return earliest;
 }
 
-void UdpLink::need_timer_by(uint64_t deadline) {
-  // Armed for no later than that already: nothing to do. (armed_ns_ is 0
-  // while the link's thread recomputes, which takes the slow path.)
-  const uint64_t armed = armed_ns_.load();
-  if (armed != 0 && armed <= deadline) return;
-  if (timer_fd_ < 0) {
-    wake();  // no timerfd: the thread recomputes its poll's timeout
-    return;
-  }
-  std::lock_guard guard(timer_mutex_);
-  if (recomputing_) {
-    if (requested_ns_ == 0 || deadline < requested_ns_) requested_ns_ = deadline;
-    return;
-  }
-  const uint64_t now_armed = armed_ns_.load();
-  if (now_armed == 0 || deadline < now_armed) set_timerfd_locked(deadline);
-}
-
-void UdpLink::begin_timer_recompute() {
-  std::lock_guard guard(timer_mutex_);
-  recomputing_ = true;
-  requested_ns_ = 0;
-  armed_ns_.store(0);
-}
-
-void UdpLink::end_timer_recompute(uint64_t deadline) {
-  std::lock_guard guard(timer_mutex_);
-  recomputing_ = false;
-  if (requested_ns_ != 0 && (deadline == 0 || requested_ns_ < deadline)) deadline = requested_ns_;
-  set_timerfd_locked(deadline);
-}
-
-void UdpLink::set_timerfd_locked(uint64_t deadline) {
-  // Without a timerfd (none could be made) the thread polls with a timeout instead.
-  armed_ns_.store(deadline);
-  if (timer_fd_ < 0) return;
-  itimerspec spec{};
-  if (deadline != 0) {
-    spec.it_value.tv_sec = static_cast<time_t>(deadline / 1'000'000'000ULL);
-    spec.it_value.tv_nsec = static_cast<long>(deadline % 1'000'000'000ULL);
-  }
-  ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &spec, nullptr);
-}
-
 void UdpLink::loop() {
   std::vector<pollfd> fds;
   while (!stopping_.load()) {
     const uint64_t now_ns = monotonic_ns();
-    begin_timer_recompute();
-    const uint64_t timers = run_timers(now_ns);
-    end_timer_recompute(timers);
-    uint64_t deadline = timer_fd_ >= 0 ? 0 : armed_ns_.load();
+    uint64_t deadline = run_timers(now_ns);
     if (faults_) {
       const uint64_t released = release_delayed(now_ns);
       if (released != 0 && (deadline == 0 || released < deadline)) deadline = released;
@@ -698,7 +630,6 @@ void UdpLink::loop() {
     fds.assign({{sockets_->v4_fd(), POLLIN, 0},
                 {sockets_->v6_fd(), POLLIN, 0},
                 {wake_fd_, POLLIN, 0},
-                {timer_fd_, POLLIN, 0},
                 {handoff_fd_, POLLIN, 0}});
     {
       std::lock_guard guard(handoff_conns_mutex_);
@@ -714,14 +645,12 @@ void UdpLink::loop() {
     const int ready = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
     link_sleeping_.store(false, std::memory_order_relaxed);
     if (ready <= 0) continue;
-    for (const size_t i : {size_t{2}, size_t{3}}) {
-      if (fds[i].revents & POLLIN) {
-        uint64_t count;
-        [[maybe_unused]] ssize_t n = ::read(fds[i].fd, &count, sizeof count);
-      }
+    if (fds[2].revents & POLLIN) {
+      uint64_t count;
+      [[maybe_unused]] ssize_t n = ::read(wake_fd_, &count, sizeof count);
     }
     bool handoffs = false;
-    for (size_t i = 4; i < fds.size(); ++i) handoffs |= fds[i].revents != 0;
+    for (size_t i = 3; i < fds.size(); ++i) handoffs |= fds[i].revents != 0;
     if (((fds[0].revents | fds[1].revents) & POLLIN) || handoffs) {
       // An application thread may be receiving right now: then it handles
       // these too, and this thread must not spin on their readiness.
