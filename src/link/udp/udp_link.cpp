@@ -168,9 +168,7 @@ class UdpLink final : public link::Link {
   Counters* port_counters() { return &host_.registry().process_counters(host_.proc()); }
   // Sends one encoded packet of `flow`, through the fault schedule when
   // SOFTHCA_FAULT asks for one, into the capture when SOFTHCA_PCAP does.
-  void transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex);
   // Whether packets go one by one through the fault schedule (not batched).
-  bool injecting_faults() const { return faults_.has_value(); }
   // Batches for FlowSinks: taken from a pool, sent and given back.
   std::unique_ptr<SendBatch> take_batch();
   void send_batch(std::unique_ptr<SendBatch> batch);
@@ -250,7 +248,14 @@ class UdpLink final : public link::Link {
   std::mutex fault_mutex_;
   std::optional<Delayed> held_;          // a packet held back behind the next one
   std::vector<Delayed> delayed_;         // packets waiting for their delay
-  void send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex);
+  // What the fault schedule makes of one packet: appended to `now` when it
+  // may leave now (with its duplicate, and a packet held back behind it),
+  // else kept in delayed_ / held_ for the link's thread.
+  void apply_faults(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex,
+                    std::vector<Delayed>& now);
+  // Sends packets that own their bytes, in one batch (into the capture too).
+  void send_owned(const std::vector<Delayed>& packets);
+  void recycle(std::unique_ptr<SendBatch> batch);
   // Sends delayed packets that are due (and a held one that waited too long);
   // returns the next due time, 0 for none.
   uint64_t release_delayed(uint64_t now);
@@ -300,10 +305,8 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
   uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
   const auto n = wire::write_ip_udp_headers(flow, size, image);
   if (!n) return;
-  const bool batched = !link_.injecting_faults();
-  if (batched && !batch_) batch_ = link_.take_batch();
-  uint8_t single[SendBatch::kSlotBytes];
-  uint8_t* into = batched ? batch_->slot(batch_->count) : single;
+  if (!batch_) batch_ = link_.take_batch();
+  uint8_t* into = batch_->slot(batch_->count);
   const auto encoded = wire::encode(h, std::span<const uint8_t>(data, length), std::span<const uint8_t>(image, *n),
                                     std::span<uint8_t>(into, SendBatch::kSlotBytes));
   if (!encoded) {
@@ -312,10 +315,6 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
   }
   counters_.add(Counter::kSentPkts);
   counters_.add(Counter::kSentBytes, *encoded);
-  if (!batched) {
-    link_.transmit(flow, std::span<const uint8_t>(into, *encoded), ifindex_);
-    return;
-  }
   batch_->packets[batch_->count] = OutgoingPacket{
       src_, dst_, flow.traffic_class, flow.hop_limit, std::span<const uint8_t>(into, *encoded), ifindex_};
   batch_->source_ports[batch_->count] = flow.src_port;
@@ -340,6 +339,25 @@ std::unique_ptr<SendBatch> UdpLink::take_batch() {
 
 void UdpLink::send_batch(std::unique_ptr<SendBatch> batch) {
   const std::span<const OutgoingPacket> packets(batch->packets.data(), batch->count);
+  if (faults_) {
+    // The fault schedule decides packet by packet, in order; what it lets
+    // through now still leaves in one batch, so that a lossy run costs the
+    // system calls of a lossless one and compares with it.
+    std::vector<Delayed> now;
+    now.reserve(packets.size() + 2);
+    for (size_t i = 0; i < packets.size(); ++i) {
+      wire::UdpFlow flow;
+      flow.src_gid = packets[i].src;
+      flow.dst_gid = packets[i].dst;
+      flow.src_port = batch->source_ports[i];
+      flow.traffic_class = packets[i].traffic_class;
+      flow.hop_limit = packets[i].hop_limit;
+      apply_faults(flow, packets[i].bytes, packets[i].ifindex, now);
+    }
+    send_owned(now);
+    recycle(std::move(batch));
+    return;
+  }
   if (capture_) {
     for (size_t i = 0; i < packets.size(); ++i) {
       wire::UdpFlow flow;
@@ -355,25 +373,31 @@ void UdpLink::send_batch(std::unique_ptr<SendBatch> batch) {
     port_counters()->add(Counter::kSendErr, refused);
     SOFTHCA_DEBUG("udp link: %zu of %zu packets refused: %s", refused, packets.size(), std::strerror(errno));
   }
+  recycle(std::move(batch));
+}
+
+void UdpLink::recycle(std::unique_ptr<SendBatch> batch) {
   batch->count = 0;
   std::lock_guard guard(batch_pool_mutex_);
   batch_pool_.push_back(std::move(batch));
 }
 
-void UdpLink::send_now(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex) {
-  if (capture_) [[maybe_unused]] auto written = capture_->write(flow, packet, realtime_ns());
-  if (auto sent = sockets_->send(flow.src_gid, flow.dst_gid, flow.traffic_class, flow.hop_limit, packet, ifindex);
-      !sent) {
-    port_counters()->add(Counter::kSendErr);
-    SOFTHCA_DEBUG("udp link: send failed: %s", std::strerror(to_errno(sent.error())));
+void UdpLink::send_owned(const std::vector<Delayed>& packets) {
+  std::vector<OutgoingPacket> out;
+  out.reserve(packets.size());
+  for (const Delayed& p : packets) {
+    if (capture_) [[maybe_unused]] auto written = capture_->write(p.flow, p.bytes, realtime_ns());
+    out.push_back(OutgoingPacket{p.flow.src_gid, p.flow.dst_gid, p.flow.traffic_class, p.flow.hop_limit,
+                                 std::span<const uint8_t>(p.bytes), p.ifindex});
+  }
+  if (const size_t refused = sockets_->send_batch(out); refused > 0) {
+    port_counters()->add(Counter::kSendErr, refused);
+    SOFTHCA_DEBUG("udp link: %zu of %zu packets refused: %s", refused, out.size(), std::strerror(errno));
   }
 }
 
-void UdpLink::transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex) {
-  if (!faults_) {
-    send_now(flow, packet, ifindex);
-    return;
-  }
+void UdpLink::apply_faults(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex,
+                           std::vector<Delayed>& now) {
   const FaultDecision d = faults_->next(packet.size());
   if (d.drop) return;
   std::vector<uint8_t> bytes(packet.begin(), packet.end());
@@ -395,9 +419,9 @@ void UdpLink::transmit(const wire::UdpFlow& flow, std::span<const uint8_t> packe
     }
     release.swap(held_);
   }
-  send_now(flow, bytes, ifindex);
-  if (d.duplicate) send_now(flow, bytes, ifindex);
-  if (release) send_now(release->flow, release->bytes, release->ifindex);
+  now.push_back(Delayed{0, flow, bytes, ifindex});
+  if (d.duplicate) now.push_back(Delayed{0, flow, std::move(bytes), ifindex});
+  if (release) now.push_back(std::move(*release));
 }
 
 uint64_t UdpLink::release_delayed(uint64_t now) {
@@ -421,7 +445,7 @@ uint64_t UdpLink::release_delayed(uint64_t now) {
     }
     if (held_ && (next == 0 || held_->due_ns < next)) next = held_->due_ns;
   }
-  for (const Delayed& p : due) send_now(p.flow, p.bytes, p.ifindex);
+  send_owned(due);
   return next;
 }
 
