@@ -1,5 +1,7 @@
 #include "lossy_path.hpp"
 
+#include "encoded_packet.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,21 +36,11 @@ std::string LossyPathResult::summary() const {
 }
 
 void LossyPath::Link::send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) {
-  std::vector<uint8_t> data(length);
-  uint32_t at = 0;
-  for (int i = 0; i < npayload; ++i) {
-    std::memcpy(data.data() + at, payload[i].iov_base, payload[i].iov_len);
-    at += static_cast<uint32_t>(payload[i].iov_len);
-  }
-  const auto info = wire::opcode_info(h.bth.opcode);
-  ASSERT_TRUE(info.has_value());
-  const size_t size = wire::encoded_size(*info, length);
-  std::vector<uint8_t> image(48);
-  const auto n = wire::write_ip_udp_headers(kFlow, size, image);
-  ASSERT_TRUE(n.has_value());
-  image.resize(*n);
-  std::vector<uint8_t> bytes(size);
-  ASSERT_TRUE(wire::encode(h, data, image, bytes).has_value());
+  auto encoded = test_support::encode_packet(kFlow, h, payload, npayload, length);
+  if (!encoded) return;
+  std::vector<uint8_t> image = std::move(encoded->image);
+  std::vector<uint8_t> bytes = std::move(encoded->bytes);
+  const size_t size = bytes.size();
   LossyPath& p = path_;
   if (requests_) {
     ++p.result_.data_packets;
@@ -62,7 +54,7 @@ void LossyPath::Link::send(const wire::Headers& h, const iovec* payload, int npa
     }
   }
   // It leaves once the link is free and it is serialised, then takes the delay.
-  const uint64_t leaves = std::max(p.now_, free_at_ns) + (size + n.value()) * p.c_.ns_per_kib / 1024;
+  const uint64_t leaves = std::max(p.now_, free_at_ns) + (size + image.size()) * p.c_.ns_per_kib / 1024;
   free_at_ns = leaves;
   if (p.lose()) {
     ++(requests_ ? p.result_.lost_requests : p.result_.lost_responses);

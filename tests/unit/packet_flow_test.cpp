@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "encoded_packet.hpp"
 #include "fake_responder_port.hpp"
 #include "transport/ibta_timers.hpp"
 #include "transport/requester_flow.hpp"
@@ -38,21 +39,10 @@ class Wire final : public PacketSink {
   };
 
   void send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) override {
-    std::vector<uint8_t> data(length);
-    uint32_t at = 0;
-    for (int i = 0; i < npayload; ++i) {
-      std::memcpy(data.data() + at, payload[i].iov_base, payload[i].iov_len);
-      at += static_cast<uint32_t>(payload[i].iov_len);
-    }
-    const auto info = wire::opcode_info(h.bth.opcode);
-    ASSERT_TRUE(info.has_value());
-    const size_t size = wire::encoded_size(*info, length);
-    std::vector<uint8_t> image(48);
-    const auto n = wire::write_ip_udp_headers(flow_, size, image);
-    ASSERT_TRUE(n.has_value());
-    image.resize(*n);
-    std::vector<uint8_t> bytes(size);
-    ASSERT_TRUE(wire::encode(h, data, image, bytes).has_value());
+    const auto encoded = test_support::encode_packet(flow_, h, payload, npayload, length);
+    if (!encoded) return;
+    const std::vector<uint8_t>& image = encoded->image;
+    const std::vector<uint8_t>& bytes = encoded->bytes;
     const Fault f = fault(h, sent_++);
     for (int c = 0; c < f.copies; ++c) {
       ++queued_;

@@ -85,6 +85,18 @@ std::string group_name(const wire::Gid& group) {
   return text;
 }
 
+// The flow a batched packet belongs to, as the capture and the fault
+// schedule see it.
+wire::UdpFlow flow_of(const OutgoingPacket& p, uint16_t src_port) {
+  wire::UdpFlow flow;
+  flow.src_gid = p.src;
+  flow.dst_gid = p.dst;
+  flow.src_port = src_port;
+  flow.traffic_class = p.traffic_class;
+  flow.hop_limit = p.hop_limit;
+  return flow;
+}
+
 class UdpLink;
 
 // Packets encoded for sending together: a burst of a window goes out in a
@@ -345,29 +357,16 @@ void UdpLink::send_batch(std::unique_ptr<SendBatch> batch) {
     // system calls of a lossless one and compares with it.
     std::vector<Delayed> now;
     now.reserve(packets.size() + 2);
-    for (size_t i = 0; i < packets.size(); ++i) {
-      wire::UdpFlow flow;
-      flow.src_gid = packets[i].src;
-      flow.dst_gid = packets[i].dst;
-      flow.src_port = batch->source_ports[i];
-      flow.traffic_class = packets[i].traffic_class;
-      flow.hop_limit = packets[i].hop_limit;
-      apply_faults(flow, packets[i].bytes, packets[i].ifindex, now);
-    }
+    for (size_t i = 0; i < packets.size(); ++i)
+      apply_faults(flow_of(packets[i], batch->source_ports[i]), packets[i].bytes, packets[i].ifindex, now);
     send_owned(now);
     recycle(std::move(batch));
     return;
   }
   if (capture_) {
-    for (size_t i = 0; i < packets.size(); ++i) {
-      wire::UdpFlow flow;
-      flow.src_gid = packets[i].src;
-      flow.dst_gid = packets[i].dst;
-      flow.src_port = batch->source_ports[i];
-      flow.traffic_class = packets[i].traffic_class;
-      flow.hop_limit = packets[i].hop_limit;
-      [[maybe_unused]] auto written = capture_->write(flow, packets[i].bytes, realtime_ns());
-    }
+    for (size_t i = 0; i < packets.size(); ++i)
+      [[maybe_unused]] auto written =
+          capture_->write(flow_of(packets[i], batch->source_ports[i]), packets[i].bytes, realtime_ns());
   }
   if (const size_t refused = sockets_->send_batch(packets); refused > 0) {
     port_counters()->add(Counter::kSendErr, refused);
