@@ -172,21 +172,16 @@ void Service::fire_timers() {
   std::vector<Outgoing> out;
   std::unique_lock lk(mu_);
   const auto now = std::chrono::steady_clock::now();
-  while (!timewait_.empty() && timewait_.begin()->first <= now) {
-    const uint32_t comm = timewait_.begin()->second;
-    timewait_.erase(timewait_.begin());
-    auto it = ids_.find(comm);
-    if (it == ids_.end() || it->second->destroying_ || it->second->conn_.state() != ConnState::kTimewait) continue;
+  while (const auto due = pop_due_locked(timewait_, now)) {
+    CmId* id = due->second;
+    if (id == nullptr || id->destroying_ || id->conn_.state() != ConnState::kTimewait) continue;
     EventOut ev;
     ev.type = CmEventType::kTimewaitExit;
-    push_event_locked(it->second->channel_, Event{it->second, nullptr, it->second, ev});
+    push_event_locked(id->channel_, Event{id, nullptr, id, ev});
   }
-  while (!retransmit_.empty() && retransmit_.begin()->first <= now) {
-    const uint32_t comm = retransmit_.begin()->second;
-    retransmit_.erase(retransmit_.begin());
-    auto it = ids_.find(comm);
-    if (it == ids_.end()) continue;
-    CmId* id = it->second;
+  while (const auto due = pop_due_locked(retransmit_, now)) {
+    const auto [comm, id] = *due;
+    if (id == nullptr) continue;
     id->rt_timer_.reset();
     if (id->destroying_) continue;
     Step step = id->conn_.on_timeout(id->rt_generation_);
@@ -195,6 +190,15 @@ void Service::fire_timers() {
     apply_step_locked(id, std::move(step), out);
   }
   send_all(lk, std::move(out));
+}
+
+std::optional<std::pair<uint32_t, CmId*>> Service::pop_due_locked(
+    std::multimap<std::chrono::steady_clock::time_point, uint32_t>& queue, std::chrono::steady_clock::time_point now) {
+  if (queue.empty() || queue.begin()->first > now) return std::nullopt;
+  const uint32_t comm = queue.begin()->second;
+  queue.erase(queue.begin());
+  const auto it = ids_.find(comm);
+  return std::pair{comm, it == ids_.end() ? nullptr : it->second};
 }
 
 void Service::cancel_retransmit_timer_locked(CmId* id) {

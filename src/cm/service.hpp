@@ -306,6 +306,12 @@ class Service {
   // Arms, moves or cancels the id's retransmission timer to match its connection.
   void sync_retransmit_timer_locked(CmId* id);
   void cancel_retransmit_timer_locked(CmId* id);
+  // Takes the first entry of a timer queue (comm IDs by deadline) if it is
+  // due at `now`: its comm ID and its id (null when that id is gone);
+  // nothing when none is due. One at a time, so that handling one entry
+  // sees the queue and the ids as the ones before it left them.
+  std::optional<std::pair<uint32_t, CmId*>> pop_due_locked(
+      std::multimap<std::chrono::steady_clock::time_point, uint32_t>& queue, std::chrono::steady_clock::time_point now);
   // Queues the step's message for the id's peer and its event, and follows
   // the connection's timers (retransmission, timewait).
   void apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& out);

@@ -232,12 +232,9 @@ void Service::check_neighbours() {
   {
     std::lock_guard g(mu_);
     const auto now = std::chrono::steady_clock::now();
-    while (!addr_checks_.empty() && addr_checks_.begin()->first <= now) {
-      const uint32_t comm = addr_checks_.begin()->second;
-      addr_checks_.erase(addr_checks_.begin());
-      auto it = ids_.find(comm);
-      if (it == ids_.end()) continue;
-      CmId* id = it->second;
+    while (const auto due = pop_due_locked(addr_checks_, now)) {
+      const auto [comm, id] = *due;
+      if (id == nullptr) continue;
       id->addr_timer_.reset();
       if (id->destroying_ || !id->addr_query_) continue;
       const CmId::AddrQuery& q = *id->addr_query_;
