@@ -88,7 +88,7 @@ pair() {
   awk "$field" "$tmp/$name.client"
 }
 
-sv="LD_LIBRARY_PATH=$libdir"
+sv="LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 declare -A samples
 for ((r = 1; r <= reps; r++)); do
   v=$( (on "$a" -- "$bindir/udp_pingpong" -s -p 19800) >/dev/null 2>&1 & echo $!)
