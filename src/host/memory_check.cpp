@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <functional>
 #include <string>
 
 namespace softhca::host {
@@ -99,20 +100,15 @@ Result<void> check_range_in_maps(std::string_view maps, uint64_t addr, uint64_t 
   return coverage.verdict();
 }
 
-Result<void> check_process_range(const void* addr, uint64_t length, MemoryNeed need) {
-  const uint64_t begin = reinterpret_cast<uint64_t>(addr);
-  auto end = range_end(begin, length);
-  if (!end) return fail(end.error());
+Result<void> scan_process_maps(const std::function<bool(std::string_view)>& feed) {
   const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return fail(static_cast<std::errc>(errno));
   // The kernel hands out whole lines per read(); a line split by our buffer
-  // is carried over. Reading stops once the verdict is known, so a range low
+  // is carried over. Reading stops once `feed` has its answer, so a range low
   // in the address space costs a fraction of the file.
-  Coverage coverage(begin, *end, need);
   std::string buf(64 * 1024, '\0');
   size_t kept = 0;
-  bool decided = false;
-  while (!decided) {
+  for (;;) {
     const ssize_t n = ::read(fd, buf.data() + kept, buf.size() - kept);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
@@ -124,17 +120,26 @@ Result<void> check_process_range(const void* addr, uint64_t length, MemoryNeed n
     const std::string_view chunk(buf.data(), kept + static_cast<size_t>(n));
     size_t pos = 0;
     for (size_t nl; (nl = chunk.find('\n', pos)) != std::string_view::npos; pos = nl + 1) {
-      if (coverage.feed(chunk.substr(pos, nl - pos))) {
-        decided = true;
-        break;
+      if (feed(chunk.substr(pos, nl - pos))) {
+        ::close(fd);
+        return {};
       }
     }
-    if (decided) break;
     kept = chunk.size() - pos;
     std::memmove(buf.data(), buf.data() + pos, kept);
     if (kept == buf.size()) buf.resize(buf.size() * 2);  // a line longer than the buffer (a huge path)
   }
   ::close(fd);
+  return {};
+}
+
+Result<void> check_process_range(const void* addr, uint64_t length, MemoryNeed need) {
+  const uint64_t begin = reinterpret_cast<uint64_t>(addr);
+  auto end = range_end(begin, length);
+  if (!end) return fail(end.error());
+  Coverage coverage(begin, *end, need);
+  if (auto read = scan_process_maps([&](std::string_view line) { return coverage.feed(line); }); !read)
+    return read;
   return coverage.verdict();
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include "common/result.hpp"
@@ -31,6 +32,11 @@ MemoryNeed memory_need(uint32_t access);
 // address space (or its page-aligned end does); bad_address when a byte of it
 // is not mapped or a mapping lacks the protection `need` asks for.
 Result<void> check_range_in_maps(std::string_view maps, uint64_t addr, uint64_t length, MemoryNeed need);
+
+// Feeds the lines of /proc/self/maps, in order and without their newline, to
+// `feed` until it returns true (it knows its answer) or the file ends.
+// Errors from open/read of that file (never expected).
+Result<void> scan_process_maps(const std::function<bool(std::string_view)>& feed);
 
 // The same check against this process's current mappings (/proc/self/maps).
 // Also errors from open/read of that file (never expected).

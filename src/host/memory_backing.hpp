@@ -1,0 +1,83 @@
+// Registered memory that other processes of the host can map (issue #11):
+// the pages of a registered range are moved into one shared memory file of
+// this process (a memfd), mapped at the same addresses with the same
+// contents, so that a peer that maps the file reaches them with plain loads
+// and stores instead of a process_vm_writev per operation.
+//
+// Moving pages is safe against this process's other threads: WriteGuard
+// holds their stores off while the pages are copied into the file and the
+// file is mapped over them. Only private anonymous read-write memory is moved
+// (host/shareable_memory.hpp); anything else is answered not_supported and
+// keeps the copying path.
+//
+// One object per process (MemoryBacking::process()): the file, the signal
+// handler of WriteGuard and, later, the fork handlers are per process by
+// nature.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+#include "common/result.hpp"
+
+namespace softhca::host {
+
+// Whole pages of this process's address space, and where the file holds them.
+struct SharedPages {
+  uint64_t begin = 0;   // page-aligned address here
+  uint64_t length = 0;  // a multiple of the page size
+  uint64_t offset = 0;  // of `begin` in the file
+};
+
+class MemoryBacking {
+ public:
+  static MemoryBacking& process();
+
+  // Moves the pages holding [addr, addr + length) into the file, or finds
+  // them there already (counted: each share() needs its unshare()).
+  // Errors: not_supported when the memory cannot be moved (not private
+  // anonymous read-write, or overlapping only part of pages moved before);
+  // invalid_argument for an empty or wrapping range; those of memfd_create,
+  // ftruncate, mprotect and mmap otherwise.
+  Result<SharedPages> share(const void* addr, uint64_t length);
+
+  // Drops one use of pages returned by share(); the last one moves them back
+  // to private anonymous memory (when the application still maps them there)
+  // and frees their space in the file. Contents are kept.
+  void unshare(const SharedPages& pages);
+
+  // The file (-1 before the first share) and its inode, which a peer compares
+  // after opening /proc/PID/fd/FD to know it has the file it was told of.
+  int fd() const;
+  ino_t inode() const;
+
+  // Ranges moved and still in use, for tests and `softhca stat`.
+  size_t ranges() const;
+
+ private:
+  MemoryBacking() = default;
+
+  struct Range {
+    uint64_t end;
+    uint64_t offset;
+    uint32_t uses;
+  };
+
+  Result<void> open_file_locked();
+  Result<uint64_t> allocate_locked(uint64_t length);
+  void free_locked(uint64_t offset, uint64_t length);
+  Result<void> move_in_locked(uint64_t begin, uint64_t end, uint64_t offset);
+  void move_out_locked(uint64_t begin, uint64_t end, uint64_t offset);
+
+  mutable std::mutex mutex_;
+  int fd_ = -1;
+  ino_t inode_ = 0;
+  uint64_t file_size_ = 0;
+  std::map<uint64_t, uint64_t> holes_;  // offset -> length, free space below file_size_
+  std::map<uint64_t, Range> ranges_;    // begin -> range
+};
+
+}  // namespace softhca::host

@@ -1,0 +1,274 @@
+// host::MemoryBacking, host::WriteGuard and the shareable-memory rule: pages
+// of this process moved into a shared file keep their contents, are the same
+// memory as the file, go back to private memory at the last unshare, and no
+// store of a concurrent thread is lost while they move.
+#include <gtest/gtest.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "host/memory_backing.hpp"
+#include "host/memory_check.hpp"
+#include "host/shareable_memory.hpp"
+#include "host/write_guard.hpp"
+
+namespace softhca::host {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+
+constexpr std::string_view kMaps =
+    "00400000-00401000 r-xp 00000000 08:01 123 /usr/bin/prog\n"
+    "01000000-01003000 rw-p 00000000 00:00 0                          [heap]\n"
+    "10000000-10002000 rw-p 00000000 00:00 0 \n"
+    "10002000-10003000 rw-p 00000000 00:00 0 \n"
+    "10003000-10004000 r--p 00000000 00:00 0 \n"
+    "10004000-10005000 rw-s 00000000 00:05 77 /dev/shm/file\n"
+    "10005000-10006000 rw-p 00000000 08:01 99 /home/u/data.bin\n"
+    "10006000-10007000 rw-s 00000000 00:01 5 /dev/zero (deleted)\n"
+    "10007000-10008000 rw-p 00000000 00:0f 8 /anon_hugepage (deleted)\n"
+    "10009000-1000a000 rw-p 00000000 00:00 0                          [anon:arena]\n"
+    "1000a000-1000b000 rwxp 00000000 00:00 0 \n"
+    "7ffc0000-7ffc2000 rw-p 00000000 00:00 0                          [stack]\n";
+
+TEST(ShareableMemory, ParsesTheFieldsOfAMapsLine) {
+  MapsLine line;
+  ASSERT_TRUE(parse_maps_line("10004000-10005000 rw-s 00000000 00:05 77 /dev/shm/my file", line));
+  EXPECT_EQ(line.start, 0x10004000u);
+  EXPECT_EQ(line.end, 0x10005000u);
+  EXPECT_EQ(line.perms, "rw-s");
+  EXPECT_EQ(line.inode, 77u);
+  EXPECT_EQ(line.path, "/dev/shm/my file");
+  ASSERT_TRUE(parse_maps_line("10000000-10002000 rw-p 00000000 00:00 0 ", line));
+  EXPECT_EQ(line.path, "");
+  EXPECT_FALSE(parse_maps_line("", line));
+  EXPECT_FALSE(parse_maps_line("10002000-10001000 rw-p 00000000 00:00 0", line));
+  EXPECT_FALSE(parse_maps_line("10000000-10002000 rw-p 00000000 00:00", line));
+}
+
+TEST(ShareableMemory, OnlyPrivateAnonymousReadWriteMemoryIsShareable) {
+  EXPECT_TRUE(range_shareable_in_maps(kMaps, 0x01000000, 0x01003000));  // the heap
+  EXPECT_TRUE(range_shareable_in_maps(kMaps, 0x10000000, 0x10002000));
+  EXPECT_TRUE(range_shareable_in_maps(kMaps, 0x10009000, 0x1000a000));  // named anonymous
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x10003000, 0x10004000));  // read-only
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x10004000, 0x10005000));  // shared file
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x10005000, 0x10006000));  // private file
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x10006000, 0x10007000));  // shared anonymous
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x10007000, 0x10008000));  // hugetlb
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x1000a000, 0x1000b000));  // executable
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x7ffc0000, 0x7ffc1000));  // the stack
+}
+
+TEST(ShareableMemory, AdjacentMappingsCoverTogetherAndAHoleBreaksTheRange) {
+  EXPECT_TRUE(range_shareable_in_maps(kMaps, 0x10001000, 0x10003000));
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x10001000, 0x10004000));  // runs into read-only
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x10008000, 0x1000a000));  // a hole at 0x10008000
+  EXPECT_FALSE(range_shareable_in_maps(kMaps, 0x20000000, 0x20001000));  // nothing there
+}
+
+// Anonymous private pages of our own, unmapped at the end.
+struct Pages {
+  explicit Pages(size_t count) : length(count * kPage) {
+    void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    bytes = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~Pages() {
+    if (bytes) ::munmap(bytes, length);
+  }
+  size_t length;
+  uint8_t* bytes;
+};
+
+// The maps line that holds `addr`.
+MapsLine line_at(const void* addr) {
+  const uint64_t a = reinterpret_cast<uint64_t>(addr);
+  MapsLine found;
+  std::string path;
+  EXPECT_TRUE(scan_process_maps([&](std::string_view text) {
+    MapsLine line;
+    if (!parse_maps_line(text, line) || a < line.start || a >= line.end) return false;
+    found = line;
+    path = std::string(line.path);
+    return true;
+  }));
+  found.path = {};
+  return found;
+}
+
+TEST(MemoryBacking, SharedPagesKeepTheirContentsAndAreTheFilesPages) {
+  Pages pages(8);
+  ASSERT_NE(pages.bytes, nullptr);
+  for (size_t i = 0; i < pages.length; ++i) pages.bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+  auto& backing = MemoryBacking::process();
+  // Not page-aligned: the pages holding the range move.
+  auto shared = backing.share(pages.bytes + 100, pages.length - 200);
+  ASSERT_TRUE(shared) << static_cast<int>(shared.error());
+  EXPECT_EQ(shared->begin, reinterpret_cast<uint64_t>(pages.bytes));
+  EXPECT_EQ(shared->length, pages.length);
+  for (size_t i = 0; i < pages.length; ++i) ASSERT_EQ(pages.bytes[i], static_cast<uint8_t>(i * 7 + 3)) << i;
+  const MapsLine line = line_at(pages.bytes);
+  EXPECT_EQ(line.perms, "rw-s");
+  EXPECT_EQ(line.inode, backing.inode());
+
+  // What a peer would do: map the file; both views are the same memory.
+  void* view = ::mmap(nullptr, pages.length, PROT_READ | PROT_WRITE, MAP_SHARED, backing.fd(),
+                      static_cast<off_t>(shared->offset));
+  ASSERT_NE(view, MAP_FAILED);
+  auto* peer = static_cast<uint8_t*>(view);
+  EXPECT_EQ(std::memcmp(peer, pages.bytes, pages.length), 0);
+  peer[5000] = 0xAB;
+  EXPECT_EQ(pages.bytes[5000], 0xAB);
+  pages.bytes[6000] = 0xCD;
+  EXPECT_EQ(peer[6000], 0xCD);
+  ::munmap(view, pages.length);
+
+  backing.unshare(*shared);
+  EXPECT_EQ(line_at(pages.bytes).inode, 0u) << "the last unshare moves the pages back to private memory";
+  EXPECT_EQ(line_at(pages.bytes).perms, "rw-p");
+  EXPECT_EQ(pages.bytes[5000], 0xAB);
+  EXPECT_EQ(pages.bytes[6000], 0xCD);
+  EXPECT_EQ(pages.bytes[7], static_cast<uint8_t>(7 * 7 + 3));
+}
+
+TEST(MemoryBacking, ARangeInsideSharedPagesSharesThemAndOnlyTheLastUnshareMovesThemBack) {
+  Pages pages(4);
+  auto& backing = MemoryBacking::process();
+  auto whole = backing.share(pages.bytes, pages.length);
+  ASSERT_TRUE(whole);
+  auto part = backing.share(pages.bytes + kPage + 10, 20);
+  ASSERT_TRUE(part);
+  EXPECT_EQ(part->begin, whole->begin + kPage);
+  EXPECT_EQ(part->offset, whole->offset + kPage);
+  // Partly over the shared pages and partly beyond: not supported.
+  Pages next(2);
+  EXPECT_EQ(backing.share(pages.bytes + pages.length - kPage, 2 * kPage).error(), std::errc::not_supported);
+  backing.unshare(*whole);
+  EXPECT_EQ(line_at(pages.bytes).inode, backing.inode()) << "one use is left";
+  backing.unshare(*part);
+  EXPECT_EQ(line_at(pages.bytes).inode, 0u);
+}
+
+TEST(MemoryBacking, MemoryThatCannotMoveIsNotSupported) {
+  auto& backing = MemoryBacking::process();
+  uint8_t on_stack[64] = {};
+  EXPECT_EQ(backing.share(on_stack, sizeof on_stack).error(), std::errc::not_supported);
+  void* shared = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  EXPECT_EQ(backing.share(shared, kPage).error(), std::errc::not_supported);
+  ::munmap(shared, kPage);
+  Pages pages(1);
+  ASSERT_EQ(::mprotect(pages.bytes, kPage, PROT_READ), 0);
+  EXPECT_EQ(backing.share(pages.bytes, kPage).error(), std::errc::not_supported);
+  EXPECT_EQ(backing.share(pages.bytes, 0).error(), std::errc::invalid_argument);
+}
+
+TEST(MemoryBacking, AnUnmappedRangeIsFreedWithoutMappingAnythingThere) {
+  auto& backing = MemoryBacking::process();
+  auto* bytes = static_cast<uint8_t*>(
+      ::mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(bytes, MAP_FAILED);
+  auto shared = backing.share(bytes, 2 * kPage);
+  ASSERT_TRUE(shared);
+  const size_t before = backing.ranges();
+  ASSERT_EQ(::munmap(bytes, 2 * kPage), 0);  // the application's bug, but not ours to crash on
+  backing.unshare(*shared);
+  EXPECT_EQ(backing.ranges(), before - 1);
+  // Nothing was mapped back into the hole.
+  EXPECT_EQ(::msync(bytes, kPage, MS_ASYNC), -1);
+  EXPECT_EQ(errno, ENOMEM);
+}
+
+// Threads store without pause into the pages while they move in and out; a
+// store made while they move must not be lost. Each thread owns the slots
+// i with i % kThreads == its number and writes an increasing count into
+// slot (count % its slot number): the last count each slot should hold
+// follows from the thread's final count.
+TEST(MemoryBacking, NoConcurrentStoreIsLostWhilePagesMove) {
+  constexpr size_t kThreads = 3;
+  constexpr size_t kSlotsPerThread = 3000;
+  Pages pages((kThreads * kSlotsPerThread * sizeof(uint64_t) + kPage - 1) / kPage);
+  auto* slots = reinterpret_cast<volatile uint64_t*>(pages.bytes);
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> running{0};
+  std::vector<uint64_t> last(kThreads, 0);
+  std::vector<std::thread> writers;
+  for (size_t t = 0; t < kThreads; ++t) {
+    writers.emplace_back([&, t] {
+      running.fetch_add(1);
+      uint64_t count = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        ++count;
+        slots[(count % kSlotsPerThread) * kThreads + t] = count;
+      }
+      last[t] = count;
+    });
+  }
+  while (running.load() < kThreads) std::this_thread::yield();
+  auto& backing = MemoryBacking::process();
+  const uint64_t parked_before = WriteGuard::parked_faults();
+  // Bounded: 400 moves each way, and stop earlier once enough stores have
+  // been caught in the act.
+  for (int i = 0; i < 400 && WriteGuard::parked_faults() - parked_before < 50; ++i) {
+    auto shared = backing.share(pages.bytes, pages.length);
+    ASSERT_TRUE(shared);
+    backing.unshare(*shared);
+  }
+  stop = true;
+  for (auto& w : writers) w.join();
+  EXPECT_GT(WriteGuard::parked_faults(), parked_before) << "no store ever met a guard: the test proved nothing";
+  for (size_t t = 0; t < kThreads; ++t) {
+    for (size_t s = 0; s < kSlotsPerThread; ++s) {
+      // The largest count <= last[t] that lands in slot s.
+      uint64_t expect = last[t] - ((last[t] % kSlotsPerThread + kSlotsPerThread - s) % kSlotsPerThread);
+      if (expect > last[t]) expect = 0;  // never written (last[t] < s)
+      ASSERT_EQ(slots[s * kThreads + t], expect) << "thread " << t << " slot " << s;
+    }
+  }
+}
+
+sigjmp_buf fault_jump;
+std::atomic<int> own_handler_calls{0};
+
+void own_handler(int, siginfo_t*, void*) {
+  own_handler_calls.fetch_add(1);
+  siglongjmp(fault_jump, 1);
+}
+
+// Stores into `p`; true if that faulted into own_handler. Apart, so that
+// nothing of the caller lives across the jump.
+[[gnu::noinline]] bool store_faults(volatile uint8_t* p) {
+  if (sigsetjmp(fault_jump, 1) != 0) return true;
+  *p = 1;
+  return false;
+}
+
+// A fault that is not a store into moving pages reaches the handler the
+// application had installed before, as if softhca were not there.
+TEST(WriteGuard, OtherFaultsReachTheApplicationsHandler) {
+  struct sigaction mine {};
+  struct sigaction saved {};
+  mine.sa_sigaction = own_handler;
+  mine.sa_flags = SA_SIGINFO;
+  sigemptyset(&mine.sa_mask);
+  ASSERT_EQ(::sigaction(SIGSEGV, &mine, &saved), 0);
+  Pages moving(1);
+  Pages readonly(1);
+  ASSERT_EQ(::mprotect(readonly.bytes, kPage, PROT_READ), 0);
+  auto shared = MemoryBacking::process().share(moving.bytes, kPage);  // puts the guard's handler in front
+  ASSERT_TRUE(shared);
+  EXPECT_TRUE(store_faults(readonly.bytes)) << "the store into a read-only page did not fault";
+  EXPECT_EQ(own_handler_calls.load(), 1);
+  MemoryBacking::process().unshare(*shared);
+  ASSERT_EQ(::sigaction(SIGSEGV, &saved, nullptr), 0);
+}
+
+}  // namespace
+}  // namespace softhca::host
