@@ -39,6 +39,7 @@ enum class SettingId : uint8_t {
   kLink,
   kFault,
   kPcap,
+  kSharedMr,
 };
 
 enum class SettingType : uint8_t {
@@ -66,6 +67,9 @@ struct Setting {
 
 // SOFTHCA_LINK's words, in LinkChoice's order (engine/link_choice.hpp).
 inline constexpr std::string_view kLinkNames[] = {"auto", "udp"};
+
+// SOFTHCA_SHARED_MR's words: its value is the index.
+inline constexpr std::string_view kOnOffNames[] = {"on", "off"};
 
 // In LogLevel's order (log.cpp checks it).
 inline constexpr std::string_view kLogLevelNames[] = {"error", "warn", "info", "debug", "trace"};
@@ -164,6 +168,19 @@ inline constexpr std::array kSettings = {
                 "becomes the process id, so processes sharing the setting write files of their own; "
                 "a file of the same format is continued (delete it for a fresh capture), and flushed after every packet. The "
                 "shm link's operations are not packets and are not captured",
+    },
+    Setting{
+        .id = SettingId::kSharedMr,
+        .name = "SOFTHCA_SHARED_MR",
+        .type = SettingType::kChoice,
+        .default_text = "on",
+        .help = "move registered memory into a shared file so that processes of this host reach it "
+                "without a system call per operation",
+        .note = "only private anonymous read-write memory moves (malloc, the heap, anonymous mmap); "
+                "other memory, and all memory with off, is reached with process_vm_readv/writev. "
+                "Read at each registration",
+        .choices = kOnOffNames,
+        .default_value = 0,
     },
 };
 

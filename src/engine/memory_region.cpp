@@ -3,6 +3,7 @@
 #include <infiniband/verbs.h>
 
 #include "common/log.hpp"
+#include "common/settings.hpp"
 #include "engine/context.hpp"
 #include "common/limits.hpp"
 #include "engine/protection_domain.hpp"
@@ -43,6 +44,27 @@ Result<void> check_memory(const void* addr, uint64_t length, uint32_t access) {
   return ok;
 }
 
+// Moves the MR's pages into the process's backing file so that peers on the
+// host map them (SOFTHCA_SHARED_MR); memory that cannot move stays where it
+// is and is reached by copying. The offset of `addr` in the file, or
+// kNotShared.
+uint64_t share_pages(Node& node, void* addr, uint64_t length, std::optional<host::SharedPages>& out) {
+  out.reset();
+  if (setting_number(SettingId::kSharedMr) != 0) return host::kNotShared;
+  auto& backing = host::MemoryBacking::process();
+  auto pages = backing.share(addr, length);
+  if (!pages) {
+    if (pages.error() != std::errc::not_supported)
+      SOFTHCA_DEBUG("reg_mr: %p + %#llx stays private: %s", addr, static_cast<unsigned long long>(length),
+                    std::make_error_code(pages.error()).message().c_str());
+    return host::kNotShared;
+  }
+  node.registry().publish_backing(node.proc(), static_cast<uint32_t>(backing.fd()),
+                                  static_cast<uint64_t>(backing.inode()));
+  out = *pages;
+  return pages->offset + (reinterpret_cast<uint64_t>(addr) - pages->begin);
+}
+
 }  // namespace
 
 Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,
@@ -53,9 +75,11 @@ Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uin
   if (auto ok = check_memory(addr, length, access); !ok) return fail(ok.error());
   auto* mr = new MemoryRegion(pd, addr, length, iova, access);
   Node& node = pd.context().node();
+  const uint64_t shared_offset = share_pages(node, addr, length, mr->shared_);
   auto key = node.registry().allocate_mr(node.proc(), pd.id(), access, iova, length,
-                                         reinterpret_cast<uint64_t>(addr));
+                                         reinterpret_cast<uint64_t>(addr), shared_offset);
   if (!key) {
+    if (mr->shared_) host::MemoryBacking::process().unshare(*mr->shared_);
     delete mr;
     return fail(key.error());
   }
@@ -71,6 +95,7 @@ MemoryRegion::~MemoryRegion() {
     // Once ibv_dereg_mr returns, no initiator touches the range: wait out the
     // accesses to our memory that may have validated the key before it went.
     node.registry().fence_accesses(node.proc());
+    if (shared_) host::MemoryBacking::process().unshare(*shared_);
     pd_->detach();
   }
 }
@@ -98,15 +123,21 @@ Result<void> MemoryRegion::rereg(int flags, ProtectionDomain* pd, void* addr, ui
     pd_->attach();
   }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) access_ = access;
+  Node& node = pd_->context().node();
+  std::optional<host::SharedPages> old_shared = shared_;
+  uint64_t shared_offset = shared_ ? shared_->offset + (reinterpret_cast<uint64_t>(addr_) - shared_->begin)
+                                   : host::kNotShared;
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     addr_ = addr;
     length_ = length;
     iova_ = reinterpret_cast<uint64_t>(addr);
+    shared_offset = share_pages(node, addr_, length_, shared_);
   }
-  Node& node = pd_->context().node();
-  node.registry().update_mr(key_, pd_->id(), access_, iova_, length_, reinterpret_cast<uint64_t>(addr_));
+  node.registry().update_mr(key_, pd_->id(), access_, iova_, length_, reinterpret_cast<uint64_t>(addr_),
+                            shared_offset);
   // As for dereg: no access under the old translation or rights outlives the call.
   node.registry().fence_accesses(node.proc());
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && old_shared) host::MemoryBacking::process().unshare(*old_shared);
   return {};
 }
 

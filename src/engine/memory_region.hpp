@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "common/result.hpp"
+#include "host/memory_backing.hpp"
 
 namespace softhca::engine {
 
@@ -40,6 +42,8 @@ class MemoryRegion {
   uint64_t iova_;
   uint32_t access_;
   uint32_t key_ = 0;
+  // The pages this MR moved into the process's backing file, if any.
+  std::optional<host::SharedPages> shared_;
 };
 
 }  // namespace softhca::engine

@@ -37,6 +37,9 @@ void ProgressThread::stop() {
 // ring and waits only if the doorbell did not move since it looked.
 void ProgressThread::loop() {
   host::SegmentHeader& header = *doorbell_;
+  // Held for the thread's life: peers read it to know this process lives
+  // (SegmentHeader::owner_running); the kernel marks it if we die.
+  const bool holds_alive = pthread_mutex_lock(&header.owner_alive) == 0;
   host::Event event;
   while (!stopping_.load()) {
     while (header.pop(event)) work_->on_event(event);
@@ -59,6 +62,7 @@ void ProgressThread::loop() {
       futex(&header.doorbell, FUTEX_WAIT, seen, wait_for);
     header.sleeping.store(0, std::memory_order_relaxed);
   }
+  if (holds_alive) pthread_mutex_unlock(&header.owner_alive);
 }
 
 }  // namespace softhca::engine

@@ -36,6 +36,12 @@ Result<Attachment*> Attachment::open() {
   SegmentHeader& header = self->header();
   header.pid = self->pid_;
   header.magic = kSegmentMagic;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&header.owner_alive, &attr);
+  pthread_mutexattr_destroy(&attr);
   auto proc = self->registry_->register_process(self->pid_, static_cast<uint32_t>(self->segment_->fd()));
   if (!proc) {
     SOFTHCA_ERROR("too many softhca processes on this host");
@@ -59,6 +65,14 @@ char* Attachment::segment_base(uint32_t proc) {
   const uint32_t pid = slot.pid.load(std::memory_order_acquire);
   if (pid == 0) return nullptr;
   return peers_.map(pid, slot.segment_fd, slot.start_time);
+}
+
+char* Attachment::backing_base(uint32_t proc, uint64_t length) {
+  const ProcSlot& slot = registry_->proc(proc);
+  const uint32_t fd_plus1 = slot.backing_fd_plus1.load(std::memory_order_acquire);
+  const uint32_t pid = slot.pid.load(std::memory_order_acquire);
+  if (fd_plus1 == 0 || pid == 0 || proc == proc_) return nullptr;
+  return backings_.map(pid, slot.start_time, fd_plus1 - 1, slot.backing_inode.load(std::memory_order_relaxed), length);
 }
 
 void Attachment::notify(uint32_t proc, uint32_t pid, const Event& event) {

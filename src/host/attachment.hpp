@@ -8,6 +8,7 @@
 
 #include "common/result.hpp"
 #include "host/host_registry.hpp"
+#include "host/peer_backings.hpp"
 #include "host/process_segment.hpp"
 #include "host/shared_queues.hpp"
 
@@ -29,6 +30,9 @@ class Attachment {
 
   // The base of the segment of registry process `proc` (ours or a peer's), or nullptr.
   char* segment_base(uint32_t proc);
+  // The backing file of registered memory of process `proc` (a peer's),
+  // mapped here over at least its first `length` bytes, or nullptr.
+  char* backing_base(uint32_t proc, uint64_t length);
   uint32_t pid_of(uint32_t proc) const { return registry_->proc(proc).pid.load(std::memory_order_acquire); }
 
   // Queues an event for the owner of `proc` and rings its doorbell.
@@ -44,6 +48,7 @@ class Attachment {
   HostRegistry* registry_ = nullptr;
   ProcessSegment* segment_ = nullptr;
   PeerSegments peers_;
+  PeerBackings backings_;
   uint32_t proc_ = 0;
   uint32_t pid_ = 0;
   bool registered_ = false;

@@ -18,7 +18,8 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 5;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent
+constexpr uint32_t kVersion = 6;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
+                                  // 6: shared registered memory
 
 uint64_t now_ns() {
   timespec ts;
@@ -154,12 +155,20 @@ Result<uint32_t> HostRegistry::register_process(uint32_t pid, uint32_t segment_f
     if (slot.pid.load(std::memory_order_relaxed) != 0) continue;
     slot.segment_fd = segment_fd;
     slot.start_time = process_start_time(pid);
+    slot.backing_fd_plus1.store(0, std::memory_order_relaxed);
+    slot.backing_inode.store(0, std::memory_order_relaxed);
     slot.pid.store(pid, std::memory_order_release);
     unlock();
     return i;
   }
   unlock();
   return fail(std::errc::too_many_files_open_in_system);
+}
+
+void HostRegistry::publish_backing(uint32_t proc, uint32_t fd, uint64_t inode) {
+  ProcSlot& slot = layout_->procs[proc];
+  slot.backing_inode.store(inode, std::memory_order_relaxed);
+  slot.backing_fd_plus1.store(fd + 1, std::memory_order_release);
 }
 
 void HostRegistry::unregister_process(uint32_t proc) {
@@ -220,7 +229,7 @@ const QpSlot* HostRegistry::find_qp(uint32_t qpn) const {
 }
 
 Result<uint32_t> HostRegistry::allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova,
-                                           uint64_t length, uint64_t host_addr) {
+                                           uint64_t length, uint64_t host_addr, uint64_t shared_offset) {
   lock();
   for (uint32_t n = 0; n < kMaxMrSlots; ++n) {
     const uint32_t index = (layout_->mr_cursor + n) % kMaxMrSlots;
@@ -240,6 +249,7 @@ Result<uint32_t> HostRegistry::allocate_mr(uint32_t proc, uint32_t pd_id, uint32
     slot.iova.store(iova, std::memory_order_relaxed);
     slot.length.store(length, std::memory_order_relaxed);
     slot.host_addr.store(host_addr, std::memory_order_relaxed);
+    slot.shared_offset.store(shared_offset, std::memory_order_relaxed);
     slot.key.store(key, std::memory_order_release);
     slot.seq.fetch_add(1, std::memory_order_release);
     unlock();
@@ -261,7 +271,7 @@ void HostRegistry::release_mr(uint32_t key) {
 }
 
 void HostRegistry::update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
-                             uint64_t host_addr) {
+                             uint64_t host_addr, uint64_t shared_offset) {
   lock();
   MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
   if (slot.key.load(std::memory_order_relaxed) == key) {
@@ -271,6 +281,7 @@ void HostRegistry::update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint
     slot.iova.store(iova, std::memory_order_relaxed);
     slot.length.store(length, std::memory_order_relaxed);
     slot.host_addr.store(host_addr, std::memory_order_relaxed);
+    slot.shared_offset.store(shared_offset, std::memory_order_relaxed);
     slot.seq.fetch_add(1, std::memory_order_seq_cst);  // see begin_access
   }
   unlock();
@@ -293,6 +304,7 @@ bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
     out.iova = slot.iova.load(std::memory_order_acquire);
     out.length = slot.length.load(std::memory_order_acquire);
     out.host_addr = slot.host_addr.load(std::memory_order_acquire);
+    out.shared_offset = slot.shared_offset.load(std::memory_order_acquire);
     if (slot.seq.load(std::memory_order_acquire) == before) return key != 0 && out.key == key;
   }
 }

@@ -31,11 +31,19 @@ inline constexpr uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special; start above
 inline constexpr uint32_t kMaxMcastGroups = 256;   // multicast groups with at least one member, host-wide
 inline constexpr uint32_t kMaxMcastMembers = 32;   // UD QPs attached to one group
 inline constexpr uint32_t kAccessSlotsPerProc = 16;  // threads of one process inside peers' memory at once
+// MrSlot::shared_offset of memory that peers reach only by copying (process_vm_*).
+inline constexpr uint64_t kNotShared = ~uint64_t{0};
 
 struct ProcSlot {
   std::atomic<uint32_t> pid;   // 0 = free
   uint32_t segment_fd;         // fd of the owner's segment memfd, opened by peers via /proc/PID/fd
   uint64_t start_time;         // from /proc/PID/stat: tells a live owner from a reused pid
+  // The owner's file of registered memory (host/memory_backing.hpp), for
+  // peers to map through /proc/PID/fd: fd + 1 (0 = none yet) and its inode,
+  // which a peer checks after opening. Published once, before any MR that
+  // lives in it.
+  std::atomic<uint32_t> backing_fd_plus1;
+  std::atomic<uint64_t> backing_inode;
 };
 
 struct QpSlot {
@@ -55,12 +63,14 @@ struct MrSlot {
   std::atomic<uint64_t> iova;        // the address remote peers use
   std::atomic<uint64_t> length;
   std::atomic<uint64_t> host_addr;   // where iova maps in the owner's address space
+  std::atomic<uint64_t> shared_offset;  // of host_addr in the owner's backing file, or kNotShared
 };
 
 // A plain copy of an MrSlot.
 struct MrRecord {
   uint32_t key, proc, pd_id, access;
   uint64_t iova, length, host_addr;
+  uint64_t shared_offset = kNotShared;
 };
 
 // A multicast group: its MGID and the UD QPs attached to it. Changed under the
@@ -138,10 +148,13 @@ class HostRegistry {
   const QpSlot* find_qp(uint32_t qpn) const;
 
   Result<uint32_t> allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
-                               uint64_t host_addr);
+                               uint64_t host_addr, uint64_t shared_offset = kNotShared);
   void release_mr(uint32_t key);
   // Updates a registered MR in place (rereg); the key stays the same.
-  void update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length, uint64_t host_addr);
+  void update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length, uint64_t host_addr,
+                 uint64_t shared_offset = kNotShared);
+  // Tells peers where process `proc`'s backing file is (see ProcSlot).
+  void publish_backing(uint32_t proc, uint32_t fd, uint64_t inode);
   // A consistent copy of the MR for `key`, or false if the key is not registered.
   bool lookup_mr(uint32_t key, MrRecord& out) const;
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -20,6 +21,8 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+// The most that moves at once (see move_in_locked).
+constexpr uint64_t kMovePiece = uint64_t{64} << 20;
 
 std::unexpected<std::errc> fail_errno() { return fail(static_cast<std::errc>(errno)); }
 
@@ -77,8 +80,48 @@ size_t MemoryBacking::ranges() const {
   return ranges_.size();
 }
 
+void MemoryBacking::before_fork() {
+  MemoryBacking& self = process();
+  self.mutex_.lock();  // held until after_fork_*: no range moves meanwhile
+  for (const auto& [begin, range] : self.ranges_) {
+    const uint64_t length = range.end - begin;
+    void* copy = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED || !file_io(SYS_pread64, self.fd_, reinterpret_cast<uint64_t>(copy), length, range.offset)) {
+      SOFTHCA_WARN("memory backing: no private copy of %llu registered bytes for a child; it shares them",
+                   static_cast<unsigned long long>(length));
+      if (copy != MAP_FAILED) ::munmap(copy, length);
+      continue;
+    }
+    self.snapshots_.push_back(Snapshot{begin, length, copy});
+  }
+}
+
+void MemoryBacking::after_fork_in_parent() {
+  MemoryBacking& self = process();
+  for (const Snapshot& s : self.snapshots_) ::munmap(s.copy, s.length);
+  self.snapshots_.clear();
+  self.mutex_.unlock();
+}
+
+void MemoryBacking::after_fork_in_child() {
+  MemoryBacking& self = process();
+  for (const Snapshot& s : self.snapshots_)
+    ::mremap(s.copy, s.length, s.length, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s.begin));
+  self.snapshots_.clear();
+  // The child registered nothing: it starts without a file.
+  if (self.fd_ >= 0) ::close(self.fd_);
+  self.fd_ = -1;
+  self.inode_ = 0;
+  self.file_size_ = 0;
+  self.holes_.clear();
+  self.ranges_.clear();
+  self.mutex_.unlock();
+}
+
 Result<void> MemoryBacking::open_file_locked() {
   if (fd_ >= 0) return {};
+  static const int fork_handlers = ::pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
+  if (fork_handlers != 0) return fail(static_cast<std::errc>(fork_handlers));
   const int fd = ::memfd_create("softhca-registered", MFD_CLOEXEC);
   if (fd < 0) return fail_errno();
   struct stat st {};
@@ -130,46 +173,54 @@ void MemoryBacking::free_locked(uint64_t offset, uint64_t length) {
 }
 
 Result<void> MemoryBacking::move_in_locked(uint64_t begin, uint64_t end, uint64_t offset) {
-  const uint64_t length = end - begin;
-  if (auto ok = WriteGuard::protect(begin, end); !ok) return ok;
-  auto copied = file_io(SYS_pwrite64, fd_, begin, length, offset);
-  void* mapped = MAP_FAILED;
-  if (copied)
-    mapped = ::mmap(reinterpret_cast<void*>(begin), length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
-                    static_cast<off_t>(offset));
-  const int err = errno;
-  if (mapped == MAP_FAILED) {
-    // The old pages are still there, whole: make them writable again.
-    ::mprotect(reinterpret_cast<void*>(begin), length, PROT_READ | PROT_WRITE);
+  // In pieces: a piece's pages exist twice while it moves, and its writers
+  // wait only for that piece.
+  for (uint64_t at = begin; at < end; at += kMovePiece) {
+    const uint64_t length = end - at < kMovePiece ? end - at : kMovePiece;
+    const uint64_t file_at = offset + (at - begin);
+    if (auto ok = WriteGuard::protect(at, at + length); !ok) return fail(ok.error());
+    auto copied = file_io(SYS_pwrite64, fd_, at, length, file_at);
+    void* mapped = MAP_FAILED;
+    if (copied)
+      mapped = ::mmap(reinterpret_cast<void*>(at), length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
+                      static_cast<off_t>(file_at));
+    const int err = errno;
+    if (mapped == MAP_FAILED) {
+      // This piece's old pages are still there, whole: make them writable
+      // again, and move the pieces before it back.
+      ::mprotect(reinterpret_cast<void*>(at), length, PROT_READ | PROT_WRITE);
+      WriteGuard::release();
+      if (at > begin) move_out_locked(begin, at, offset);
+      return copied ? fail(static_cast<std::errc>(err)) : copied;
+    }
     WriteGuard::release();
-    return copied ? fail(static_cast<std::errc>(err)) : copied;
   }
-  WriteGuard::release();
   return {};
 }
 
 void MemoryBacking::move_out_locked(uint64_t begin, uint64_t end, uint64_t offset) {
-  const uint64_t length = end - begin;
-  void* fresh = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (fresh == MAP_FAILED) {
-    SOFTHCA_WARN("memory backing: no memory to move %llu bytes back; they stay shared",
-                 static_cast<unsigned long long>(length));
-    return;
+  for (uint64_t at = begin; at < end; at += kMovePiece) {
+    const uint64_t length = end - at < kMovePiece ? end - at : kMovePiece;
+    void* fresh = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fresh == MAP_FAILED) {
+      SOFTHCA_WARN("memory backing: no memory to move %llu bytes back; they stay shared",
+                   static_cast<unsigned long long>(length));
+      continue;
+    }
+    if (auto ok = WriteGuard::protect(at, at + length); !ok) {
+      ::munmap(fresh, length);
+      continue;
+    }
+    auto copied = file_io(SYS_pread64, fd_, reinterpret_cast<uint64_t>(fresh), length, offset + (at - begin));
+    void* moved = MAP_FAILED;
+    if (copied)
+      moved = ::mremap(fresh, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(at));
+    if (moved == MAP_FAILED) {
+      ::mprotect(reinterpret_cast<void*>(at), length, PROT_READ | PROT_WRITE);
+      ::munmap(fresh, length);
+    }
+    WriteGuard::release();
   }
-  const uint64_t to = reinterpret_cast<uint64_t>(fresh);
-  if (auto ok = WriteGuard::protect(begin, end); !ok) {
-    ::munmap(fresh, length);
-    return;
-  }
-  auto copied = file_io(SYS_pread64, fd_, to, length, offset);
-  void* moved = MAP_FAILED;
-  if (copied)
-    moved = ::mremap(fresh, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(begin));
-  if (moved == MAP_FAILED) {
-    ::mprotect(reinterpret_cast<void*>(begin), length, PROT_READ | PROT_WRITE);
-    ::munmap(fresh, length);
-  }
-  WriteGuard::release();
 }
 
 Result<SharedPages> MemoryBacking::share(const void* addr, uint64_t length) {

@@ -10,9 +10,15 @@
 // (host/shareable_memory.hpp); anything else is answered not_supported and
 // keeps the copying path.
 //
+// fork(): the child must not share the parent's pages (it would see the
+// parent's later stores, and the parent its). Before fork the pages are
+// copied aside into private memory, which the child then moves in place of
+// the shared mapping (its own copy-on-write pages, as of the fork); the parent
+// drops the copies. Stores racing the fork itself may or may not be in the
+// child's copy, as with a kernel's copy of pinned pages.
+//
 // One object per process (MemoryBacking::process()): the file, the signal
-// handler of WriteGuard and, later, the fork handlers are per process by
-// nature.
+// handler of WriteGuard and the fork handlers are per process by nature.
 #pragma once
 
 #include <sys/types.h>
@@ -20,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "common/result.hpp"
 
@@ -66,6 +73,15 @@ class MemoryBacking {
     uint32_t uses;
   };
 
+  struct Snapshot {
+    uint64_t begin;
+    uint64_t length;
+    void* copy;
+  };
+  static void before_fork();
+  static void after_fork_in_parent();
+  static void after_fork_in_child();
+
   Result<void> open_file_locked();
   Result<uint64_t> allocate_locked(uint64_t length);
   void free_locked(uint64_t offset, uint64_t length);
@@ -78,6 +94,7 @@ class MemoryBacking {
   uint64_t file_size_ = 0;
   std::map<uint64_t, uint64_t> holes_;  // offset -> length, free space below file_size_
   std::map<uint64_t, Range> ranges_;    // begin -> range
+  std::vector<Snapshot> snapshots_;     // between before_fork and after_fork_*
 };
 
 }  // namespace softhca::host

@@ -17,9 +17,12 @@
 //    after `tail` has passed it).
 #pragma once
 
+#include <linux/futex.h>
+#include <pthread.h>
 #include <time.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -312,6 +315,22 @@ struct SegmentHeader {
   uint64_t magic;
   uint32_t pid;
   uint32_t pad;
+  // Held by the owner's progress thread while it runs: a robust,
+  // process-shared mutex, so that when the owner dies the kernel itself marks
+  // the lock word (FUTEX_OWNER_DIED) as it tears the process down. Peers that
+  // reach the owner's memory through shared mappings, with no system call
+  // that could fail with ESRCH, read the word to know it still lives.
+  pthread_mutex_t owner_alive;
+
+  // Thread: any. Whether the owner's progress thread holds owner_alive: the
+  // mutex's lock word (the kernel's robust-futex word: owner TID, with
+  // FUTEX_OWNER_DIED set once the owner died) names a live owner.
+  bool owner_running() const {
+    static_assert(offsetof(pthread_mutex_t, __data.__lock) == 0, "glibc keeps the futex word first");
+    auto& word = *reinterpret_cast<const std::atomic<uint32_t>*>(&owner_alive);
+    const uint32_t value = word.load(std::memory_order_acquire);
+    return (value & FUTEX_TID_MASK) != 0 && (value & FUTEX_OWNER_DIED) == 0;
+  }
   alignas(64) std::atomic<uint32_t> doorbell;  // futex word: bumped after queueing an event
   std::atomic<uint32_t> sleeping;              // the owner thread is (about to be) in FUTEX_WAIT
   alignas(64) std::atomic<uint64_t> head;

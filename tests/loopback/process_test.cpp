@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -255,6 +256,50 @@ TEST(TwoProcesses, WriteReadSendBothWays) {
   }
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// Where a registered range lives, from /proc/self/maps: the path of the
+// mapping that holds `addr` ("" for anonymous memory).
+std::string mapping_of(const void* addr) {
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return "?";
+  char line[512];
+  std::string found = "?";
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  while (std::fgets(line, sizeof line, maps)) {
+    unsigned long begin = 0, end = 0;
+    int path_at = 0;
+    if (std::sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &begin, &end, &path_at) < 2) continue;
+    if (a < begin || a >= end) continue;
+    found = path_at > 0 ? std::string(line + path_at) : std::string();
+    while (!found.empty() && (found.back() == '\n' || found.back() == ' ')) found.pop_back();
+    break;
+  }
+  std::fclose(maps);
+  return found;
+}
+
+// With SOFTHCA_SHARED_MR at its default, registering heap memory moves its
+// pages into the process's shared file (so peers copy into it without a
+// system call), keeps its bytes, and deregistering moves them back.
+TEST(SharedMr, HeapMemoryMovesIntoTheSharedFileWhileRegistered) {
+  if (const char* v = std::getenv("SOFTHCA_SHARED_MR"); v != nullptr && std::string(v) == "off")
+    GTEST_SKIP() << "SOFTHCA_SHARED_MR=off";
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  std::vector<uint8_t> bytes(1 << 20);
+  fill_pattern(bytes, 7);
+  EXPECT_EQ(mapping_of(bytes.data() + 4096), "");
+  ibv_mr* mr = ibv_reg_mr(dev.pd, bytes.data(), bytes.size(), Buffer::kAllAccess);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_NE(mapping_of(bytes.data() + 4096).find("softhca-registered"), std::string::npos)
+      << mapping_of(bytes.data() + 4096);
+  std::vector<uint8_t> expect(bytes.size());
+  fill_pattern(expect, 7);
+  EXPECT_EQ(first_mismatch(bytes, expect), -1);
+  ASSERT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(mapping_of(bytes.data() + 4096), "");
+  EXPECT_EQ(first_mismatch(bytes, expect), -1);
 }
 
 // ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -138,6 +139,29 @@ TEST(MemoryBacking, SharedPagesKeepTheirContentsAndAreTheFilesPages) {
   EXPECT_EQ(pages.bytes[7], static_cast<uint8_t>(7 * 7 + 3));
 }
 
+// A range longer than one piece moves piece by piece into consecutive file
+// space: the bytes on both sides of the piece boundary stay in place.
+TEST(MemoryBacking, ARangeLongerThanAPieceMovesWhole) {
+  constexpr size_t kPiecePages = (size_t{64} << 20) / kPage;
+  Pages pages(kPiecePages + 3);
+  ASSERT_NE(pages.bytes, nullptr);
+  for (size_t i = 0; i < pages.length; i += 512) pages.bytes[i] = static_cast<uint8_t>(i / 512);
+  auto& backing = MemoryBacking::process();
+  auto shared = backing.share(pages.bytes, pages.length);
+  ASSERT_TRUE(shared);
+  EXPECT_EQ(line_at(pages.bytes + pages.length - 1).inode, backing.inode());
+  void* view = ::mmap(nullptr, pages.length, PROT_READ, MAP_SHARED, backing.fd(), static_cast<off_t>(shared->offset));
+  ASSERT_NE(view, MAP_FAILED);
+  for (size_t i = 0; i < pages.length; i += 512) {
+    ASSERT_EQ(pages.bytes[i], static_cast<uint8_t>(i / 512)) << i;
+    ASSERT_EQ(static_cast<uint8_t*>(view)[i], static_cast<uint8_t>(i / 512)) << i;
+  }
+  ::munmap(view, pages.length);
+  backing.unshare(*shared);
+  EXPECT_EQ(line_at(pages.bytes + pages.length - 1).inode, 0u);
+  for (size_t i = 0; i < pages.length; i += 512) ASSERT_EQ(pages.bytes[i], static_cast<uint8_t>(i / 512)) << i;
+}
+
 TEST(MemoryBacking, ARangeInsideSharedPagesSharesThemAndOnlyTheLastUnshareMovesThemBack) {
   Pages pages(4);
   auto& backing = MemoryBacking::process();
@@ -232,6 +256,42 @@ TEST(MemoryBacking, NoConcurrentStoreIsLostWhilePagesMove) {
       ASSERT_EQ(slots[s * kThreads + t], expect) << "thread " << t << " slot " << s;
     }
   }
+}
+
+// A child forked while pages are shared gets them as they were at the fork:
+// it sees none of the parent's later stores, and the parent none of its.
+TEST(MemoryBacking, AForkedChildHasItsOwnCopyOfSharedPages) {
+  Pages pages(2);
+  std::memset(pages.bytes, 'A', pages.length);
+  auto shared = MemoryBacking::process().share(pages.bytes, pages.length);
+  ASSERT_TRUE(shared);
+  int parent_wrote[2];
+  int child_wrote[2];
+  ASSERT_EQ(::pipe(parent_wrote), 0);
+  ASSERT_EQ(::pipe(child_wrote), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c = 0;
+    if (::read(parent_wrote[0], &c, 1) != 1) ::_exit(2);
+    int status = 0;
+    for (size_t i = 0; i < pages.length; ++i)
+      if (pages.bytes[i] != 'A') status = 3;  // the parent's store after fork showed through
+    std::memset(pages.bytes, 'C', pages.length);
+    if (::write(child_wrote[1], "x", 1) != 1) ::_exit(4);
+    ::_exit(status);
+  }
+  std::memset(pages.bytes, 'B', pages.length);
+  ASSERT_EQ(::write(parent_wrote[1], "x", 1), 1);
+  char c = 0;
+  ASSERT_EQ(::read(child_wrote[0], &c, 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  for (size_t i = 0; i < pages.length; ++i) ASSERT_EQ(pages.bytes[i], 'B') << "the child's store showed through at " << i;
+  EXPECT_EQ(line_at(pages.bytes).inode, MemoryBacking::process().inode()) << "the parent's pages stay shared";
+  MemoryBacking::process().unshare(*shared);
+  for (int fd : {parent_wrote[0], parent_wrote[1], child_wrote[0], child_wrote[1]}) ::close(fd);
 }
 
 sigjmp_buf fault_jump;

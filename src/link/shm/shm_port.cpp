@@ -29,8 +29,35 @@ bool ShmResponderPort::KeysInUse::still_valid(host::HostRegistry& registry) cons
     const host::MrRecord& then = records_[i];
     if (!registry.lookup_mr(then.key, now) || now.proc != then.proc || now.pd_id != then.pd_id ||
         now.access != then.access || now.iova != then.iova || now.length != then.length ||
-        now.host_addr != then.host_addr)
+        now.host_addr != then.host_addr || now.shared_offset != then.shared_offset)
       return false;
+  }
+  return true;
+}
+
+const host::MrRecord* ShmResponderPort::KeysInUse::holding(uint64_t addr, uint64_t length) const {
+  for (int i = 0; i < n_; ++i) {
+    const host::MrRecord& r = records_[i];
+    if (addr >= r.host_addr && length <= r.length && addr - r.host_addr <= r.length - length) return &r;
+  }
+  return nullptr;
+}
+
+bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
+  if (target_.proc == host_.proc()) return false;  // our own memory: write_to copies directly
+  // A dead owner's file is still mapped here, so a copy into it would
+  // succeed: only a live owner's memory is reached this way. (Else the
+  // process_vm path answers ESRCH and the operation is lost, as with a NIC
+  // whose peer went away.)
+  if (!reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running()) return false;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t addr = reinterpret_cast<uint64_t>(target[i].iov_base);
+    const host::MrRecord* mr = keys_.holding(addr, target[i].iov_len);
+    if (mr == nullptr || mr->shared_offset == host::kNotShared) return false;
+    const uint64_t offset = mr->shared_offset + (addr - mr->host_addr);
+    char* base = host_.backing_base(target_.proc, offset + target[i].iov_len);
+    if (base == nullptr) return false;
+    local[i] = iovec{base + offset, target[i].iov_len};
   }
   return true;
 }
@@ -83,8 +110,23 @@ bool ShmResponderPort::take_receive(transport::ReceiveWqe& out) {
 
 transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from,
                                                     int nfrom, uint64_t length) {
-  auto copy = into_target ? &write_to : &read_from;
-  if (length <= kFenceChunk) return status_of(copy(target_.pid, to, nto, from, nfrom, length));
+  // The owner's side seen here: plain copies, no system call.
+  iovec view[limits::kMaxSge + 1];
+  const iovec* owner = into_target ? to : from;
+  const int nowner = into_target ? nto : nfrom;
+  const bool local = nowner <= limits::kMaxSge + 1 && local_views(owner, nowner, view);
+  if (local) {
+    if (into_target) to = view;
+    else from = view;
+  }
+  auto copy = [&](const iovec* t, int nt, const iovec* f, int nf, uint64_t bytes) {
+    if (local) {
+      copy_iovecs(t, nt, f, nf, bytes);
+      return CopyResult::kOk;
+    }
+    return (into_target ? write_to : read_from)(target_.pid, t, nt, f, nf, bytes);
+  };
+  if (length <= kFenceChunk) return status_of(copy(to, nto, from, nfrom, length));
   iovec to_part[limits::kMaxSge + 1], from_part[limits::kMaxSge + 1];
   for (uint64_t offset = 0; offset < length; offset += kFenceChunk) {
     // A deregistration of a key under the copy stops it between chunks.
@@ -92,7 +134,7 @@ transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iove
     const uint64_t bytes = length - offset < kFenceChunk ? length - offset : kFenceChunk;
     const int nt = slice_iovecs(to, nto, offset, bytes, to_part);
     const int nf = slice_iovecs(from, nfrom, offset, bytes, from_part);
-    const CopyResult r = copy(target_.pid, to_part, nt, from_part, nf, bytes);
+    const CopyResult r = copy(to_part, nt, from_part, nf, bytes);
     if (r != CopyResult::kOk) return status_of(r);
   }
   return transport::CopyStatus::kOk;
@@ -115,18 +157,32 @@ transport::CopyStatus ShmResponderPort::read(const iovec* to, int nto, const iov
 transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp op, uint64_t compare_add,
                                                uint64_t swap, uint64_t& original) {
   const iovec where{word, sizeof(uint64_t)};
+  iovec view;
+  const bool local = local_views(&where, 1, &view);
   host::AtomicStripe& stripe = host_.registry().atomic_stripe(target_.pid, reinterpret_cast<uint64_t>(word));
   while (stripe.locked.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
   CopyResult r = CopyResult::kOk;
   original = 0;
-  if (op == transport::AtomicOp::kWrite) {
+  if (local) {
+    // The word itself, shared: one CPU atomic (the owner's own stores to it
+    // are then never half-seen), still under the stripe for IBV_ATOMIC_HCA.
+    auto* shared = static_cast<uint64_t*>(view.iov_base);
+    if (op == transport::AtomicOp::kWrite) {
+      __atomic_store_n(shared, compare_add, __ATOMIC_SEQ_CST);
+    } else if (op == transport::AtomicOp::kFetchAdd) {
+      original = __atomic_fetch_add(shared, compare_add, __ATOMIC_SEQ_CST);
+    } else {
+      original = compare_add;
+      __atomic_compare_exchange_n(shared, &original, swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+  } else if (op == transport::AtomicOp::kWrite) {
     uint64_t value = compare_add;
-    const iovec local{&value, sizeof value};
-    r = write_to(target_.pid, &where, 1, &local, 1, sizeof value);
+    const iovec local_word{&value, sizeof value};
+    r = write_to(target_.pid, &where, 1, &local_word, 1, sizeof value);
   } else {
     uint64_t value = 0;
-    iovec local{&value, sizeof value};
-    r = read_from(target_.pid, &local, 1, &where, 1, sizeof value);
+    iovec local_word{&value, sizeof value};
+    r = read_from(target_.pid, &local_word, 1, &where, 1, sizeof value);
     if (r == CopyResult::kOk) {
       original = value;
       uint64_t next = value;
@@ -136,8 +192,8 @@ transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp o
         next = swap;
       }
       if (next != value) {
-        local.iov_base = &next;
-        r = write_to(target_.pid, &where, 1, &local, 1, sizeof next);
+        local_word.iov_base = &next;
+        r = write_to(target_.pid, &where, 1, &local_word, 1, sizeof next);
       }
     }
   }

@@ -1,6 +1,8 @@
 // The responder's port onto a QP of another (or this) process on this host:
-// its shared state in the owner's segment, its memory through
-// process_vm_readv/writev, its CQ and events through the owner's segment.
+// its shared state in the owner's segment, its memory through the owner's
+// backing file mapped here where the MR is shared (host/memory_backing.hpp),
+// else through process_vm_readv/writev, its CQ and events through the
+// owner's segment.
 // Every key it hands the responder is remembered, so that a copy longer than
 // the fence chunk stops once one of them is deregistered.
 #pragma once
@@ -37,6 +39,8 @@ class ShmResponderPort final : public transport::ResponderPort {
       if (n_ < kMax) records_[n_++] = record;
     }
     bool still_valid(host::HostRegistry& registry) const;
+    // The validated MR that holds [addr, addr + length) of the owner, or nullptr.
+    const host::MrRecord* holding(uint64_t addr, uint64_t length) const;
 
    private:
     static constexpr int kMax = limits::kMaxSge + 1;
@@ -46,6 +50,9 @@ class ShmResponderPort final : public transport::ResponderPort {
 
   host::SharedRq* receive_queue() const;
   void raise(uint32_t detail);
+  // The owner's memory `target` (n ranges) as seen here through its backing
+  // file, into `local`; false if any range is not in a shared MR.
+  bool local_views(const iovec* target, int n, iovec* local);
   transport::CopyStatus fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from, int nfrom,
                                     uint64_t length);
 
