@@ -66,11 +66,12 @@ struct MrSlot {
   std::atomic<uint64_t> shared_offset;  // of host_addr in the owner's backing file, or kNotShared
 };
 
-// A plain copy of an MrSlot.
+// A plain copy of an MrSlot (no initializers: arrays of them are filled
+// before use, per operation, and must cost nothing to declare).
 struct MrRecord {
   uint32_t key, proc, pd_id, access;
   uint64_t iova, length, host_addr;
-  uint64_t shared_offset = kNotShared;
+  uint64_t shared_offset;
 };
 
 // A multicast group: its MGID and the UD QPs attached to it. Changed under the

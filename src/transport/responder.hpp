@@ -57,6 +57,25 @@ struct MessageInProgress {
   // message instead of letting it write into memory no longer registered.
   MemoryKey keys[limits::kMaxSge + 1];
   int nkeys = 0;
+
+  // Back to a fresh message: every field that says how much of an array is
+  // in use, and the scalars; the arrays' contents are left as they are.
+  void reset() {
+    op = Operation::kSend;
+    reliable = true;
+    write_range = iovec{};
+    wqe.wr_id = 0;
+    wqe.num_sge = 0;
+    has_wqe = false;
+    receive_pd_id = 0;
+    cursor_sge = 0;
+    cursor_offset = 0;
+    nvalidated = 0;
+    placed = 0;
+    packets = 0;
+    status = IBV_WC_SUCCESS;
+    nkeys = 0;
+  }
 };
 
 // RC and UC, a whole message: `request` to the QP behind `port`; `reliable` is true for RC.

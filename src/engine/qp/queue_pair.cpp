@@ -360,7 +360,9 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     enqueue_send_locked(*wr);
   }
   if (err) *bad_wr = wr;
-  progress_locked(monotonic_ns());
+  // No clock read on the way of every post: progress reads it only where a
+  // deadline is involved (a parked WQE, an answer other than ACK).
+  progress_locked(0);
   return err;
 }
 
@@ -453,6 +455,7 @@ void QueuePair::progress_locked(uint64_t now_ns) {
     if (sq_sent_ == sq_head_ || st != IBV_QPS_RTS) break;
     const uint32_t tail = sq_tail_.load(std::memory_order_relaxed);
     SendWqe& wqe = *sq_slot(sq_sent_);
+    if (sq_sent_ == tail && wqe.retry.deadline_ns != 0 && now_ns == 0) now_ns = monotonic_ns();
     if (sq_sent_ == tail && wqe.retry.deadline_ns != 0 && now_ns < wqe.retry.deadline_ns) {
       // Parked and not yet due: stay on the node's waiting list. (Breaking out
       // here used to fall into the un-park below, so a poll before the deadline

@@ -96,6 +96,8 @@ class QueuePair {
   SendWqe* sq_slot(uint32_t index) { return reinterpret_cast<SendWqe*>(sq_.data() + uint64_t{index & (sq_capacity_ - 1)} * sq_stride_); }
   int validate_send(const ibv_send_wr& wr) const;
   void enqueue_send_locked(const ibv_send_wr& wr);
+  // now_ns == 0: the caller did not read the clock; it is read only where a
+  // deadline is involved (here and in execute_locked).
   void progress_locked(uint64_t now_ns);
   // Sends the WQE at `position` through its link (requester.cpp): the
   // completer's verdict, or (an asynchronous link) in flight, or no room.

@@ -3,6 +3,7 @@
 // answer handed to the completer.
 #include <cstring>
 
+#include "common/clock.hpp"
 #include "common/limits.hpp"
 #include "common/settings.hpp"
 #include "engine/address_handle.hpp"
@@ -161,6 +162,7 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
 
   // RC and UC: the connected QP's channel, opened at RTR.
   const bool reliable = init_.type == IBV_QPT_RC;
+  if (now_ns == 0 && !channel_) now_ns = monotonic_ns();
   if (!channel_)
     return verdict(reliable ? transport::on_answer(transport::Syndrome::silence(), wqe.retry, attrs_.rnr_retry,
                                                    attrs_.timeout, now_ns)
@@ -174,6 +176,8 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
   // Silence after an earlier attempt: that attempt's ACK timer ran out.
   if (response.syndrome.answer == transport::Answer::kSilence && wqe.retry.deadline_ns != 0)
     counters().add(Counter::kCompleterRetryErr);
+  // An ACK completes without a deadline; anything else may arm one.
+  if (now_ns == 0 && response.syndrome.answer != transport::Answer::kAck) now_ns = monotonic_ns();
   const Verdict v = transport::on_answer(response.syndrome, wqe.retry, attrs_.rnr_retry, attrs_.timeout, now_ns);
   if (v.kind == Verdict::Kind::kComplete && v.status == IBV_WC_SUCCESS &&
       (op == Operation::kCompareSwap || op == Operation::kFetchAdd)) {
