@@ -67,11 +67,11 @@ char* Attachment::segment_base(uint32_t proc) {
   return peers_.map(pid, slot.segment_fd, slot.start_time);
 }
 
-char* Attachment::backing_base(uint32_t proc, uint64_t length) {
+PeerBackings::View Attachment::backing_view(uint32_t proc, uint64_t length) {
   const ProcSlot& slot = registry_->proc(proc);
   const uint32_t fd_plus1 = slot.backing_fd_plus1.load(std::memory_order_acquire);
   const uint32_t pid = slot.pid.load(std::memory_order_acquire);
-  if (fd_plus1 == 0 || pid == 0 || proc == proc_) return nullptr;
+  if (fd_plus1 == 0 || pid == 0 || proc == proc_) return {};
   return backings_.map(pid, slot.start_time, fd_plus1 - 1, slot.backing_inode.load(std::memory_order_relaxed), length);
 }
 

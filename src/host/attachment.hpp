@@ -31,8 +31,9 @@ class Attachment {
   // The base of the segment of registry process `proc` (ours or a peer's), or nullptr.
   char* segment_base(uint32_t proc);
   // The backing file of registered memory of process `proc` (a peer's),
-  // mapped here over at least its first `length` bytes, or nullptr.
-  char* backing_base(uint32_t proc, uint64_t length);
+  // mapped here over at least its first `length` bytes (base nullptr if it
+  // cannot be). The window stays mapped while this attachment lives.
+  PeerBackings::View backing_view(uint32_t proc, uint64_t length);
   uint32_t pid_of(uint32_t proc) const { return registry_->proc(proc).pid.load(std::memory_order_acquire); }
 
   // Queues an event for the owner of `proc` and rings its doorbell.

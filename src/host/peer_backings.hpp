@@ -23,10 +23,16 @@ class PeerBackings {
   PeerBackings(const PeerBackings&) = delete;
   PeerBackings& operator=(const PeerBackings&) = delete;
 
-  // The base of the file that process `pid` (started at `start_time`) holds
-  // as descriptor `fd` with inode `inode`, mapped here over at least its
-  // first `length` bytes; nullptr when it cannot be opened or is another file.
-  char* map(uint32_t pid, uint64_t start_time, uint32_t fd, uint64_t inode, uint64_t length);
+  // The file that process `pid` (started at `start_time`) holds as
+  // descriptor `fd` with inode `inode`, mapped here over at least its first
+  // `length` bytes: the window's base (nullptr when the file cannot be
+  // opened or is another file) and length. A window stays mapped as long as
+  // this object, so callers may keep it.
+  struct View {
+    char* base = nullptr;
+    uint64_t length = 0;
+  };
+  View map(uint32_t pid, uint64_t start_time, uint32_t fd, uint64_t inode, uint64_t length);
 
  private:
   struct Window {

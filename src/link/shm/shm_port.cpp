@@ -55,9 +55,14 @@ bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
     const host::MrRecord* mr = keys_.holding(addr, target[i].iov_len);
     if (mr == nullptr || mr->shared_offset == host::kNotShared) return false;
     const uint64_t offset = mr->shared_offset + (addr - mr->host_addr);
-    char* base = host_.backing_base(target_.proc, offset + target[i].iov_len);
-    if (base == nullptr) return false;
-    local[i] = iovec{base + offset, target[i].iov_len};
+    const uint64_t end = offset + target[i].iov_len;
+    if (target_.backing == nullptr || end > target_.backing_length) {
+      const host::PeerBackings::View view = host_.backing_view(target_.proc, end);
+      if (view.base == nullptr) return false;
+      target_.backing = view.base;
+      target_.backing_length = view.length;
+    }
+    local[i] = iovec{target_.backing + offset, target[i].iov_len};
   }
   return true;
 }

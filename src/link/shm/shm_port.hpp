@@ -17,7 +17,7 @@ namespace softhca::shm {
 class ShmResponderPort final : public transport::ResponderPort {
  public:
   // The caller holds a TargetUse and a MemoryAccess for `target`.
-  ShmResponderPort(host::Attachment& host, const TargetQp& target) : host_(host), target_(target) {}
+  ShmResponderPort(host::Attachment& host, TargetQp& target) : host_(host), target_(target) {}
 
   transport::ResponderQp qp() override;
   std::optional<transport::MemoryKey> memory_key(uint32_t key) override;
@@ -57,7 +57,7 @@ class ShmResponderPort final : public transport::ResponderPort {
                                     uint64_t length);
 
   host::Attachment& host_;
-  const TargetQp& target_;
+  TargetQp& target_;
   KeysInUse keys_;
 };
 

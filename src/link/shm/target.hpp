@@ -16,6 +16,11 @@ struct TargetQp {
   uint32_t pid = 0;
   uint32_t proc = 0;
   uint32_t qpn = 0;
+  // The owner's backing file as mapped here (Attachment::backing_view),
+  // kept with the target so that an operation does not look it up: the
+  // owner's file does not change while its QP lives.
+  char* backing = nullptr;
+  uint64_t backing_length = 0;
 };
 
 // Finds QP `qpn` anywhere on the host; false if it does not exist or cannot be reached.

@@ -219,7 +219,7 @@ class UdpLink final : public link::Link {
   // to it (each member process joined the group and gets its own copy).
   void group_datagram(const wire::ParsedPacket& packet, const Received& from);
   // Hands a UD message to `target`, an attached QP of this process.
-  void deliver_datagram(const wire::ParsedPacket& packet, const Received& from, const shm::TargetQp& target);
+  void deliver_datagram(const wire::ParsedPacket& packet, const Received& from, shm::TargetQp& target);
   void change_membership(const uint8_t* mgid, uint32_t ifindex, int by);
   uint64_t run_timers(uint64_t now);
 
@@ -1037,7 +1037,7 @@ void UdpLink::change_membership(const uint8_t* mgid, uint32_t ifindex, int by) {
   groups_.erase({group, ifindex});
 }
 
-void UdpLink::deliver_datagram(const wire::ParsedPacket& packet, const Received& from, const shm::TargetQp& target) {
+void UdpLink::deliver_datagram(const wire::ParsedPacket& packet, const Received& from, shm::TargetQp& target) {
   const CounterSink counters(&target.qp->counters, port_counters());
   counters.add(Counter::kRcvdPkts);
   counters.add(Counter::kRcvdBytes, from.length);
