@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/clock.hpp"
 #include "common/log.hpp"
+#include "host/host_registry.hpp"
 
 namespace softhca::host {
 namespace {
@@ -27,19 +29,53 @@ uint64_t window_for(uint64_t length) {
 
 PeerBackings::~PeerBackings() {
   for (auto& [key, w] : windows_) ::munmap(w.base, w.length);
-  for (auto& [base, length] : retired_) ::munmap(base, length);
+  for (const Retired& r : retired_) ::munmap(r.base, r.length);
+}
+
+size_t PeerBackings::windows() {
+  std::lock_guard guard(mutex_);
+  return windows_.size();
+}
+
+size_t PeerBackings::retired() {
+  std::lock_guard guard(mutex_);
+  return retired_.size();
+}
+
+void PeerBackings::retire_locked(const Window& w, uint64_t now_ns) {
+  retired_.push_back(Retired{w.base, w.length, now_ns});
+}
+
+void PeerBackings::sweep_locked(uint64_t now_ns) {
+  for (auto it = windows_.begin(); it != windows_.end();) {
+    const auto pid = static_cast<uint32_t>(it->first >> 32);
+    if (process_start_time(pid) == it->second.start_time) {
+      ++it;
+      continue;
+    }
+    retire_locked(it->second, now_ns);  // its owner died
+    it = windows_.erase(it);
+  }
+  std::erase_if(retired_, [&](const Retired& r) {
+    if (now_ns - r.since_ns < grace_ns_) return false;
+    ::munmap(r.base, r.length);
+    return true;
+  });
 }
 
 PeerBackings::View PeerBackings::map(uint32_t pid, uint64_t start_time, uint32_t fd, uint64_t inode, uint64_t length) {
   const uint64_t key = (uint64_t{pid} << 32) | fd;
   std::lock_guard guard(mutex_);
   auto it = windows_.find(key);
+  if (it != windows_.end() && it->second.start_time == start_time && it->second.inode == inode &&
+      it->second.length >= length)
+    return View{it->second.base, it->second.length};
+  const uint64_t now = monotonic_ns();
   if (it != windows_.end()) {
-    if (it->second.start_time == start_time && it->second.inode == inode && it->second.length >= length)
-      return View{it->second.base, it->second.length};
-    retired_.emplace_back(it->second.base, it->second.length);
+    retire_locked(it->second, now);  // too small, or another process's or file's
     windows_.erase(it);
   }
+  sweep_locked(now);
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%u/fd/%u", pid, fd);
   const int peer_fd = ::open(path, O_RDWR | O_CLOEXEC);

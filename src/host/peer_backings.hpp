@@ -3,10 +3,14 @@
 // reaches their shared MRs with memcpy instead of process_vm_writev.
 //
 // A peer's file only grows; a mapping is a window from offset 0, grown (by a
-// new, larger window) when an MR lies beyond it. Windows are never unmapped
-// while this object lives, since another thread may be copying through one;
-// a window of a peer that died or whose pid came back is set aside with them.
-// Mapped pages beyond what the peer registered cost nothing but address space.
+// new, larger window) when an MR lies beyond it. A window replaced by a
+// larger one, or whose peer died (checked whenever a window is looked up
+// anew), is retired: another thread may still be copying through it, so it
+// is unmapped only `grace` later, at a later lookup or at destruction. (The
+// shm link uses a window only after seeing its owner alive, so a copy under
+// way when the owner died is the only user left.) Until then a dead peer's
+// registered memory stays allocated. Mapped pages beyond what the peer
+// registered cost nothing but address space.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +22,7 @@ namespace softhca::host {
 
 class PeerBackings {
  public:
-  PeerBackings() = default;
+  explicit PeerBackings(uint64_t grace_ns = 10'000'000'000) : grace_ns_(grace_ns) {}
   ~PeerBackings();
   PeerBackings(const PeerBackings&) = delete;
   PeerBackings& operator=(const PeerBackings&) = delete;
@@ -34,6 +38,10 @@ class PeerBackings {
   };
   View map(uint32_t pid, uint64_t start_time, uint32_t fd, uint64_t inode, uint64_t length);
 
+  // Windows in use and retired but still mapped, for tests and stat.
+  size_t windows();
+  size_t retired();
+
  private:
   struct Window {
     uint64_t start_time;
@@ -41,9 +49,18 @@ class PeerBackings {
     char* base;
     uint64_t length;
   };
+  struct Retired {
+    char* base;
+    uint64_t length;
+    uint64_t since_ns;
+  };
+  void retire_locked(const Window& w, uint64_t now_ns);
+  void sweep_locked(uint64_t now_ns);
+
+  const uint64_t grace_ns_;
   std::mutex mutex_;
-  std::unordered_map<uint64_t, Window> windows_;     // (pid << 32 | fd) -> window
-  std::vector<std::pair<char*, uint64_t>> retired_;  // unmapped at destruction
+  std::unordered_map<uint64_t, Window> windows_;  // (pid << 32 | fd) -> window
+  std::vector<Retired> retired_;
 };
 
 }  // namespace softhca::host

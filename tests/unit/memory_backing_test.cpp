@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,7 +18,9 @@
 #include <vector>
 
 #include "host/memory_backing.hpp"
+#include "host/host_registry.hpp"
 #include "host/memory_check.hpp"
+#include "host/peer_backings.hpp"
 #include "host/shareable_memory.hpp"
 #include "host/write_guard.hpp"
 
@@ -292,6 +295,56 @@ TEST(MemoryBacking, AForkedChildHasItsOwnCopyOfSharedPages) {
   EXPECT_EQ(line_at(pages.bytes).inode, MemoryBacking::process().inode()) << "the parent's pages stay shared";
   MemoryBacking::process().unshare(*shared);
   for (int fd : {parent_wrote[0], parent_wrote[1], child_wrote[0], child_wrote[1]}) ::close(fd);
+}
+
+// A peer's file, mapped through /proc/PID/fd: the same bytes; once the peer
+// is gone, the next lookup retires its window and unmaps it after the grace.
+TEST(PeerBackings, APeersFileIsMappedAndItsWindowGoesWhenThePeerDies) {
+  int to_child[2];
+  int from_child[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  ASSERT_EQ(::pipe(from_child), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int fd = ::memfd_create("peer-test", 0);
+    struct stat st {};
+    if (fd < 0 || ::ftruncate(fd, 4096) != 0 || ::pwrite(fd, "hello", 5, 0) != 5 || ::fstat(fd, &st) != 0)
+      ::_exit(2);
+    const uint64_t said[2] = {static_cast<uint64_t>(fd), static_cast<uint64_t>(st.st_ino)};
+    if (::write(from_child[1], said, sizeof said) != sizeof said) ::_exit(3);
+    char c = 0;
+    (void)!::read(to_child[0], &c, 1);
+    ::_exit(0);
+  }
+  uint64_t said[2] = {};
+  ASSERT_EQ(::read(from_child[0], said, sizeof said), static_cast<ssize_t>(sizeof said));
+  PeerBackings backings(0);  // no grace: a retired window goes at the next lookup
+  const uint64_t start = process_start_time(static_cast<uint32_t>(child));
+  auto view = backings.map(static_cast<uint32_t>(child), start, static_cast<uint32_t>(said[0]), said[1], 4096);
+  ASSERT_NE(view.base, nullptr);
+  EXPECT_EQ(std::memcmp(view.base, "hello", 5), 0);
+  EXPECT_EQ(backings.windows(), 1u);
+  ASSERT_EQ(::write(to_child[1], "x", 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  // Another file looked up anew: the dead peer's window is swept.
+  Pages pages(1);
+  auto shared = MemoryBacking::process().share(pages.bytes, kPage);
+  ASSERT_TRUE(shared);
+  const uint32_t self = static_cast<uint32_t>(::getpid());
+  auto own = backings.map(self, process_start_time(self), static_cast<uint32_t>(MemoryBacking::process().fd()),
+                          MemoryBacking::process().inode(), kPage);
+  EXPECT_NE(own.base, nullptr);
+  EXPECT_EQ(backings.windows(), 1u) << "only our own window is left";
+  EXPECT_EQ(backings.retired(), 0u) << "retired windows past their grace are unmapped";
+  EXPECT_EQ(backings.map(self, process_start_time(self), static_cast<uint32_t>(MemoryBacking::process().fd()),
+                         MemoryBacking::process().inode() + 1, kPage)
+                .base,
+            nullptr)
+      << "another inode behind the descriptor is another file";
+  MemoryBacking::process().unshare(*shared);
+  for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
 }
 
 sigjmp_buf fault_jump;
