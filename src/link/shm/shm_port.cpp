@@ -136,6 +136,10 @@ transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iove
   for (uint64_t offset = 0; offset < length; offset += kFenceChunk) {
     // A deregistration of a key under the copy stops it between chunks.
     if (offset != 0 && !keys_.still_valid(host_.registry())) return transport::CopyStatus::kFault;
+    // Through the owner's file: stop once the owner is gone (its window may
+    // be unmapped a while later).
+    if (local && offset != 0 && !reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running())
+      return transport::CopyStatus::kGone;
     const uint64_t bytes = length - offset < kFenceChunk ? length - offset : kFenceChunk;
     const int nt = slice_iovecs(to, nto, offset, bytes, to_part);
     const int nf = slice_iovecs(from, nfrom, offset, bytes, from_part);
