@@ -47,7 +47,7 @@ ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     av.sgid_index = attr->grh.sgid_index;
     av.hop_limit = attr->grh.hop_limit;
     av.traffic_class = attr->grh.traffic_class;
-    av.flow_label = attr->grh.flow_label;
+    av.flow_label = attr->grh.flow_label;  // the engine keeps its 20 bits
     av.sl = attr->sl;
     av.dlid = attr->dlid;
     av.is_global = attr->is_global;

@@ -30,7 +30,7 @@ void build_ud_grh(unsigned char* grh, const uint8_t* sgid, const uint8_t* dgid, 
     const uint16_t check = htons(static_cast<uint16_t>(~sum));
     std::memcpy(ip + 10, &check, 2);
   } else {
-    const uint32_t vtf = htonl((6u << 28) | (uint32_t{traffic_class} << 20) | (flow_label & 0xFFFFF));
+    const uint32_t vtf = htonl((6u << 28) | (uint32_t{traffic_class} << 20) | (flow_label & kFlowLabelMask));
     std::memcpy(grh, &vtf, 4);
     const uint16_t plen = htons(static_cast<uint16_t>(udp_len));
     std::memcpy(grh + 4, &plen, 2);

@@ -8,6 +8,10 @@
 namespace softhca::wire {
 
 inline constexpr uint32_t kUdGrhBytes = 40;
+// The flow label is a 20-bit field of the GRH and of the IPv6 header. The
+// verbs carry it in a uint32_t; like the kernel and mlx5 (whose QP and AH
+// contexts hold 20 bits), softhca keeps only those bits of what it is given.
+inline constexpr uint32_t kFlowLabelMask = 0xFFFFF;
 // IBA: the destination QP of every multicast packet.
 inline constexpr uint32_t kMulticastQpn = 0xFFFFFF;
 
