@@ -41,6 +41,12 @@ void build_ud_grh(unsigned char* grh, const uint8_t* sgid, const uint8_t* dgid, 
   }
 }
 
+uint8_t ud_grh_header_type(const unsigned char* grh) {
+  // build_ud_grh leaves the first 20 bytes zero before an IPv4 header; an
+  // IPv6 header starts with version 6 there.
+  return (grh[20] >> 4) == 4 && (grh[0] >> 4) != 6 ? kRoceHeaderIpv4 : kRoceHeaderIpv6;
+}
+
 bool is_multicast_gid(const uint8_t* gid) {
   static constexpr uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   if (gid[0] == 0xff) return true;
