@@ -5,7 +5,8 @@
 //   ibv_post_*     -> the same, with *bad_wr naming the first WR not posted;
 //   pointer verbs  -> NULL with errno set;
 //   -1 verbs       -> -1 with errno set (ibv_query_gid, ibv_get_cq_event, ...);
-//   -errno verbs   -> _ibv_query_gid_table (errno set as well).
+//   -errno verbs   -> _ibv_query_gid_table (errno set as well);
+//   ibv_rereg_mr   -> IBV_REREG_MR_ERR_INPUT / _CMD with errno set.
 // errno is set to a sentinel before each call, so a path that forgets errno
 // shows as the sentinel. Only <infiniband/verbs.h> and our libibverbs.so.1.
 #include <endian.h>
@@ -155,8 +156,26 @@ TEST_F(ErrnoConventions, ProtectionDomainsAndMemoryRegions) {
   ibv_mr* mr = ibv_reg_mr(pd_, bytes.data(), bytes.size(), IBV_ACCESS_LOCAL_WRITE);
   ASSERT_NE(mr, nullptr);
   expect_int_error("ibv_dealloc_pd(with an MR)", EBUSY, [&] { return ibv_dealloc_pd(pd_); });
-  expect_int_error("ibv_rereg_mr(CHANGE_PD to NULL)", EINVAL,
-                   [&] { return ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, nullptr, nullptr, 0, 0); });
+  // ibv_rereg_mr: IBV_REREG_MR_ERR_INPUT for what libibverbs refuses itself,
+  // IBV_REREG_MR_ERR_CMD for what the provider refuses; errno says why.
+  const auto expect_rereg = [&](const char* what, int code, int err, int flags, ibv_pd* pd, void* addr,
+                                size_t length, int access) {
+    errno = kSentinel;
+    const int ret = ibv_rereg_mr(mr, flags, pd, addr, length, access);
+    const int got = errno;
+    EXPECT_EQ(ret, code) << what;
+    EXPECT_EQ(got, err) << what << ": errno is " << errno_name(got);
+  };
+  expect_rereg("ibv_rereg_mr(unknown flag)", IBV_REREG_MR_ERR_INPUT, EINVAL, IBV_REREG_MR_FLAGS_SUPPORTED + 1,
+               nullptr, nullptr, 0, 0);
+  expect_rereg("ibv_rereg_mr(CHANGE_TRANSLATION without a range)", IBV_REREG_MR_ERR_INPUT, EINVAL,
+               IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, nullptr, 0, 0);
+  expect_rereg("ibv_rereg_mr(access without CHANGE_ACCESS)", IBV_REREG_MR_ERR_INPUT, EINVAL,
+               IBV_REREG_MR_CHANGE_PD, pd_, nullptr, 0, IBV_ACCESS_LOCAL_WRITE);
+  expect_rereg("ibv_rereg_mr(CHANGE_PD to NULL)", IBV_REREG_MR_ERR_CMD, EINVAL, IBV_REREG_MR_CHANGE_PD, nullptr,
+               nullptr, 0, 0);
+  expect_rereg("ibv_rereg_mr(REMOTE_WRITE alone)", IBV_REREG_MR_ERR_CMD, EINVAL, IBV_REREG_MR_CHANGE_ACCESS,
+               nullptr, nullptr, 0, IBV_ACCESS_REMOTE_WRITE);
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
   expect_null<ibv_mr>("ibv_reg_dmabuf_mr", EOPNOTSUPP,
                       [&] { return ibv_reg_dmabuf_mr(pd_, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE); });
