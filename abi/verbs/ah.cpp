@@ -19,6 +19,12 @@ engine::AddressHandle* address_handle_of(ibv_ah* ah) { return to_ah(ah); }
 
 namespace {
 
+// For ibv_init_ah_from_wc, a verb of the -1 + errno kind.
+int fail_minus_one(int err) {
+  errno = err;
+  return -1;
+}
+
 // RoCE routes by GID only: an AH needs a GRH whose source GID exists (rdma-core
 // and the kernel refuse anything else with EINVAL).
 int check_ah_attr(const ibv_ah_attr& attr) {
@@ -47,7 +53,7 @@ ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     av.sgid_index = attr->grh.sgid_index;
     av.hop_limit = attr->grh.hop_limit;
     av.traffic_class = attr->grh.traffic_class;
-    av.flow_label = attr->grh.flow_label;
+    av.flow_label = attr->grh.flow_label;  // the engine keeps its 20 bits
     av.sl = attr->sl;
     av.dlid = attr->dlid;
     av.is_global = attr->is_global;
@@ -74,15 +80,17 @@ int ibv_destroy_ah(ibv_ah* ah) {
   });
 }
 
+// 0, or -1 with errno set (its man page and rdma-core; not the positive errno
+// of most int verbs).
 int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_grh* grh, ibv_ah_attr* ah_attr) {
-  if (context == nullptr || wc == nullptr || ah_attr == nullptr || port_num != 1) return EINVAL;
+  if (context == nullptr || wc == nullptr || ah_attr == nullptr || port_num != 1) return fail_minus_one(EINVAL);
   std::memset(ah_attr, 0, sizeof *ah_attr);
   ah_attr->dlid = wc->slid;
   ah_attr->sl = wc->sl;
   ah_attr->src_path_bits = wc->dlid_path_bits;
   ah_attr->port_num = port_num;
   if (!(wc->wc_flags & IBV_WC_GRH)) return 0;
-  if (grh == nullptr) return EINVAL;
+  if (grh == nullptr) return fail_minus_one(EINVAL);
   const auto* raw = reinterpret_cast<const uint8_t*>(grh);
   uint8_t sgid[16] = {};  // the packet's source: our reply's destination
   uint8_t dgid[16] = {};  // the packet's destination: one of our GIDs
@@ -102,7 +110,7 @@ int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_
     ah_attr->grh.flow_label = vtf & 0xFFFFF;
   }
   const auto index = engine::find_gid_index(std::span<const uint8_t, 16>(dgid, 16));
-  if (!index) return EINVAL;
+  if (!index) return fail_minus_one(EINVAL);
   ah_attr->is_global = 1;
   std::memcpy(ah_attr->grh.dgid.raw, sgid, 16);
   ah_attr->grh.sgid_index = static_cast<uint8_t>(*index);
@@ -116,10 +124,7 @@ ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, uint8_t port
     return nullptr;
   }
   ibv_ah_attr attr;
-  if (int err = ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr)) {
-    errno = err;
-    return nullptr;
-  }
+  if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr) != 0) return nullptr;  // errno is set
   return ibv_create_ah(pd, &attr);
 }
 

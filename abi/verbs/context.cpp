@@ -29,7 +29,7 @@ ibv_flow* create_flow_unsupported(ibv_qp*, ibv_flow_attr*) {
   errno = EOPNOTSUPP;
   return nullptr;
 }
-int destroy_flow_unsupported(ibv_flow*) { return EOPNOTSUPP; }
+int destroy_flow_unsupported(ibv_flow*) { return fail_with(EOPNOTSUPP); }
 
 void fill_ops(ContextHandle& h) {
   verbs_context& v = h.vctx;

@@ -24,7 +24,7 @@ int poll_cq_op(ibv_cq* cq, int num_entries, ibv_wc* wc) {
 
 int req_notify_cq_op(ibv_cq* cq, int solicited_only) {
   engine::CompletionQueue* impl = to_cq(cq);
-  if (impl == nullptr) return EINVAL;
+  if (impl == nullptr) return fail_with(EINVAL);
   impl->arm(solicited_only != 0);
   return 0;
 }

@@ -266,16 +266,26 @@ const char* ibv_get_device_name(ibv_device* device) {
   return device->name;
 }
 
+// Both fail with errno set: rdma-core's answer comes from sysfs reads, whose
+// errno is left behind.
 __be64 ibv_get_device_guid(ibv_device* device) {
-  if (!is_softhca_device(device)) return 0;
+  if (!is_softhca_device(device)) {
+    errno = EINVAL;
+    return 0;
+  }
   try {
     return htobe64(softhca::engine::device_info().node_guid);
   } catch (...) {
+    errno = EIO;
     return 0;
   }
 }
 
-int ibv_get_device_index(ibv_device* device) { return is_softhca_device(device) ? 0 : -1; }
+int ibv_get_device_index(ibv_device* device) {
+  if (is_softhca_device(device)) return 0;
+  errno = EINVAL;
+  return -1;
+}
 
 const char* ibv_get_sysfs_path(void) { return "/sys"; }
 

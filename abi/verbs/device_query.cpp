@@ -263,24 +263,29 @@ int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_inde
   });
 }
 
+// -errno, with errno set as well.
 ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_t max_entries, uint32_t flags,
                              size_t entry_size) {
+  const auto fail = [](int err) -> ssize_t {
+    errno = err;
+    return -err;
+  };
   try {
-    if (context == nullptr || flags != 0 || entry_size == 0 || max_entries == 0) return -EINVAL;
-    if (entries == nullptr) return -EINVAL;
+    if (context == nullptr || flags != 0 || entry_size == 0 || max_entries == 0) return fail(EINVAL);
+    if (entries == nullptr) return fail(EINVAL);
     size_t count = 0;
     for (uint32_t i = 0; i < static_cast<uint32_t>(softhca::limits::kGidTableLen); ++i) {
       ibv_gid_entry entry;
       if (lookup_gid(context, 1, i, entry) != 0) continue;
-      if (count == max_entries) return -EINVAL;  // the buffer is too small for the table
+      if (count == max_entries) return fail(EINVAL);  // the buffer is too small for the table
       softhca::abi::copy_out(reinterpret_cast<char*>(entries) + count * entry_size, entry_size, &entry, sizeof entry);
       ++count;
     }
     return static_cast<ssize_t>(count);
   } catch (const std::bad_alloc&) {
-    return -ENOMEM;
+    return fail(ENOMEM);
   } catch (...) {
-    return -EIO;
+    return fail(EIO);
   }
 }
 

@@ -31,7 +31,10 @@ int advise_range(void* base, size_t size, int advice) {
   long page = ::sysconf(_SC_PAGESIZE);
   const std::uintptr_t page_size = page > 0 ? static_cast<std::uintptr_t>(page) : 4096u;
   const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(base);
-  if (size > UINTPTR_MAX - first - (page_size - 1)) return EINVAL;  // wraps the address space
+  if (size > UINTPTR_MAX - first - (page_size - 1)) {  // wraps the address space
+    errno = EINVAL;
+    return EINVAL;
+  }
   const std::uintptr_t start = first & ~(page_size - 1);
   const std::uintptr_t end = (first + size + page_size - 1) & ~(page_size - 1);
   if (::madvise(reinterpret_cast<void*>(start), end - start, advice) != 0) return errno;

@@ -135,17 +135,30 @@ inline engine::SharedReceiveQueue* to_srq(ibv_srq* srq) { return srq ? reinterpr
 inline engine::AddressHandle* to_ah(ibv_ah* ah) { return ah ? reinterpret_cast<AhHandle*>(ah)->impl : nullptr; }
 
 // The C conventions, one helper each (man pages of the verbs):
-//   int verbs     -> 0 or a positive errno
+//   int verbs     -> 0 or a positive errno, and errno set to that same value
 //   pointer verbs -> the pointer, or nullptr with errno set
+// The man pages ask int verbs only for the return value, but with a kernel
+// provider errno holds it too (the failed write()/ioctl() set it), and
+// programs print strerror(errno) after a failed int verb (UCX does). So a
+// failed int verb sets errno as well; a successful one leaves it alone.
 // Both catch everything: no exception crosses the C boundary.
+
+// For an int verb's error path outside int_verb: sets errno, returns it.
+inline int fail_with(int err) noexcept {
+  errno = err;
+  return err;
+}
+
 template <typename Fn>
 int int_verb(Fn&& fn) noexcept {
   try {
-    return fn();
+    const int ret = fn();
+    if (ret != 0) errno = ret;
+    return ret;
   } catch (const std::bad_alloc&) {
-    return ENOMEM;
+    return fail_with(ENOMEM);
   } catch (...) {
-    return EIO;
+    return fail_with(EIO);
   }
 }
 

@@ -1,5 +1,6 @@
 // Protection domains and memory regions.
 #include <cerrno>
+#include <new>
 
 #include "engine/context.hpp"
 #include "engine/memory_region.hpp"
@@ -98,20 +99,36 @@ int ibv_dereg_mr(ibv_mr* mr) {
   });
 }
 
+// ibv_rereg_mr has a convention of its own (its man page, rdma-core 44):
+// IBV_REREG_MR_ERR_INPUT (-1) for input that libibverbs refuses before asking
+// the provider, IBV_REREG_MR_ERR_CMD (-4) for what the provider (a kernel
+// command; here the engine) refuses, and errno saying why in both. The MR is
+// unchanged after either.
 int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
-  return int_verb([&] {
+  const auto fail = [](int code, int err) {
+    errno = err;
+    return code;
+  };
+  try {
     engine::MemoryRegion* impl = to_mr(mr);
-    if (impl == nullptr) return EINVAL;
+    if (impl == nullptr || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) != 0 ||
+        ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (length == 0 || addr == nullptr)) ||
+        (access != 0 && !(flags & IBV_REREG_MR_CHANGE_ACCESS)))
+      return fail(IBV_REREG_MR_ERR_INPUT, EINVAL);
     engine::ProtectionDomain* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? to_pd(pd) : nullptr;
     if (auto ok = impl->rereg(flags, new_pd, addr, length, static_cast<uint32_t>(access)); !ok)
-      return to_errno(ok.error());
+      return fail(IBV_REREG_MR_ERR_CMD, to_errno(ok.error()));
     if (flags & IBV_REREG_MR_CHANGE_PD) mr->pd = pd;
     if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
       mr->addr = addr;
       mr->length = length;
     }
     return 0;
-  });
+  } catch (const std::bad_alloc&) {
+    return fail(IBV_REREG_MR_ERR_CMD, ENOMEM);
+  } catch (...) {
+    return fail(IBV_REREG_MR_ERR_CMD, EIO);
+  }
 }
 
 }  // extern "C"

@@ -67,16 +67,26 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast 
 
 namespace softhca::abi {
 
+// ibv_post_send / ibv_post_recv: 0, or an errno with *bad_wr naming the first
+// work request not posted (and errno set, as for every int verb).
 int post_send_op(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   engine::QueuePair* impl = to_qp(qp);
-  if (impl == nullptr) return EINVAL;
-  return impl->post_send(wr, bad_wr);
+  if (impl == nullptr) {
+    *bad_wr = wr;
+    return fail_with(EINVAL);
+  }
+  const int err = impl->post_send(wr, bad_wr);
+  return err == 0 ? 0 : fail_with(err);
 }
 
 int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   engine::QueuePair* impl = to_qp(qp);
-  if (impl == nullptr) return EINVAL;
-  return impl->post_recv(wr, bad_wr);
+  if (impl == nullptr) {
+    *bad_wr = wr;
+    return fail_with(EINVAL);
+  }
+  const int err = impl->post_recv(wr, bad_wr);
+  return err == 0 ? 0 : fail_with(err);
 }
 
 ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {

@@ -250,14 +250,14 @@ void wr_start(ibv_qp_ex* qpx) {
 int wr_complete(ibv_qp_ex* qpx) {
   QpHandle& h = handle_of(qpx);
   QpExBatch& b = *h.batch;
-  if (!b.open) return EINVAL;  // no wr_start
+  if (!b.open) return fail_with(EINVAL);  // no wr_start
   int ret = b.err;
   if (ret == 0 && b.count > 0) {
     ibv_send_wr* bad = nullptr;
     ret = int_verb([&] { return h.impl->post_send(&b.wrs[0], &bad); });
   }
   close_batch(b);
-  return ret;
+  return ret == 0 ? 0 : fail_with(ret);
 }
 
 void wr_abort(ibv_qp_ex* qpx) {
@@ -332,9 +332,16 @@ extern "C" {
 // create_qp_ex). Only those have a batch and wr_* ops; for any other QP the
 // ibv_qp_ex would hold NULL pointers that the inline ibv_wr_* call blindly.
 ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
-  if (qp == nullptr) return nullptr;
+  if (qp == nullptr) {
+    errno = EINVAL;
+    return nullptr;
+  }
   auto* h = reinterpret_cast<QpHandle*>(qp);
-  return h->batch ? &h->qp : nullptr;
+  if (!h->batch) {
+    errno = EOPNOTSUPP;  // created without IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+    return nullptr;
+  }
+  return &h->qp;
 }
 
 }  // extern "C"

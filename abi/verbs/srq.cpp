@@ -14,17 +14,20 @@ namespace softhca::abi {
 
 int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   engine::SharedReceiveQueue* impl = to_srq(srq);
-  if (impl == nullptr) return EINVAL;
+  if (impl == nullptr) {
+    *bad_wr = wr;
+    return fail_with(EINVAL);
+  }
   for (; wr != nullptr; wr = wr->next) {
     if (wr->num_sge < 0 || (wr->num_sge > 0 && wr->sg_list == nullptr)) {
       *bad_wr = wr;
-      return EINVAL;
+      return fail_with(EINVAL);
     }
     auto ok = impl->post(wr->wr_id, reinterpret_cast<const host::RecvSge*>(wr->sg_list),
                          static_cast<uint32_t>(wr->num_sge));
     if (!ok) {
       *bad_wr = wr;
-      return to_errno(ok.error());
+      return fail_with(to_errno(ok.error()));
     }
   }
   return 0;

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "wire/ud_grh.hpp"
+
 namespace softhca::engine {
 
 class ProtectionDomain;
@@ -25,7 +27,12 @@ struct AddressVector {
 
 class AddressHandle {
  public:
-  AddressHandle(ProtectionDomain& pd, const AddressVector& av) : pd_(pd), av_(av) {}
+  // Any 32-bit flow label is taken and its 20 bits kept, as ibv_modify_qp
+  // does (qp_state.cpp): the kernel passes the value through and mlx5 keeps
+  // the 20 bits of the field.
+  AddressHandle(ProtectionDomain& pd, const AddressVector& av) : pd_(pd), av_(av) {
+    av_.flow_label &= wire::kFlowLabelMask;
+  }
   ProtectionDomain& pd() { return pd_; }
   const AddressVector& av() const { return av_; }
 

@@ -33,7 +33,6 @@ struct Request {
   uint64_t swap = 0;
   // UD only.
   uint32_t qkey = 0;        // the Q_Key the message carries (already resolved from the AH/QP)
-  uint8_t sl = 0;
   // The requester's side of the data, `length` bytes in all.
   const iovec* data = nullptr;
   int ndata = 0;

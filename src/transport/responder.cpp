@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "wire/ud_grh.hpp"
+
 namespace softhca::transport {
 namespace {
 
@@ -334,7 +336,9 @@ void respond_datagram(const Request& req, std::span<const unsigned char> grh, Re
   }
   ReceiveCompletion c = completion_for(m.wqe, status, IBV_WC_RECV, needed, req);
   c.wc_flags |= IBV_WC_GRH;
-  c.sl = req.sl;
+  // On a RoCE port the service level is not reported: mlx5 puts the
+  // datagram's network header type there (wire/ud_grh.hpp says why we follow).
+  c.sl = grh.size() >= wire::kUdGrhBytes ? wire::ud_grh_header_type(grh.data()) : wire::kRoceHeaderIpv6;
   port.complete_receive(c);
 }
 

@@ -30,7 +30,7 @@ void build_ud_grh(unsigned char* grh, const uint8_t* sgid, const uint8_t* dgid, 
     const uint16_t check = htons(static_cast<uint16_t>(~sum));
     std::memcpy(ip + 10, &check, 2);
   } else {
-    const uint32_t vtf = htonl((6u << 28) | (uint32_t{traffic_class} << 20) | (flow_label & 0xFFFFF));
+    const uint32_t vtf = htonl((6u << 28) | (uint32_t{traffic_class} << 20) | (flow_label & kFlowLabelMask));
     std::memcpy(grh, &vtf, 4);
     const uint16_t plen = htons(static_cast<uint16_t>(udp_len));
     std::memcpy(grh + 4, &plen, 2);
@@ -39,6 +39,12 @@ void build_ud_grh(unsigned char* grh, const uint8_t* sgid, const uint8_t* dgid, 
     std::memcpy(grh + 8, sgid, 16);
     std::memcpy(grh + 24, dgid, 16);
   }
+}
+
+uint8_t ud_grh_header_type(const unsigned char* grh) {
+  // build_ud_grh leaves the first 20 bytes zero before an IPv4 header; an
+  // IPv6 header starts with version 6 there.
+  return (grh[20] >> 4) == 4 && (grh[0] >> 4) != 6 ? kRoceHeaderIpv4 : kRoceHeaderIpv6;
 }
 
 bool is_multicast_gid(const uint8_t* gid) {

@@ -4,8 +4,10 @@
 // completions carry the right opcode, byte_len, imm_data, wc_flags, qp_num and
 // src_qp. Then the atomics: results, memory, concurrency, and their errors.
 #include <atomic>
+#include <cerrno>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "common/limits.hpp"
 #include "loopback.hpp"
@@ -271,6 +273,60 @@ TEST(RcDataStream, HundredSendsInOrder) {
     EXPECT_EQ(got[i].byte_len, kSize);
   }
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
+}
+
+// UCX's rc_verbs moves its QPs to RTR with grh.flow_label 0xFFFFFFFF. The
+// kernel takes any value and mlx5 keeps the field's 20 bits: the modify
+// succeeds, ibv_query_qp reports 0xFFFFF, and the connection carries data.
+TEST(FlowLabel, AllOnesIsTakenAndKeptAsTwentyBits) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
+  ibv_qp* b = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  for (auto [qp, peer] : {std::pair{a, b}, std::pair{b, a}}) {
+    ASSERT_EQ(qp_to_init(qp, cfg), 0);
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_RTR;
+    attr.path_mtu = IBV_MTU_1024;
+    attr.dest_qp_num = peer->qp_num;
+    attr.max_dest_rd_atomic = 1;
+    attr.min_rnr_timer = 1;
+    attr.ah_attr.is_global = 1;
+    attr.ah_attr.grh.dgid = dev.gid;
+    attr.ah_attr.grh.flow_label = 0xFFFFFFFF;
+    attr.ah_attr.grh.hop_limit = 64;
+    attr.ah_attr.port_num = 1;
+    errno = 0;
+    ASSERT_EQ(ibv_modify_qp(qp, &attr,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+              0)
+        << std::strerror(errno);
+    ASSERT_EQ(qp_to_rts(qp, cfg), 0);
+    ibv_qp_attr got{};
+    ibv_qp_init_attr init{};
+    ASSERT_EQ(ibv_query_qp(qp, &got, IBV_QP_AV, &init), 0);
+    EXPECT_EQ(got.ah_attr.grh.flow_label, 0xFFFFFu);
+  }
+  Buffer buf(dev.pd, 128);
+  std::memcpy(buf.data(), "flow", 4);
+  ibv_sge rsge = buf.sge(64, 64);
+  ASSERT_EQ(post_recv(b, 1, &rsge, 1), 0);
+  ibv_sge sge = buf.sge(0, 4);
+  ibv_send_wr wr = make_wr(2, IBV_WR_SEND, &sge, 1);
+  ASSERT_EQ(post_send(a, wr), 0);
+  auto done = poll_n(cq, 2);
+  ASSERT_EQ(done.size(), 2u);
+  for (const ibv_wc& wc : done) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(std::memcmp(buf.data() + 64, "flow", 4), 0);
+  ibv_destroy_qp(a);
+  ibv_destroy_qp(b);
+  ibv_destroy_cq(cq);
 }
 
 // Two contexts (two ibv_open_device calls) in one process talk like two hosts' QPs.

@@ -2,6 +2,7 @@
 // on a port that keeps the QP, its keys, receive queue and memory in this
 // test: every syndrome, completion and QP error it can produce.
 #include "transport/responder.hpp"
+#include "wire/ud_grh.hpp"
 
 #include "fake_responder_port.hpp"
 
@@ -306,7 +307,6 @@ class Datagrams : public Responder {
     Request r = request(Operation::kSend);
     r.qp_type = IBV_QPT_UD;
     r.qkey = 0x11;
-    r.sl = 3;
     return r;
   }
   unsigned char grh_[40];
@@ -321,9 +321,27 @@ TEST_F(Datagrams, ArriveBehindTheirGrh) {
   EXPECT_EQ(c.byte_len, 104u);
   EXPECT_EQ(c.wc_flags, static_cast<uint32_t>(IBV_WC_GRH));
   EXPECT_EQ(c.src_qp, 0x99u);
-  EXPECT_EQ(c.sl, 3);
+  EXPECT_EQ(c.sl, 1) << "the area holds no IPv4 header: mlx5 reports IPv6 (1)";
   EXPECT_EQ(port_.at(kIova)[39], 39);
   EXPECT_EQ(port_.at(kIova + 40)[0], 0xAB);
+}
+
+// On RoCE, wc.sl of a UD receive is the network header type (mlx5): 2 when
+// the GRH area holds an IPv4 header, 1 for an IPv6 one.
+TEST_F(Datagrams, ReportTheirNetworkHeaderTypeAsServiceLevel) {
+  const uint8_t mapped_a[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1};
+  const uint8_t mapped_b[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 2};
+  const uint8_t v6_a[16] = {0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  softhca::wire::build_ud_grh(grh_, mapped_a, mapped_b, 64, 0, 64, 0);
+  port_.post_receive(1, kIova, 40 + 64);
+  respond_datagram(datagram(), grh_, port_);
+  softhca::wire::build_ud_grh(grh_, v6_a, mapped_b, 64, 0, 64, 0xFFFFF);
+  port_.post_receive(2, kIova, 40 + 64);
+  respond_datagram(datagram(), grh_, port_);
+  ASSERT_EQ(port_.completions.size(), 2u);
+  EXPECT_EQ(port_.completions[0].sl, softhca::wire::kRoceHeaderIpv4);
+  EXPECT_EQ(port_.completions[0].sl, 2);
+  EXPECT_EQ(port_.completions[1].sl, softhca::wire::kRoceHeaderIpv6);
 }
 
 TEST_F(Datagrams, WithTheWrongQkeyOrNoReceiveAreDropped) {

@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "wire/ud_grh.hpp"
+
 namespace softhca::engine {
 namespace {
 
@@ -165,8 +167,9 @@ Result<void> check_ah(const QpModifyContext& ctx, const ibv_ah_attr& ah) {
     // An index inside the table whose entry is empty (core, since 5.10: ENODATA).
     if (ah.grh.sgid_index < 64 && !((ctx.populated_gids >> ah.grh.sgid_index) & 1U))
       return fail(std::errc::no_message_available);
-    // The flow label is a 20-bit GRH field (softhca: the kernel would truncate).
-    if (ah.grh.flow_label > 0xFFFFFU) return invalid();
+    // No check of the flow label: it is a 20-bit field, and the kernel takes
+    // any 32-bit value (UCX's rc_verbs passes 0xFFFFFFFF). apply_modify_qp
+    // keeps the low 20 bits, as mlx5 does.
   }
   // The service level is a 4-bit field (softhca: the kernel would truncate).
   if (ah.sl > 15) return invalid();
@@ -360,7 +363,7 @@ void apply_modify_qp(QpAttributes& attrs, const ibv_qp_attr& attr, int attr_mask
     av.is_global = a.is_global != 0;
     if (av.is_global) {
       std::memcpy(av.dgid.data(), a.grh.dgid.raw, av.dgid.size());
-      av.flow_label = a.grh.flow_label;
+      av.flow_label = a.grh.flow_label & wire::kFlowLabelMask;
       av.sgid_index = a.grh.sgid_index;
       av.hop_limit = a.grh.hop_limit;
       av.traffic_class = a.grh.traffic_class;

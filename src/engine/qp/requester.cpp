@@ -123,7 +123,6 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
     if (length > device_info().active_mtu_bytes) return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
     const AddressVector& av = wqe.ah->av();
     request.qkey = (wqe.remote_qkey & 0x80000000u) ? attrs_.qkey : wqe.remote_qkey;
-    request.sl = av.sl;
     link::Datagram to;
     to.dest_qpn = wqe.remote_qpn;
     to.is_global = av.is_global != 0;
