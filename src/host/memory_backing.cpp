@@ -21,6 +21,8 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+// Ranges moved at most at a time (see share()).
+constexpr size_t kMaxRanges = 8192;
 // The most that moves at once (see move_in_locked).
 constexpr uint64_t kMovePiece = uint64_t{64} << 20;
 
@@ -242,6 +244,10 @@ Result<SharedPages> MemoryBacking::share(const void* addr, uint64_t length) {
   }
   if (after != ranges_.end() && after->first < end) return fail(std::errc::not_supported);
 
+  // Each moved range is a mapping of its own and may split the one around it
+  // in three: keep well below vm.max_map_count (65,530 by default), which
+  // the application needs too. Past this, registrations keep copying.
+  if (ranges_.size() >= kMaxRanges) return fail(std::errc::not_supported);
   auto shareable = range_shareable_in_process(begin, end);
   if (!shareable) return fail(shareable.error());
   if (!*shareable) return fail(std::errc::not_supported);
