@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -300,13 +301,7 @@ class UdpLink final : public link::Link {
 void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) {
   const auto info = wire::opcode_info(h.bth.opcode);
   if (!info || link_.sockets() == nullptr) return;
-  uint8_t data[wire::kMaxPayload];
-  uint32_t at = 0;
-  for (int i = 0; i < npayload && at < sizeof data; ++i) {
-    const size_t n = payload[i].iov_len < sizeof data - at ? payload[i].iov_len : sizeof data - at;
-    std::memcpy(data + at, payload[i].iov_base, n);
-    at += static_cast<uint32_t>(n);
-  }
+  if (length > wire::kMaxPayload) return;
   const size_t size = wire::encoded_size(*info, length);
   wire::UdpFlow flow;
   flow.src_gid = src_;
@@ -319,8 +314,17 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
   if (!n) return;
   if (!batch_) batch_ = link_.take_batch();
   uint8_t* into = batch_->slot(batch_->count);
-  const auto encoded = wire::encode(h, std::span<const uint8_t>(data, length), std::span<const uint8_t>(image, *n),
-                                    std::span<uint8_t>(into, SendBatch::kSlotBytes));
+  // The payload goes from the WQE's buffers straight to its place in the
+  // packet: one copy.
+  uint8_t* data = into + info->header_size;
+  uint32_t at = 0;
+  for (int i = 0; i < npayload && at < length; ++i) {
+    const size_t n = std::min<size_t>(payload[i].iov_len, length - at);
+    std::memcpy(data + at, payload[i].iov_base, n);
+    at += static_cast<uint32_t>(n);
+  }
+  const auto encoded = wire::encode_around_payload(h, length, std::span<const uint8_t>(image, *n),
+                                                   std::span<uint8_t>(into, SendBatch::kSlotBytes));
   if (!encoded) {
     SOFTHCA_DEBUG("udp link: cannot encode opcode 0x%x", h.bth.opcode);
     return;
