@@ -274,8 +274,9 @@ class UdpLink final : public link::Link {
   uint64_t release_delayed(uint64_t now);
   std::mutex receive_mutex_;
   // Where receive_from puts a batch of datagrams (under receive_mutex_).
-  static constexpr size_t kReceiveBatch = 32;
-  static constexpr size_t kReceiveSlotBytes = wire::kMaxPayload + 256;
+  // A slot holds a whole coalesced run (UDP_GRO), up to one IP datagram.
+  static constexpr size_t kReceiveBatch = 16;
+  static constexpr size_t kReceiveSlotBytes = 65536;
   std::vector<uint8_t> receive_storage_ = std::vector<uint8_t>(kReceiveBatch * kReceiveSlotBytes);
   std::array<Received, kReceiveBatch> received_{};
   // Whether the IPv6 socket ever had something: an application thread that
@@ -855,8 +856,20 @@ void UdpLink::receive_from(int fd) {
     for (int i = 0; i < n; ++i) {
       const Received& from = received_[static_cast<size_t>(i)];
       if (from.length == 0) continue;
-      handle(from, std::span<const uint8_t>(receive_storage_.data() + static_cast<size_t>(i) * kReceiveSlotBytes,
-                                            from.length));
+      const std::span<const uint8_t> slot(receive_storage_.data() + static_cast<size_t>(i) * kReceiveSlotBytes,
+                                          from.length);
+      if (from.segment_size == 0) {
+        handle(from, slot);
+        continue;
+      }
+      // A coalesced run: each segment is a datagram of its own, handled
+      // (ICRC, capture, counters) exactly as if it had come alone.
+      Received one = from;
+      one.segment_size = 0;
+      for (size_t at = 0; at < slot.size(); at += from.segment_size) {
+        one.length = std::min(from.segment_size, slot.size() - at);
+        handle(one, slot.subspan(at, one.length));
+      }
     }
     if (n < static_cast<int>(kReceiveBatch)) return;
   }
