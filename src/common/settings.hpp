@@ -39,6 +39,7 @@ enum class SettingId : uint8_t {
   kLink,
   kFault,
   kPcap,
+  kUdpGso,
 };
 
 enum class SettingType : uint8_t {
@@ -66,6 +67,9 @@ struct Setting {
 
 // SOFTHCA_LINK's words, in LinkChoice's order (engine/link_choice.hpp).
 inline constexpr std::string_view kLinkNames[] = {"auto", "udp"};
+
+// SOFTHCA_UDP_GSO's words: index 0 sends runs of packets as GSO messages.
+inline constexpr std::string_view kOnOffNames[] = {"on", "off"};
 
 // In LogLevel's order (log.cpp checks it).
 inline constexpr std::string_view kLogLevelNames[] = {"error", "warn", "info", "debug", "trace"};
@@ -164,6 +168,19 @@ inline constexpr std::array kSettings = {
                 "becomes the process id, so processes sharing the setting write files of their own; "
                 "a file of the same format is continued (delete it for a fresh capture), and flushed after every packet. The "
                 "shm link's operations are not packets and are not captured",
+    },
+    Setting{
+        .id = SettingId::kUdpGso,
+        .name = "SOFTHCA_UDP_GSO",
+        .type = SettingType::kChoice,
+        .default_text = "on",
+        .help = "send runs of equal-size packets as one GSO message (udp link only)",
+        .note = "the kernel then numbers the IPv4 IDs of a run's segments 0, 1, 2, ... where a lone "
+                "datagram has 0, and the ICRC covers the ID: softhca peers never see it, but a peer that "
+                "checks the ICRC over the real IPv4 header (rxe, a RoCE NIC) drops every segment after "
+                "a run's first; off sends every packet alone. Read when the udp link starts",
+        .choices = kOnOffNames,
+        .default_value = 0,
     },
 };
 

@@ -25,6 +25,7 @@
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
+#include "common/settings.hpp"
 #include "host/attachment.hpp"
 #include "host/host_identity.hpp"
 #include "link/link.hpp"
@@ -571,7 +572,9 @@ bool UdpLink::start() {
   if (started_.load(std::memory_order_acquire)) return sockets_ != nullptr;
   std::lock_guard guard(start_mutex_);
   if (started_.load(std::memory_order_relaxed)) return sockets_ != nullptr;
-  auto sockets = Sockets::open();
+  SocketOptions options;
+  options.gso = setting_number(SettingId::kUdpGso) == 0;
+  auto sockets = Sockets::open(options);
   if (sockets) {
     sockets_ = std::move(*sockets);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -99,8 +99,9 @@ uint16_t local_port(int fd) {
 
 }  // namespace
 
-Result<std::unique_ptr<Sockets>> Sockets::open() {
+Result<std::unique_ptr<Sockets>> Sockets::open(const SocketOptions& options) {
   std::unique_ptr<Sockets> s(new Sockets());
+  s->gso_.store(options.gso, std::memory_order_relaxed);
   s->recv4_ = bind_v4(wire::kRoceV2Port, true);
   s->recv6_ = bind_v6(wire::kRoceV2Port, true);
   if (s->recv4_ < 0 && s->recv6_ < 0) {

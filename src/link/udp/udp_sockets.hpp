@@ -57,10 +57,14 @@ inline constexpr size_t kGsoMaxBytes = 65000;
 // message (1: on its own).
 size_t gso_run(std::span<const OutgoingPacket> packets, size_t most);
 
+struct SocketOptions {
+  bool gso = true;  // send runs as GSO messages (SOFTHCA_UDP_GSO)
+};
+
 class Sockets {
  public:
   // Fails only when neither IP version can receive on port 4791.
-  static Result<std::unique_ptr<Sockets>> open();
+  static Result<std::unique_ptr<Sockets>> open(const SocketOptions& options = {});
   ~Sockets();
   Sockets(const Sockets&) = delete;
   Sockets& operator=(const Sockets&) = delete;
@@ -96,8 +100,8 @@ class Sockets {
  private:
   Sockets() = default;
   int recv4_ = -1, recv6_ = -1, send4_ = -1, send6_ = -1;
-  // Whether send_batch sends runs as GSO messages: until the kernel refuses
-  // one for want of segmentation offload.
+  // Whether send_batch sends runs as GSO messages: as asked, until the
+  // kernel refuses one for want of segmentation offload.
   std::atomic<bool> gso_{true};
   uint16_t port4_ = 0, port6_ = 0;
 };

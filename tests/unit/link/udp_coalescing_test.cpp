@@ -30,8 +30,10 @@ std::vector<uint8_t> packet_bytes(size_t i, size_t size) {
 
 class UdpCoalescing : public ::testing::Test {
  protected:
-  void SetUp() override {
-    auto s = Sockets::open();
+  void SetUp() override { open({}); }
+  void open(const SocketOptions& options) {
+    sockets_.reset();
+    auto s = Sockets::open(options);
     ASSERT_TRUE(s.has_value());
     sockets_ = std::move(*s);
   }
@@ -96,6 +98,22 @@ TEST_F(UdpCoalescing, PacketsOfDifferentSizesKeepTheirBoundaries) {
   receive(sent.size());
   EXPECT_EQ(arrived_, sent);
   EXPECT_EQ(datagrams_.size(), sent.size());
+}
+
+// SOFTHCA_UDP_GSO=off, for peers that check the ICRC over the real IPv4
+// header (GSO numbers the segments' IP IDs): every packet leaves alone.
+TEST_F(UdpCoalescing, WithoutGsoEveryPacketLeavesAlone) {
+  open({.gso = false});
+  std::vector<std::vector<uint8_t>> sent;
+  for (size_t i = 0; i < 8; ++i) sent.push_back(packet_bytes(i, 1040));
+  std::vector<OutgoingPacket> out;
+  for (const auto& b : sent) out.push_back(OutgoingPacket{loopback(), loopback(), 0, 64, b, 0});
+  ASSERT_EQ(sockets_->send_batch(out), 0U);
+
+  receive(sent.size());
+  EXPECT_EQ(arrived_, sent);
+  EXPECT_EQ(datagrams_.size(), sent.size());
+  for (const Received& r : datagrams_) EXPECT_EQ(r.segment_size, 0U);
 }
 
 }  // namespace
