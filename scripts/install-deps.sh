@@ -11,7 +11,8 @@ packages=(
   libibverbs-dev librdmacm-dev          # headers we build against (rdma-core 44)
   ibverbs-utils rdmacm-utils perftest   # the unmodified peers of the system tests
   googletest libgtest-dev libbenchmark-dev libfmt-dev
-  zlib1g-dev                            # crc32 for the RoCEv2 ICRC (src/wire)
+  libisal-dev                           # crc32_gzip_refl for the RoCEv2 ICRC (src/wire)
+  zlib1g-dev                            # crc32, the unit tests' reference for that ICRC
   libpcap-dev                           # the udp link's captures (SOFTHCA_PCAP)
   tshark                                # decodes those captures in system.pcap_capture
   ucx-utils                             # comparison peer for bench/peers

@@ -40,6 +40,7 @@ enum class SettingId : uint8_t {
   kFault,
   kPcap,
   kSharedMr,
+  kUdpGso,
 };
 
 enum class SettingType : uint8_t {
@@ -68,7 +69,7 @@ struct Setting {
 // SOFTHCA_LINK's words, in LinkChoice's order (engine/link_choice.hpp).
 inline constexpr std::string_view kLinkNames[] = {"auto", "udp"};
 
-// SOFTHCA_SHARED_MR's words: its value is the index.
+// SOFTHCA_SHARED_MR's and SOFTHCA_UDP_GSO's words: the value is the index.
 inline constexpr std::string_view kOnOffNames[] = {"on", "off"};
 
 // In LogLevel's order (log.cpp checks it).
@@ -181,6 +182,20 @@ inline constexpr std::array kSettings = {
                 "Read at each registration",
         .choices = kOnOffNames,
         .default_value = 0,
+    },
+    Setting{
+        .id = SettingId::kUdpGso,
+        .name = "SOFTHCA_UDP_GSO",
+        .type = SettingType::kChoice,
+        .default_text = "off",
+        .help = "send runs of equal-size packets as one GSO message (udp link only)",
+        .note = "faster, but the kernel then numbers the IPv4 IDs of a run's segments 0, 1, 2, ... "
+                "where a lone datagram has 0, and the ICRC covers the ID: softhca peers never see it, "
+                "but a tool or peer that checks the ICRC over the real IPv4 header (tshark on the wire, "
+                "rxe, a RoCE NIC) rejects every segment after a run's first, so it is off unless asked "
+                "for. Read when the udp link starts",
+        .choices = kOnOffNames,
+        .default_value = 1,
     },
 };
 

@@ -1,10 +1,9 @@
 #include "wire/icrc.hpp"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <array>
 
+#include "wire/crc32.hpp"
 #include "wire/ip_udp.hpp"
 
 namespace softhca::wire {
@@ -12,17 +11,6 @@ namespace {
 
 constexpr std::size_t kMaskedLrhSize = 8;
 constexpr std::size_t kBthVariantByte = 4;  // FECN, BECN, reserved
-
-// zlib's crc32 takes a uInt length; the spans here are bounded by one UDP
-// datagram, far below that, but chunking keeps the call correct regardless.
-uLong crc_update(uLong crc, std::span<const uint8_t> data) {
-  while (!data.empty()) {
-    const std::size_t n = std::min<std::size_t>(data.size(), 1U << 30);
-    crc = crc32(crc, data.data(), static_cast<uInt>(n));
-    data = data.subspan(n);
-  }
-  return crc;
-}
 
 // Sets the fields the ICRC does not cover to all ones in a copy of the
 // headers; `image` holds exactly the IP and UDP headers.
@@ -60,10 +48,8 @@ Result<uint32_t> icrc_of(std::span<const uint8_t> ip_udp_headers, std::span<cons
   std::copy_n(udp_payload.begin(), kBthSize, image.begin() + bth_offset);
   image[bth_offset + kBthVariantByte] = 0xFF;
 
-  uLong crc = crc32(0L, Z_NULL, 0);
-  crc = crc_update(crc, std::span<const uint8_t>(image).first(bth_offset + kBthSize));
-  crc = crc_update(crc, udp_payload.subspan(kBthSize, udp_payload.size() - kBthSize - kIcrcSize));
-  return static_cast<uint32_t>(crc);
+  uint32_t crc = crc32_update(0, std::span<const uint8_t>(image).first(bth_offset + kBthSize));
+  return crc32_update(crc, udp_payload.subspan(kBthSize, udp_payload.size() - kBthSize - kIcrcSize));
 }
 
 Result<uint32_t> icrc_of(std::span<const uint8_t> ip_packet) {

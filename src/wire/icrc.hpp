@@ -9,7 +9,7 @@
 // limit); the UDP header with its checksum set to all ones; the BTH with its
 // byte 4 (FECN, BECN and the reserved bits, which switches may mark) set to
 // all ones; then everything after the BTH up to the ICRC, pad bytes included.
-// The CRC is zlib's crc32 (the CRC-32 of Ethernet) and goes on the wire least
+// The CRC is the CRC-32 of Ethernet and zlib (wire/crc32.hpp) and goes on the wire least
 // significant byte first, as the kernel's rxe and scapy write it.
 #pragma once
 

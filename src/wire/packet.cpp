@@ -129,21 +129,21 @@ std::expected<ParsedPacket, ParseError> parse_ip_packet(std::span<const uint8_t>
   return parse(view->headers, view->udp_payload, limits);
 }
 
-Result<std::size_t> encode(const Headers& h, std::span<const uint8_t> payload, std::span<const uint8_t> ip_udp_headers,
-                           std::span<uint8_t> out) {
+Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_size,
+                                          std::span<const uint8_t> ip_udp_headers, std::span<uint8_t> out) {
   const auto info = opcode_info(h.bth.opcode);
   if (!info) return fail(std::errc::invalid_argument);
   if (present_headers(h) != info->headers || !fields_in_range(h)) return fail(std::errc::invalid_argument);
-  if (info->payload == PayloadRule::kNone && !payload.empty()) return fail(std::errc::invalid_argument);
-  if (info->payload == PayloadRule::kAtomicValue && payload.size() != 8) return fail(std::errc::invalid_argument);
-  const std::size_t size = encoded_size(*info, payload.size());
+  if (info->payload == PayloadRule::kNone && payload_size != 0) return fail(std::errc::invalid_argument);
+  if (info->payload == PayloadRule::kAtomicValue && payload_size != 8) return fail(std::errc::invalid_argument);
+  const std::size_t size = encoded_size(*info, payload_size);
   // The headers must describe this very packet, or the ICRC would cover a
   // packet other than the one sent.
   if (!check_ip_udp_headers(ip_udp_headers, size)) return fail(std::errc::invalid_argument);
   if (out.size() < size) return fail(std::errc::no_buffer_space);
 
   Bth bth = h.bth;
-  bth.pad_count = static_cast<uint8_t>(pad_for(payload.size()));
+  bth.pad_count = static_cast<uint8_t>(pad_for(payload_size));
   encode_bth(bth, out.first<kBthSize>());
   HeaderWriter w(out.subspan(kBthSize, info->header_size - kBthSize));
   if (h.deth) encode_deth(*h.deth, w.take<kDethSize>());
@@ -153,9 +153,8 @@ Result<std::size_t> encode(const Headers& h, std::span<const uint8_t> payload, s
   if (h.atomic_ack_eth) encode_atomic_ack_eth(*h.atomic_ack_eth, w.take<kAtomicAckEthSize>());
   if (h.immdt) encode_immdt(*h.immdt, w.take<kImmDtSize>());
   if (h.ieth) encode_ieth(*h.ieth, w.take<kIethSize>());
-  std::copy(payload.begin(), payload.end(), out.begin() + static_cast<std::ptrdiff_t>(info->header_size));
   // Pad bytes are zero (IBTA) and covered by the ICRC.
-  std::fill_n(out.begin() + static_cast<std::ptrdiff_t>(info->header_size + payload.size()), bth.pad_count,
+  std::fill_n(out.begin() + static_cast<std::ptrdiff_t>(info->header_size + payload_size), bth.pad_count,
               uint8_t{0});
 
   const auto packet = out.first(size);
@@ -163,6 +162,15 @@ Result<std::size_t> encode(const Headers& h, std::span<const uint8_t> payload, s
   if (!icrc) return fail(icrc.error());
   store_icrc(*icrc, packet.last<kIcrcSize>());
   return size;
+}
+
+Result<std::size_t> encode(const Headers& h, std::span<const uint8_t> payload, std::span<const uint8_t> ip_udp_headers,
+                           std::span<uint8_t> out) {
+  const auto info = opcode_info(h.bth.opcode);
+  if (!info) return fail(std::errc::invalid_argument);
+  if (out.size() < encoded_size(*info, payload.size())) return fail(std::errc::no_buffer_space);
+  std::copy(payload.begin(), payload.end(), out.begin() + static_cast<std::ptrdiff_t>(info->header_size));
+  return encode_around_payload(h, payload.size(), ip_udp_headers, out);
 }
 
 Result<std::size_t> encode_ip_packet(const UdpFlow& flow, const Headers& h, std::span<const uint8_t> payload,

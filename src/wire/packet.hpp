@@ -100,6 +100,13 @@ constexpr std::size_t encoded_size(const OpcodeInfo& info, std::size_t payload_s
 Result<std::size_t> encode(const Headers& h, std::span<const uint8_t> payload, std::span<const uint8_t> ip_udp_headers,
                            std::span<uint8_t> out);
 
+// encode() for a payload the caller already put in place, at
+// out[header_size, header_size + payload_size) of the opcode's OpcodeInfo:
+// writes the headers before it and the pad and ICRC after it. Saves a copy
+// where the payload is gathered from several buffers (a WQE's SGEs).
+Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_size,
+                                          std::span<const uint8_t> ip_udp_headers, std::span<uint8_t> out);
+
 // Writes a whole IP packet: the flow's IP and UDP headers (UDP checksum
 // included) and the packet encode() makes. For captures and tests; the udp
 // link sends encode()'s bytes and lets the kernel add the headers.

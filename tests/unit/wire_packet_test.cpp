@@ -74,6 +74,24 @@ TEST_P(WirePacketGolden, EncodeUdpPayloadEqualsScapysBytes) {
   EXPECT_EQ(out, expected);
 }
 
+TEST_P(WirePacketGolden, EncodeAroundAPayloadInPlaceEqualsScapysBytes) {
+  // The udp link gathers a WQE's payload into the packet itself and has
+  // only the headers, pad and ICRC written around it. Stale bytes where
+  // those go must not show.
+  const auto& p = packet();
+  const auto info = opcode_info(p.fields.opcode);
+  ASSERT_TRUE(info.has_value());
+  const Bytes expected = to_bytes(golden::udp_payload_of(p));
+  Bytes out(expected.size() + 16, uint8_t{0xA5});
+  std::copy(p.payload.begin(), p.payload.end(), out.begin() + static_cast<std::ptrdiff_t>(info->header_size));
+  const auto n = encode_around_payload(golden::to_headers(p.fields), p.payload.size(), golden::ip_udp_headers_of(p),
+                                       out);
+  ASSERT_TRUE(n.has_value());
+  ASSERT_EQ(*n, expected.size());
+  out.resize(*n);
+  EXPECT_EQ(out, expected);
+}
+
 TEST_P(WirePacketGolden, ParseGivesTheFieldsItWasBuiltFrom) {
   const auto& p = packet();
   const auto parsed = parse_ip_packet(p.ip_packet);

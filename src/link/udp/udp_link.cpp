@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -24,6 +25,7 @@
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
+#include "common/settings.hpp"
 #include "host/attachment.hpp"
 #include "host/host_identity.hpp"
 #include "link/link.hpp"
@@ -126,6 +128,14 @@ class FlowSink final : public transport::PacketSink {
         hop_limit_(hop_limit),
         counters_(counters),
         ifindex_(ifindex) {}
+  // A responder's answers to a received packet: they join the link's batch
+  // of answers, sent once the datagrams received together are handled.
+  struct Answers {};
+  FlowSink(Answers, UdpLink& link, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class,
+           uint8_t hop_limit, CounterSink counters)
+      : FlowSink(link, src, dst, traffic_class, hop_limit, counters) {
+    answers_ = true;
+  }
   ~FlowSink();
   FlowSink(const FlowSink&) = delete;
   FlowSink& operator=(const FlowSink&) = delete;
@@ -138,6 +148,7 @@ class FlowSink final : public transport::PacketSink {
   uint8_t traffic_class_, hop_limit_;
   CounterSink counters_;
   uint32_t ifindex_;  // where a multicast datagram leaves (0: the kernel's route)
+  bool answers_ = false;  // collects into the link's batch of answers, not one of its own
   std::unique_ptr<SendBatch> batch_;
 };
 
@@ -184,6 +195,12 @@ class UdpLink final : public link::Link {
   // Batches for FlowSinks: taken from a pool, sent and given back.
   std::unique_ptr<SendBatch> take_batch();
   void send_batch(std::unique_ptr<SendBatch> batch);
+  // The batch that collects responders' answers while received packets are
+  // handled (under receive_mutex_), and its sending.
+  std::unique_ptr<SendBatch>& answers() { return answers_; }
+  void send_answers() {
+    if (answers_) send_batch(std::move(answers_));
+  }
   void wake() {
     const uint64_t one = 1;
     if (wake_fd_ >= 0) [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
@@ -272,9 +289,18 @@ class UdpLink final : public link::Link {
   // returns the next due time, 0 for none.
   uint64_t release_delayed(uint64_t now);
   std::mutex receive_mutex_;
+  // ACKs, NAKs and READ responses to the packets being received (under
+  // receive_mutex_): they leave together once a batch of datagrams is
+  // handled, a system call for all of them instead of one per answer, and
+  // runs of equal-size ACKs to one peer as one GSO message. Only the
+  // responder's: its output is made by the one receiving thread, in
+  // order, while a requester's packets may also come from a posting thread
+  // and must not wait behind later ones.
+  std::unique_ptr<SendBatch> answers_;
   // Where receive_from puts a batch of datagrams (under receive_mutex_).
-  static constexpr size_t kReceiveBatch = 32;
-  static constexpr size_t kReceiveSlotBytes = wire::kMaxPayload + 256;
+  // A slot holds a whole coalesced run (UDP_GRO), up to one IP datagram.
+  static constexpr size_t kReceiveBatch = 16;
+  static constexpr size_t kReceiveSlotBytes = 65536;
   std::vector<uint8_t> receive_storage_ = std::vector<uint8_t>(kReceiveBatch * kReceiveSlotBytes);
   std::array<Received, kReceiveBatch> received_{};
   // Whether the IPv6 socket ever had something: an application thread that
@@ -300,13 +326,7 @@ class UdpLink final : public link::Link {
 void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) {
   const auto info = wire::opcode_info(h.bth.opcode);
   if (!info || link_.sockets() == nullptr) return;
-  uint8_t data[wire::kMaxPayload];
-  uint32_t at = 0;
-  for (int i = 0; i < npayload && at < sizeof data; ++i) {
-    const size_t n = payload[i].iov_len < sizeof data - at ? payload[i].iov_len : sizeof data - at;
-    std::memcpy(data + at, payload[i].iov_base, n);
-    at += static_cast<uint32_t>(n);
-  }
+  if (length > wire::kMaxPayload) return;
   const size_t size = wire::encoded_size(*info, length);
   wire::UdpFlow flow;
   flow.src_gid = src_;
@@ -317,20 +337,30 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
   uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
   const auto n = wire::write_ip_udp_headers(flow, size, image);
   if (!n) return;
-  if (!batch_) batch_ = link_.take_batch();
-  uint8_t* into = batch_->slot(batch_->count);
-  const auto encoded = wire::encode(h, std::span<const uint8_t>(data, length), std::span<const uint8_t>(image, *n),
-                                    std::span<uint8_t>(into, SendBatch::kSlotBytes));
+  std::unique_ptr<SendBatch>& batch = answers_ ? link_.answers() : batch_;
+  if (!batch) batch = link_.take_batch();
+  uint8_t* into = batch->slot(batch->count);
+  // The payload goes from the WQE's buffers straight to its place in the
+  // packet: one copy.
+  uint8_t* data = into + info->header_size;
+  uint32_t at = 0;
+  for (int i = 0; i < npayload && at < length; ++i) {
+    const size_t piece = std::min<size_t>(payload[i].iov_len, length - at);
+    std::memcpy(data + at, payload[i].iov_base, piece);
+    at += static_cast<uint32_t>(piece);
+  }
+  const auto encoded = wire::encode_around_payload(h, length, std::span<const uint8_t>(image, *n),
+                                                   std::span<uint8_t>(into, SendBatch::kSlotBytes));
   if (!encoded) {
     SOFTHCA_DEBUG("udp link: cannot encode opcode 0x%x", h.bth.opcode);
     return;
   }
   counters_.add(Counter::kSentPkts);
   counters_.add(Counter::kSentBytes, *encoded);
-  batch_->packets[batch_->count] = OutgoingPacket{
+  batch->packets[batch->count] = OutgoingPacket{
       src_, dst_, flow.traffic_class, flow.hop_limit, std::span<const uint8_t>(into, *encoded), ifindex_};
-  batch_->source_ports[batch_->count] = flow.src_port;
-  if (++batch_->count == SendBatch::kPackets) link_.send_batch(std::move(batch_));
+  batch->source_ports[batch->count] = flow.src_port;
+  if (++batch->count == SendBatch::kPackets) link_.send_batch(std::move(batch));
 }
 
 FlowSink::~FlowSink() {
@@ -542,7 +572,9 @@ bool UdpLink::start() {
   if (started_.load(std::memory_order_acquire)) return sockets_ != nullptr;
   std::lock_guard guard(start_mutex_);
   if (started_.load(std::memory_order_relaxed)) return sockets_ != nullptr;
-  auto sockets = Sockets::open();
+  SocketOptions options;
+  options.gso = setting_number(SettingId::kUdpGso) == 0;
+  auto sockets = Sockets::open(options);
   if (sockets) {
     sockets_ = std::move(*sockets);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -741,6 +773,7 @@ void UdpLink::receive_handoffs() {
       ::close(conn);
     }
   }
+  send_answers();
 }
 
 UdpLink::HandOffPeer* UdpLink::handoff_peer(uint32_t pid) {
@@ -802,6 +835,7 @@ UdpLink::HandOff UdpLink::hand_off_to(uint32_t proc, uint32_t qpn, const Receive
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN || draining_handoffs_ || peer->stalled) break;
+    send_answers();  // not held back while this waits
     const uint64_t now = monotonic_ns();
     if (now >= give_up) {
       peer->stalled = true;
@@ -851,9 +885,22 @@ void UdpLink::receive_from(int fd) {
     for (int i = 0; i < n; ++i) {
       const Received& from = received_[static_cast<size_t>(i)];
       if (from.length == 0) continue;
-      handle(from, std::span<const uint8_t>(receive_storage_.data() + static_cast<size_t>(i) * kReceiveSlotBytes,
-                                            from.length));
+      const std::span<const uint8_t> slot(receive_storage_.data() + static_cast<size_t>(i) * kReceiveSlotBytes,
+                                          from.length);
+      if (from.segment_size == 0) {
+        handle(from, slot);
+        continue;
+      }
+      // A coalesced run: each segment is a datagram of its own, handled
+      // (ICRC, capture, counters) exactly as if it had come alone.
+      Received one = from;
+      one.segment_size = 0;
+      for (size_t at = 0; at < slot.size(); at += from.segment_size) {
+        one.length = std::min(from.segment_size, slot.size() - at);
+        handle(one, slot.subspan(at, one.length));
+      }
     }
+    send_answers();
     if (n < static_cast<int>(kReceiveBatch)) return;
   }
 }
@@ -905,19 +952,22 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   {
     std::lock_guard guard(state->mutex);
     if (state->closed) return;
-    // Answers go back to where the request came from (its source address is
+    // Packets go back to where the request came from (its source address is
     // the peer's GID; our address is the one it was sent to).
-    FlowSink sink(*this, from.dst, from.src, state->config.traffic_class, state->config.hop_limit, state->counters);
     const wire::Operation op = packet.info.operation;
     const bool response = op == wire::Operation::kAcknowledge || op == wire::Operation::kAtomicAcknowledge ||
                           op == wire::Operation::kRdmaReadResponse;
     if (response) {
       if (state->requester) {
+        FlowSink sink(*this, from.dst, from.src, state->config.traffic_class, state->config.hop_limit,
+                      state->counters);
         transport::RequesterFlow& r = *state->requester;
         r.on_response(packet, monotonic_ns(), sink);
         answers = true;
       }
     } else {
+      FlowSink sink(FlowSink::Answers{}, *this, from.dst, from.src, state->config.traffic_class,
+                    state->config.hop_limit, state->counters);
       shm::TargetQp self;
       if (!shm::resolve(host_, state->config.local_qpn, self) || self.proc != host_.proc()) return;
       shm::TargetUse use(self.qp);

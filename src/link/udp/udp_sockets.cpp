@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -35,6 +36,14 @@ void set_buffers(int fd) {
     set_int(fd, SOL_SOCKET, SO_SNDBUF, kBufferBytes);
 }
 
+// UDP_GRO on a receiving socket: a run of equal-size datagrams of one flow
+// that arrives as one (a peer's GSO send that crossed a veth or loopback
+// whole, or what the NIC's GRO joined) is read with one system call instead
+// of being cut into datagrams by the kernel first; the reader splits it
+// (Received::segment_size). Where the kernel lacks it, datagrams come one by
+// one as before.
+void accept_coalesced(int fd) { set_int(fd, IPPROTO_UDP, UDP_GRO, 1); }
+
 int bind_v4(uint16_t port, bool reuse) {
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
@@ -46,6 +55,7 @@ int bind_v4(uint16_t port, bool reuse) {
   set_int(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO);
   set_int(fd, IPPROTO_IP, IP_MULTICAST_ALL, 0);
   set_int(fd, IPPROTO_IP, IP_MULTICAST_LOOP, 0);
+  if (reuse) accept_coalesced(fd);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -67,6 +77,7 @@ int bind_v6(uint16_t port, bool reuse) {
   set_int(fd, IPPROTO_IPV6, IPV6_DONTFRAG, 1);
   set_int(fd, IPPROTO_IPV6, kIpv6MulticastAll, 0);
   set_int(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, 0);
+  if (reuse) accept_coalesced(fd);
   sockaddr_in6 a{};
   a.sin6_family = AF_INET6;
   a.sin6_port = htons(port);
@@ -88,8 +99,9 @@ uint16_t local_port(int fd) {
 
 }  // namespace
 
-Result<std::unique_ptr<Sockets>> Sockets::open() {
+Result<std::unique_ptr<Sockets>> Sockets::open(const SocketOptions& options) {
   std::unique_ptr<Sockets> s(new Sockets());
+  s->gso_.store(options.gso, std::memory_order_relaxed);
   s->recv4_ = bind_v4(wire::kRoceV2Port, true);
   s->recv6_ = bind_v6(wire::kRoceV2Port, true);
   if (s->recv4_ < 0 && s->recv6_ < 0) {
@@ -112,15 +124,16 @@ Sockets::~Sockets() {
 
 namespace {
 
-// One packet's sendmsg arguments: its destination and the control messages
-// that state its source address, hop limit and traffic class.
+// One message's sendmsg arguments: its destination and the control messages
+// that state its source address, hop limit and traffic class, and for a run
+// of packets the segment size (UDP_SEGMENT).
 struct PreparedSend {
   union {
     sockaddr_in v4;
     sockaddr_in6 v6;
   } to;
-  iovec iov;
-  alignas(cmsghdr) unsigned char control[CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2];
+  alignas(cmsghdr) unsigned char control[CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2 +
+                                         CMSG_SPACE(sizeof(uint16_t))];
 };
 
 template <typename T>
@@ -133,16 +146,53 @@ cmsghdr* put_cmsg(msghdr& msg, cmsghdr* c, int level, int type, const T& value) 
   return c;
 }
 
-// Fills `msg` (pointing into `p`) for `packet`; true for IPv4.
-bool prepare(const OutgoingPacket& packet, PreparedSend& p, msghdr& msg) {
+// Whether `b` may follow `a` in one GSO message: the same addresses and IP
+// fields, since the kernel sends every segment with the first one's.
+bool same_route(const OutgoingPacket& a, const OutgoingPacket& b) {
+  return a.dst == b.dst && a.src == b.src && a.traffic_class == b.traffic_class && a.hop_limit == b.hop_limit &&
+         a.ifindex == b.ifindex;
+}
+
+}  // namespace
+
+size_t gso_run(std::span<const OutgoingPacket> packets, size_t most) {
+  if (packets.empty()) return 0;
+  const OutgoingPacket& first = packets[0];
+  const size_t segment = first.bytes.size();
+  // Multicast leaves by an interface of its own choosing; one at a time.
+  if (first.ifindex != 0 || segment == 0) return 1;
+  size_t n = 1;
+  size_t total = segment;
+  while (n < packets.size() && n < most && n < kGsoMaxSegments) {
+    const OutgoingPacket& next = packets[n];
+    if (!same_route(first, next) || next.bytes.empty() || next.bytes.size() > segment ||
+        total + next.bytes.size() > kGsoMaxBytes)
+      break;
+    total += next.bytes.size();
+    ++n;
+    if (next.bytes.size() < segment) break;  // a shorter packet ends the run
+  }
+  return n;
+}
+
+namespace {
+
+// Fills `msg` (pointing into `p` and `pieces`) for the run `packets`, sent as
+// one datagram when it holds one packet and as GSO segments of the first
+// one's size otherwise; true for IPv4.
+bool prepare(std::span<const OutgoingPacket> packets, PreparedSend& p, iovec* pieces, msghdr& msg) {
+  const OutgoingPacket& packet = packets[0];
   std::memset(&msg, 0, sizeof msg);
   std::memset(p.control, 0, sizeof p.control);
-  p.iov = iovec{const_cast<uint8_t*>(packet.bytes.data()), packet.bytes.size()};
-  msg.msg_iov = &p.iov;
-  msg.msg_iovlen = 1;
+  for (size_t i = 0; i < packets.size(); ++i)
+    pieces[i] = iovec{const_cast<uint8_t*>(packets[i].bytes.data()), packets[i].bytes.size()};
+  msg.msg_iov = pieces;
+  msg.msg_iovlen = packets.size();
   msg.msg_control = p.control;
   const int hops = packet.hop_limit ? packet.hop_limit : 64;
   const int tclass = packet.traffic_class;
+  cmsghdr* c;
+  bool v4;
   if (wire::is_ipv4_mapped(packet.dst)) {
     std::memset(&p.to.v4, 0, sizeof p.to.v4);
     p.to.v4.sin_family = AF_INET;
@@ -154,25 +204,31 @@ bool prepare(const OutgoingPacket& packet, PreparedSend& p, msghdr& msg) {
     in_pktinfo info{};
     std::memcpy(&info.ipi_spec_dst, packet.src.data() + 12, 4);
     info.ipi_ifindex = static_cast<int>(packet.ifindex);
-    cmsghdr* c = put_cmsg(msg, nullptr, IPPROTO_IP, IP_PKTINFO, info);
+    c = put_cmsg(msg, nullptr, IPPROTO_IP, IP_PKTINFO, info);
     c = put_cmsg(msg, c, IPPROTO_IP, IP_TTL, hops);
-    put_cmsg(msg, c, IPPROTO_IP, IP_TOS, tclass);
-    return true;
+    c = put_cmsg(msg, c, IPPROTO_IP, IP_TOS, tclass);
+    v4 = true;
+  } else {
+    std::memset(&p.to.v6, 0, sizeof p.to.v6);
+    p.to.v6.sin6_family = AF_INET6;
+    p.to.v6.sin6_port = htons(wire::kRoceV2Port);
+    std::memcpy(&p.to.v6.sin6_addr, packet.dst.data(), 16);
+    msg.msg_name = &p.to.v6;
+    msg.msg_namelen = sizeof p.to.v6;
+    msg.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2;
+    in6_pktinfo info{};
+    std::memcpy(&info.ipi6_addr, packet.src.data(), 16);
+    info.ipi6_ifindex = packet.ifindex;
+    c = put_cmsg(msg, nullptr, IPPROTO_IPV6, IPV6_PKTINFO, info);
+    c = put_cmsg(msg, c, IPPROTO_IPV6, IPV6_HOPLIMIT, hops);
+    c = put_cmsg(msg, c, IPPROTO_IPV6, IPV6_TCLASS, tclass);
+    v4 = false;
   }
-  std::memset(&p.to.v6, 0, sizeof p.to.v6);
-  p.to.v6.sin6_family = AF_INET6;
-  p.to.v6.sin6_port = htons(wire::kRoceV2Port);
-  std::memcpy(&p.to.v6.sin6_addr, packet.dst.data(), 16);
-  msg.msg_name = &p.to.v6;
-  msg.msg_namelen = sizeof p.to.v6;
-  msg.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2;
-  in6_pktinfo info{};
-  std::memcpy(&info.ipi6_addr, packet.src.data(), 16);
-  info.ipi6_ifindex = packet.ifindex;
-  cmsghdr* c = put_cmsg(msg, nullptr, IPPROTO_IPV6, IPV6_PKTINFO, info);
-  c = put_cmsg(msg, c, IPPROTO_IPV6, IPV6_HOPLIMIT, hops);
-  put_cmsg(msg, c, IPPROTO_IPV6, IPV6_TCLASS, tclass);
-  return false;
+  if (packets.size() > 1) {
+    msg.msg_controllen += CMSG_SPACE(sizeof(uint16_t));
+    put_cmsg(msg, c, IPPROTO_UDP, UDP_SEGMENT, static_cast<uint16_t>(packet.bytes.size()));
+  }
+  return v4;
 }
 
 }  // namespace
@@ -205,41 +261,66 @@ Result<void> Sockets::membership(const wire::Gid& group, uint32_t ifindex, bool 
 }
 
 size_t Sockets::send_batch(std::span<const OutgoingPacket> packets) {
-  constexpr size_t kMax = 64;  // sendmmsg's arguments on the stack
+  constexpr size_t kMax = 64;  // packets per system call, their arguments on the stack
   PreparedSend prepared[kMax];
   mmsghdr messages[kMax];
+  iovec pieces[kMax];
+  size_t first[kMax + 1];  // the first packet (from `at`) of each message
   size_t refused = 0;
   size_t at = 0;
+  size_t single_until = 0;  // packets before it go one per message (a refused run's)
   while (at < packets.size()) {
-    // A run of packets of one IP version, sent with one system call.
-    size_t n = 0;
+    // Messages of one IP version, sent with one system call: runs of
+    // equal-size packets as one GSO message each, the rest one by one.
+    size_t npackets = 0;
+    size_t nmessages = 0;
     bool v4 = true;
-    for (; at + n < packets.size() && n < kMax; ++n) {
-      const bool this_v4 = prepare(packets[at + n], prepared[n], messages[n].msg_hdr);
-      messages[n].msg_len = 0;
-      if (n == 0) v4 = this_v4;
+    while (at + npackets < packets.size() && npackets < kMax) {
+      const auto rest = packets.subspan(at + npackets);
+      const bool batch = gso_.load(std::memory_order_relaxed) && at + npackets >= single_until;
+      const size_t run = batch ? gso_run(rest, kMax - npackets) : 1;
+      const bool this_v4 = prepare(rest.first(run), prepared[nmessages], pieces + npackets, messages[nmessages].msg_hdr);
+      messages[nmessages].msg_len = 0;
+      if (nmessages == 0) v4 = this_v4;
       if (this_v4 != v4) break;
+      first[nmessages++] = npackets;
+      npackets += run;
     }
+    first[nmessages] = npackets;
     const int fd = v4 ? send4_ : send6_;
-    size_t sent = 0;
     if (fd < 0) {
       errno = EAFNOSUPPORT;
-    } else {
-      while (sent < n) {
-        const int r = ::sendmmsg(fd, messages + sent, static_cast<unsigned>(n - sent), 0);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-          // The first packet of the rest was refused (a full send buffer, an
-          // unreachable network): it is lost, as on a wire; go on after it.
-          ++refused;
-          ++sent;
-          continue;
-        }
-        sent += static_cast<size_t>(r);
-      }
+      refused += npackets;
+      at += npackets;
+      continue;
     }
-    if (fd < 0) refused += n;
-    at += n;
+    size_t sent = 0;  // messages
+    while (sent < nmessages) {
+      const int r = ::sendmmsg(fd, messages + sent, static_cast<unsigned>(nmessages - sent), 0);
+      if (r > 0) {
+        sent += static_cast<size_t>(r);
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      const size_t run = first[sent + 1] - first[sent];
+      const bool full = errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS;
+      if (run > 1 && !full) {
+        // The kernel or the route cannot segment (no checksum offload,
+        // UDP_SEGMENT unknown): send that run again packet by packet, and
+        // never ask again.
+        if (gso_.exchange(false, std::memory_order_relaxed))
+          SOFTHCA_INFO("udp link: no UDP segmentation offload here (%s); packets go one by one",
+                       std::strerror(errno));
+        single_until = at + first[sent + 1];
+        break;
+      }
+      // The first message of the rest was refused (a full send buffer, an
+      // unreachable network): its packets are lost, as on a wire; go on
+      // after it.
+      refused += run;
+      ++sent;
+    }
+    at += first[sent];
   }
   return refused;
 }
@@ -272,6 +353,10 @@ void describe(const msghdr& msg, size_t length, Received& out) {
       in6_pktinfo info;
       std::memcpy(&info, CMSG_DATA(c), sizeof info);
       std::memcpy(out.dst.data(), &info.ipi6_addr, 16);
+    } else if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) {
+      int segment = 0;
+      std::memcpy(&segment, CMSG_DATA(c), sizeof segment);
+      if (segment > 0 && static_cast<size_t>(segment) < out.length) out.segment_size = static_cast<size_t>(segment);
     }
   }
 }

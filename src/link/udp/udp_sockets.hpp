@@ -6,6 +6,8 @@
 // the ICRC covers it; receives learn both addresses the same way.
 #pragma once
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -20,6 +22,9 @@ struct Received {
   wire::Gid dst{};
   uint16_t src_port = 0;
   size_t length = 0;
+  // Several datagrams of one flow that the kernel coalesced (UDP_GRO): each
+  // is segment_size bytes long but the last, which may be shorter. 0: one.
+  size_t segment_size = 0;
 };
 
 // One packet to send: its addresses (the source stated, since the ICRC
@@ -34,10 +39,32 @@ struct OutgoingPacket {
   uint32_t ifindex = 0;
 };
 
+// GSO (UDP_SEGMENT): a run of packets to one destination, all of one size
+// but the last, which may be shorter, leaves in one message that the kernel
+// (or the NIC) cuts into datagrams; over a veth or loopback it crosses the
+// stack once. Every packet is already whole (its own BTH, PSN and ICRC), so
+// the segments are exactly the datagrams that would have been sent one by
+// one. The kernel numbers the segments' IPv4 IDs from 0 up where a lone
+// datagram has 0, which the ICRC covers (wire/ip_udp.hpp): a softhca peer
+// never sees the ID, but a receiver that checks the ICRC over the real IPv4
+// header (rxe, a RoCE NIC, Wireshark reading the wire) finds segments after
+// the first wrong. Bounded by the kernel's segment count and by one IP
+// datagram's size.
+inline constexpr size_t kGsoMaxSegments = 64;
+inline constexpr size_t kGsoMaxBytes = 65000;
+
+// How many packets from the start of `packets` (at most `most`) go in one GSO
+// message (1: on its own).
+size_t gso_run(std::span<const OutgoingPacket> packets, size_t most);
+
+struct SocketOptions {
+  bool gso = true;  // send runs as GSO messages (SOFTHCA_UDP_GSO)
+};
+
 class Sockets {
  public:
   // Fails only when neither IP version can receive on port 4791.
-  static Result<std::unique_ptr<Sockets>> open();
+  static Result<std::unique_ptr<Sockets>> open(const SocketOptions& options = {});
   ~Sockets();
   Sockets(const Sockets&) = delete;
   Sockets& operator=(const Sockets&) = delete;
@@ -59,17 +86,23 @@ class Sockets {
   // host's own members get it through shared memory).
   Result<void> membership(const wire::Gid& group, uint32_t ifindex, bool join);
   // Sends `packets` in order, a system call per run of one IP version
-  // (sendmmsg); returns how many were refused (and are lost, as on a wire).
+  // (sendmmsg), runs of equal-size packets as GSO messages (gso_run);
+  // returns how many were refused (and are lost, as on a wire).
   size_t send_batch(std::span<const OutgoingPacket> packets);
   // One datagram from receiving socket `fd` into `buffer`; false when none is waiting.
   bool receive(int fd, std::span<uint8_t> buffer, Received& out);
   // Up to out.size() datagrams at once (recvmmsg), datagram i into
   // storage[i * slot_bytes, (i + 1) * slot_bytes); returns how many came.
+  // One may be a coalesced run of datagrams (Received::segment_size): a slot
+  // of 64 KiB holds any.
   int receive_batch(int fd, std::span<uint8_t> storage, size_t slot_bytes, std::span<Received> out);
 
  private:
   Sockets() = default;
   int recv4_ = -1, recv6_ = -1, send4_ = -1, send6_ = -1;
+  // Whether send_batch sends runs as GSO messages: as asked, until the
+  // kernel refuses one for want of segmentation offload.
+  std::atomic<bool> gso_{true};
   uint16_t port4_ = 0, port6_ = 0;
 };
 
