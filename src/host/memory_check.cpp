@@ -16,18 +16,14 @@ namespace {
 // x86-64, the one target: the page size ib_umem_get aligns the end to.
 constexpr uint64_t kPageSize = 4096;
 
-// Walks the lines of a maps file in order and decides whether they cover
-// [cursor, end) with the needed protection. Lines below the range are
-// skipped; the verdict is known at the first gap, the first page without the
-// protection, or the mapping that reaches the end, so a caller can stop
-// reading there.
+// Reads the range and permissions of each maps line and feeds them to a
+// RangeCoverage: a mapping qualifies when it grants the needed access.
 class Coverage {
  public:
-  Coverage(uint64_t begin, uint64_t end, MemoryNeed need) : cursor_(begin), end_(end), need_(need) {}
+  Coverage(uint64_t begin, uint64_t end, MemoryNeed need) : range_(begin, end), need_(need) {}
 
   // Returns true once the verdict is known.
   bool feed(std::string_view line) {
-    if (done_) return true;
     uint64_t start = 0;
     uint64_t stop = 0;
     const char* p = line.data();
@@ -37,33 +33,18 @@ class Coverage {
     r = std::from_chars(r.ptr + 1, last, stop, 16);
     if (r.ec != std::errc{} || last - r.ptr < 3 || *r.ptr != ' ') return false;
     const char* perms = r.ptr + 1;
-    if (stop <= cursor_) return false;  // below the range (or what is already covered)
-    if (start > cursor_) return finish(false);  // a hole
     const bool allowed = need_ == MemoryNeed::kWrite ? perms[1] == 'w' : perms[0] == 'r';
-    if (!allowed) return finish(false);
-    cursor_ = stop;
-    if (cursor_ >= end_) return finish(true);
-    return false;
+    return range_.feed(start, stop, allowed);
   }
 
-  // The verdict; a range still open when the lines ran out ends in a hole.
   Result<void> verdict() const {
-    if (done_ && ok_) return {};
+    if (range_.covered()) return {};
     return fail(std::errc::bad_address);
   }
 
  private:
-  bool finish(bool ok) {
-    done_ = true;
-    ok_ = ok;
-    return true;
-  }
-
-  uint64_t cursor_;
-  uint64_t end_;
+  RangeCoverage range_;
   MemoryNeed need_;
-  bool done_ = false;
-  bool ok_ = false;
 };
 
 // The range [addr, end) or invalid_argument, as ib_umem_get rejects it.

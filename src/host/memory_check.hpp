@@ -33,6 +33,36 @@ MemoryNeed memory_need(uint32_t access);
 // is not mapped or a mapping lacks the protection `need` asks for.
 Result<void> check_range_in_maps(std::string_view maps, uint64_t addr, uint64_t length, MemoryNeed need);
 
+// Decides, mapping by mapping in ascending order, whether mappings cover
+// [begin, end) without a hole, each one qualifying (by the caller's rule).
+// The verdict is known at the first hole, the first mapping that does not
+// qualify, or the one that reaches the end, so a reader can stop there.
+class RangeCoverage {
+ public:
+  RangeCoverage(uint64_t begin, uint64_t end) : cursor_(begin), end_(end) {}
+  // The mapping [start, stop); true once the verdict is known.
+  bool feed(uint64_t start, uint64_t stop, bool qualifies) {
+    if (done_) return true;
+    if (stop <= cursor_) return false;  // below the range (or what is already covered)
+    if (start > cursor_ || !qualifies) return finish(false);
+    cursor_ = stop;
+    return cursor_ >= end_ ? finish(true) : false;
+  }
+  // Covered; a range still open when the mappings ran out ends in a hole.
+  bool covered() const { return done_ && ok_; }
+
+ private:
+  bool finish(bool ok) {
+    done_ = true;
+    ok_ = ok;
+    return true;
+  }
+  uint64_t cursor_;
+  uint64_t end_;
+  bool done_ = false;
+  bool ok_ = false;
+};
+
 // Feeds the lines of /proc/self/maps, in order and without their newline, to
 // `feed` until it returns true (it knows its answer) or the file ends.
 // Errors from open/read of that file (never expected).

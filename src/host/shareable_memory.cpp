@@ -21,32 +21,19 @@ bool parse_hex(std::string_view text, uint64_t& out) {
   return r.ec == std::errc{} && r.ptr == text.data() + text.size();
 }
 
-// Walks the lines in order: the range is shareable when mappings that are
-// each shareable cover it without a hole.
+// The range is shareable when mappings that are each shareable cover it.
 class ShareableCoverage {
  public:
-  ShareableCoverage(uint64_t begin, uint64_t end) : cursor_(begin), end_(end) {}
-
+  ShareableCoverage(uint64_t begin, uint64_t end) : range_(begin, end) {}
   bool feed(std::string_view text) {
     MapsLine line;
-    if (done_ || !parse_maps_line(text, line)) return done_;
-    if (line.end <= cursor_) return false;
-    if (line.start > cursor_ || !is_shareable_mapping(line)) return finish(false);
-    cursor_ = line.end;
-    return cursor_ >= end_ ? finish(true) : false;
+    if (!parse_maps_line(text, line)) return false;
+    return range_.feed(line.start, line.end, is_shareable_mapping(line));
   }
-  bool verdict() const { return done_ && ok_; }
+  bool verdict() const { return range_.covered(); }
 
  private:
-  bool finish(bool ok) {
-    done_ = true;
-    ok_ = ok;
-    return true;
-  }
-  uint64_t cursor_;
-  uint64_t end_;
-  bool done_ = false;
-  bool ok_ = false;
+  RangeCoverage range_;
 };
 
 }  // namespace
