@@ -91,19 +91,22 @@ struct Pages {
   uint8_t* bytes;
 };
 
-// The maps line that holds `addr`.
-MapsLine line_at(const void* addr) {
+// What /proc/self/maps says of the mapping that holds `addr`, copied out of
+// the reading buffer.
+struct Mapping {
+  std::string perms;
+  uint64_t inode = 0;
+};
+
+Mapping line_at(const void* addr) {
   const uint64_t a = reinterpret_cast<uint64_t>(addr);
-  MapsLine found;
-  std::string path;
+  Mapping found;
   EXPECT_TRUE(scan_process_maps([&](std::string_view text) {
     MapsLine line;
     if (!parse_maps_line(text, line) || a < line.start || a >= line.end) return false;
-    found = line;
-    path = std::string(line.path);
+    found = Mapping{std::string(line.perms), line.inode};
     return true;
   }));
-  found.path = {};
   return found;
 }
 
@@ -118,7 +121,7 @@ TEST(MemoryBacking, SharedPagesKeepTheirContentsAndAreTheFilesPages) {
   EXPECT_EQ(shared->begin, reinterpret_cast<uint64_t>(pages.bytes));
   EXPECT_EQ(shared->length, pages.length);
   for (size_t i = 0; i < pages.length; ++i) ASSERT_EQ(pages.bytes[i], static_cast<uint8_t>(i * 7 + 3)) << i;
-  const MapsLine line = line_at(pages.bytes);
+  const Mapping line = line_at(pages.bytes);
   EXPECT_EQ(line.perms, "rw-s");
   EXPECT_EQ(line.inode, backing.inode());
 
