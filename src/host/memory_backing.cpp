@@ -44,6 +44,20 @@ Result<void> file_io(long call, int fd, uint64_t addr, uint64_t length, uint64_t
   return {};
 }
 
+// Mapping over and moving pages in place, as raw system calls. A move keeps
+// every byte, so nothing was written; ThreadSanitizer's mmap interceptor
+// would record a write over the whole range, racing every other thread's use
+// of the objects that share those pages (the heap's neighbours of a buffer).
+void* map_over(uint64_t at, uint64_t length, int fd, uint64_t offset) {
+  return reinterpret_cast<void*>(::syscall(SYS_mmap, at, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+                                           offset));
+}
+
+void* move_over(void* from, uint64_t length, uint64_t at) {
+  return reinterpret_cast<void*>(
+      ::syscall(SYS_mremap, from, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, at));
+}
+
 // Whether [begin, end) is still mapped from the file with inode `inode`: the
 // application may have unmapped or replaced a registered range.
 bool mapped_from(uint64_t begin, uint64_t end, ino_t inode) {
@@ -108,7 +122,7 @@ void MemoryBacking::after_fork_in_parent() {
 void MemoryBacking::after_fork_in_child() {
   MemoryBacking& self = process();
   for (const Snapshot& s : self.snapshots_)
-    ::mremap(s.copy, s.length, s.length, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s.begin));
+    move_over(s.copy, s.length, s.begin);
   self.snapshots_.clear();
   // The child registered nothing: it starts without a file.
   if (self.fd_ >= 0) ::close(self.fd_);
@@ -184,8 +198,7 @@ Result<void> MemoryBacking::move_in_locked(uint64_t begin, uint64_t end, uint64_
     auto copied = file_io(SYS_pwrite64, fd_, at, length, file_at);
     void* mapped = MAP_FAILED;
     if (copied)
-      mapped = ::mmap(reinterpret_cast<void*>(at), length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
-                      static_cast<off_t>(file_at));
+      mapped = map_over(at, length, fd_, file_at);
     const int err = errno;
     if (mapped == MAP_FAILED) {
       // This piece's old pages are still there, whole: make them writable
@@ -216,7 +229,7 @@ void MemoryBacking::move_out_locked(uint64_t begin, uint64_t end, uint64_t offse
     auto copied = file_io(SYS_pread64, fd_, reinterpret_cast<uint64_t>(fresh), length, offset + (at - begin));
     void* moved = MAP_FAILED;
     if (copied)
-      moved = ::mremap(fresh, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(at));
+      moved = move_over(fresh, length, at);
     if (moved == MAP_FAILED) {
       ::mprotect(reinterpret_cast<void*>(at), length, PROT_READ | PROT_WRITE);
       ::munmap(fresh, length);
