@@ -222,12 +222,6 @@ TEST(MemoryBacking, AnUnmappedRangeIsFreedWithoutMappingAnythingThere) {
 // slot (count % its slot number): the last count each slot should hold
 // follows from the thread's final count.
 TEST(MemoryBacking, NoConcurrentStoreIsLostWhilePagesMove) {
-#if defined(__SANITIZE_THREAD__)
-  // What orders these stores against the move is the page protection (the
-  // kernel), which ThreadSanitizer does not see: it reports the stores it
-  // was built to race with the remapping. The release and ASan runs keep it.
-  GTEST_SKIP() << "the stores race the remapping by design; ThreadSanitizer cannot see the guard";
-#endif
   constexpr size_t kThreads = 3;
   constexpr size_t kSlotsPerThread = 3000;
   Pages pages((kThreads * kSlotsPerThread * sizeof(uint64_t) + kPage - 1) / kPage);
