@@ -89,13 +89,51 @@ inline constexpr std::array<CounterInfo, kCounterCount> kCounterInfo = {{
 
 constexpr const CounterInfo& info(Counter c) { return kCounterInfo[static_cast<std::size_t>(c)]; }
 
+// The counters that initiators of other processes bump in a target's set
+// on the shm link (they execute the responder there); the QP's owner bumps
+// the others.
+constexpr bool bumped_by_initiators(Counter c) {
+  switch (c) {
+    case Counter::kRdmaRecvs:
+    case Counter::kDuplicateRequest:
+    case Counter::kOutOfSeqRequest:
+    case Counter::kSentSeqNak:
+    case Counter::kSendRnrErr:
+    case Counter::kSentNakInvalidRequest:
+    case Counter::kSentNakRemoteAccess:
+    case Counter::kSentNakRemoteOperation:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Where each counter sits in a set. The two writers' counters live on
+// different cache lines: with kRdmaSends (the owner's, at every SEND it
+// posts) next to kRdmaRecvs (its peer's, at every SEND it executes here), a
+// ping-pong of SENDs moved that line between the two cores at every message.
+inline constexpr std::size_t kInitiatorSlots = 8;
+inline constexpr std::size_t kOwnerSlots = 24;
+inline constexpr std::size_t kCounterSlots = kOwnerSlots + kInitiatorSlots;
+inline constexpr std::array<uint8_t, kCounterCount> kCounterSlot = [] {
+  std::array<uint8_t, kCounterCount> slot{};
+  std::size_t owner = 0, initiator = kOwnerSlots;
+  for (std::size_t c = 0; c < kCounterCount; ++c)
+    slot[c] = static_cast<uint8_t>(bumped_by_initiators(static_cast<Counter>(c)) ? initiator++ : owner++);
+  if (owner > kOwnerSlots || initiator > kCounterSlots) throw "counter slots overflow";  // not constant: a compile error
+  return slot;
+}();
+
 // A set of counters in shared memory (zeroed memory is a valid, all-zero set).
 struct alignas(64) Counters {
-  std::atomic<uint64_t> value[kCounterCount];
+  std::atomic<uint64_t> slots[kCounterSlots];
 
-  void add(Counter c, uint64_t n = 1) { value[static_cast<std::size_t>(c)].fetch_add(n, std::memory_order_relaxed); }
-  uint64_t get(Counter c) const { return value[static_cast<std::size_t>(c)].load(std::memory_order_relaxed); }
+  std::atomic<uint64_t>& at(Counter c) { return slots[kCounterSlot[static_cast<std::size_t>(c)]]; }
+  const std::atomic<uint64_t>& at(Counter c) const { return slots[kCounterSlot[static_cast<std::size_t>(c)]]; }
+  void add(Counter c, uint64_t n = 1) { at(c).fetch_add(n, std::memory_order_relaxed); }
+  uint64_t get(Counter c) const { return at(c).load(std::memory_order_relaxed); }
 };
+static_assert(kOwnerSlots * sizeof(uint64_t) % 64 == 0, "the initiators' counters start a cache line");
 
 // Where one QP's events are counted: its own set and its port's (either may
 // be absent: unit tests, or a packet not yet tied to a QP).

@@ -18,8 +18,9 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 6;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
-                                  // 6: shared registered memory
+constexpr uint32_t kVersion = 7;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
+                                  // 6: shared registered memory; 7: counters by writer, QP
+                                  // destruction fenced by the access slots
 
 uint64_t now_ns() {
   timespec ts;
@@ -109,9 +110,9 @@ void HostRegistry::release_process_objects_locked(uint32_t proc) {
   uint32_t agent = proc + 1;
   layout_->gsi_agent.compare_exchange_strong(agent, 0, std::memory_order_acq_rel);
   // Its counts stay in the port's totals; the next process starts from zero.
-  for (size_t c = 0; c < kCounterCount; ++c) {
-    const uint64_t n = layout_->process_counters[proc].value[c].exchange(0, std::memory_order_relaxed);
-    layout_->retired_counters.value[c].fetch_add(n, std::memory_order_relaxed);
+  for (size_t i = 0; i < kCounterSlots; ++i) {
+    const uint64_t n = layout_->process_counters[proc].slots[i].exchange(0, std::memory_order_relaxed);
+    layout_->retired_counters.slots[i].fetch_add(n, std::memory_order_relaxed);
   }
   // A dead process's accesses ended with it.
   for (auto& slot : layout_->accesses[proc].slots) {
@@ -131,10 +132,9 @@ void HostRegistry::release_process_objects_locked(uint32_t proc) {
 
 std::array<uint64_t, kCounterCount> HostRegistry::port_counters() const {
   std::array<uint64_t, kCounterCount> total{};
-  for (size_t c = 0; c < kCounterCount; ++c) total[c] = layout_->retired_counters.value[c].load(std::memory_order_relaxed);
+  for (size_t c = 0; c < kCounterCount; ++c) total[c] = layout_->retired_counters.get(static_cast<Counter>(c));
   for (uint32_t p = 0; p < kMaxProcs; ++p)
-    for (size_t c = 0; c < kCounterCount; ++c)
-      total[c] += layout_->process_counters[p].value[c].load(std::memory_order_relaxed);
+    for (size_t c = 0; c < kCounterCount; ++c) total[c] += layout_->process_counters[p].get(static_cast<Counter>(c));
   return total;
 }
 

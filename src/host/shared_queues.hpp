@@ -77,6 +77,11 @@ struct CqRing {
   uint32_t capacity;  // power of two
   uint32_t pad;
   alignas(64) std::atomic<uint64_t> head;  // producer reservations; kClosed once replaced
+  // A value `tail` had, written by producers only: while head is less than
+  // a ring ahead of it, a producer need not read `tail`, whose line the
+  // consumer writes at every poll (a cache miss per completion otherwise).
+  // Never above the real tail, so it can only make a producer look again.
+  std::atomic<uint64_t> tail_seen;
   alignas(64) std::atomic<uint64_t> tail;  // consumer position
   alignas(64) CqSlot slots[];
 
@@ -139,12 +144,18 @@ struct SharedCq {
         // tail before head: tail never passes head, so h - t cannot underflow
         // (with a stale h read first, a preempted producer saw a huge
         // difference and declared a spurious overrun).
-        const uint64_t t = ring->tail.load(std::memory_order_acquire);
+        uint64_t t = ring->tail_seen.load(std::memory_order_relaxed);
         h = ring->head.load(std::memory_order_acquire);
         if (h & CqRing::kClosed) break;
-        if (h - t >= ring->capacity && h - ring->tail.load(std::memory_order_acquire) >= ring->capacity) {
-          overrun.store(1, std::memory_order_relaxed);
-          return Push::kOverrun;
+        if (h - t >= ring->capacity) {
+          t = ring->tail.load(std::memory_order_acquire);
+          h = ring->head.load(std::memory_order_acquire);
+          if (h & CqRing::kClosed) break;
+          if (h - t >= ring->capacity && h - ring->tail.load(std::memory_order_acquire) >= ring->capacity) {
+            overrun.store(1, std::memory_order_relaxed);
+            return Push::kOverrun;
+          }
+          ring->tail_seen.store(t, std::memory_order_relaxed);
         }
         if (ring->head.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
           reserved = true;
@@ -263,7 +274,7 @@ struct SharedRq {
 // The responder-visible state of a QP.
 struct SharedQp {
   std::atomic<uint32_t> state;    // ibv_qp_state; kDestroyed once gone
-  std::atomic<uint32_t> users;    // initiators operating on it right now
+  uint32_t pad0;
   uint32_t qpn;
   uint32_t qp_type;               // ibv_qp_type
   uint32_t owner_proc;

@@ -431,6 +431,67 @@ TEST(DeregFenceThreads, WriterThreadStopsAtDereg) {
   drain_async_events(dev.ctx);
 }
 
+// The same race against ibv_destroy_qp: a thread keeps sending to QP b, whose
+// receives are all posted, while the main thread destroys b and at once
+// creates a QP (and its receive queue) in the memory b's shared state and
+// queue just gave back. The sender must never reach b once destroy
+// returned: none of the new QP's receives is consumed, its CQ stays empty,
+// and the sender's operations end in RETRY_EXC_ERR (nobody answers). Under
+// TSan a sender still writing into b's old memory would also race with the
+// new QP's initialisation.
+TEST(DestroyFenceThreads, SenderThreadNeverReachesADestroyedQp) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.timeout = 8;  // 1 ms: the sender gives up soon after b is gone
+  cfg.retry_cnt = 1;
+  QpPair pair(dev, cfg);
+  ASSERT_TRUE(pair.ok());
+  constexpr uint32_t kLen = 64;
+  Buffer src(dev.pd, kLen, Buffer::kAllAccess, kWritten);
+  Buffer landing(dev.pd, 64 * kLen, Buffer::kAllAccess, 0);
+  for (uint32_t i = 0; i < cfg.max_recv_wr; ++i) {
+    ibv_sge rsge = landing.sge(0, kLen);
+    ASSERT_EQ(post_recv(pair.b, i, &rsge, 1), 0);
+  }
+  std::atomic<int> completed{0};
+  std::atomic<int> last_status{-1};
+  std::thread sender([&] {
+    ibv_sge sge = src.sge(0, kLen);
+    for (int i = 0; i < 1000000; ++i) {
+      ibv_send_wr wr = make_wr(static_cast<uint64_t>(i), IBV_WR_SEND, &sge, 1);
+      if (post_send(pair.a, wr) != 0) return;
+      ibv_wc wc{};
+      if (!poll_one(pair.a_send_cq, &wc)) return;
+      last_status = wc.status;
+      if (wc.status != IBV_WC_SUCCESS) return;
+      ++completed;
+    }
+  });
+  const auto until = Clock::now() + kDeadline;
+  while (completed.load() < 10 && Clock::now() < until) std::this_thread::yield();
+  ASSERT_GE(completed.load(), 10) << "the sender did not get going";
+  pair.destroy_b();
+  // A new QP on b's CQs, in the memory b gave back, as receptive as it can
+  // be: receives posted, connected to the sender's QPN.
+  ibv_qp* reborn = create_qp(dev.pd, pair.b_send_cq, pair.b_recv_cq, cfg);
+  ASSERT_NE(reborn, nullptr);
+  ASSERT_EQ(bring_up(reborn, pair.a->qp_num, dev.gid, cfg), 0);
+  Buffer fresh(dev.pd, kLen, Buffer::kAllAccess, kReused);
+  for (uint64_t i = 0; i < 8; ++i) {
+    ibv_sge rsge = fresh.sge(0, kLen);
+    ASSERT_EQ(post_recv(reborn, 1000 + i, &rsge, 1), 0);
+  }
+  sender.join();
+  EXPECT_EQ(last_status.load(), IBV_WC_RETRY_EXC_ERR) << "the sender's first SEND after destroy";
+  EXPECT_EQ(first_not(fresh.span(0, kLen), kReused), -1) << "a SEND reached the QP created after destroy";
+  // b's own receives were flushed or consumed; none may be the new QP's.
+  ibv_wc wc{};
+  while (ibv_poll_cq(pair.b_recv_cq, 1, &wc) == 1) EXPECT_LT(wc.wr_id, 1000u) << "a receive of the new QP completed";
+  drain_async_events(dev.ctx);
+  EXPECT_EQ(ibv_destroy_qp(reborn), 0);
+}
+
 // ---------------------------------------------------------------------------
 // A stale connection does not reach a new QP that took its peer's QPN. QPNs
 // come back after some 65,000 creations; on RoCE the responder's PSN check

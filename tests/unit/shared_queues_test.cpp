@@ -77,6 +77,29 @@ TEST(SharedCq, OverrunIsStickyAndKeepsEarlierEntries) {
   EXPECT_EQ(cq.push(cqe_with(100)), SharedCq::Push::kOverrun);
 }
 
+// Producers keep the consumer's position they last read (tail_seen) and
+// read the real one only when that says the ring is full: a stale copy
+// must neither refuse a push that has room nor let one overwrite an
+// unpolled completion.
+TEST(SharedCq, ACachedConsumerPositionNeitherRefusesRoomNorHidesAnOverrun) {
+  TestCq cq(4);
+  Cqe out;
+  for (uint64_t round = 0; round < 3; ++round) {
+    for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(cq.push(cqe_with(round * 10 + i)), SharedCq::Push::kOk);
+    for (uint64_t i = 0; i < 4; ++i) {
+      ASSERT_TRUE(cq.pop(out));
+      ASSERT_EQ(out.wr_id, round * 10 + i);
+    }
+  }
+  EXPECT_LT(cq.ring()->tail_seen.load(), cq.ring()->tail.load()) << "the cached position lags the consumer";
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(cq.push(cqe_with(100 + i)), SharedCq::Push::kOk);
+  EXPECT_EQ(cq.push(cqe_with(199)), SharedCq::Push::kOverrun);
+  for (uint64_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(cq.pop(out));
+    EXPECT_EQ(out.wr_id, 100 + i);
+  }
+}
+
 TEST(SharedCq, ArmedForNextFiresOnceThenDisarms) {
   TestCq cq(8);
   EXPECT_EQ(cq.push(cqe_with(1)), SharedCq::Push::kOk);  // not armed

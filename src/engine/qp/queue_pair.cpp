@@ -158,13 +158,16 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
 
 QueuePair::~QueuePair() {
   Node& node = node_;
-  // Unpublish first, then wait for initiators working on us to leave.
+  // Unpublish first, then wait for initiators working on us to leave: an
+  // initiator checks the state only inside its access announcement
+  // (shm::still_there), so once the fence has passed every announcement
+  // made before the store, no initiator touches this QP's shared state or
+  // queues again, and the segment may hand their memory to another object.
   if (shared_ != nullptr && qpn_ != 0) {
-    shared_->state.store(host::SharedQp::kDestroyed, std::memory_order_release);
+    shared_->state.store(host::SharedQp::kDestroyed, std::memory_order_seq_cst);
     node.registry().release_qpn(qpn_);
     node.forget_multicast(qpn_);
-    const uint64_t deadline = monotonic_ns() + 100'000'000;
-    while (shared_->users.load(std::memory_order_acquire) != 0 && monotonic_ns() < deadline) __builtin_ia32_pause();
+    node.registry().fence_accesses(node.proc());
   }
   // Leave the object table first: remove() waits out a timer run that is
   // progressing us right now, and after it no timer can reach us and park us

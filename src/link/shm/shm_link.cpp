@@ -23,31 +23,35 @@ class ShmChannel final : public link::Channel {
   }
 
   transport::Response deliver(const transport::Request& request, uint32_t) override {
-    if (target_.qp == nullptr || target_.qp->qpn != dest_qpn_ ||
-        target_.qp->state.load(std::memory_order_acquire) == host::SharedQp::kDestroyed) {
-      target_ = TargetQp{};
-      if (!resolve(host_, dest_qpn_, target_)) {
+    // The QP we hold may have been destroyed since (its QPN then names
+    // another QP, or none): resolve again, once.
+    for (bool again = true;; again = false) {
+      if (target_.qp == nullptr && !resolve(host_, dest_qpn_, target_)) {
         target_ = TargetQp{};
         return transport::Response{transport::Syndrome::silence(), 0};
       }
+      MemoryAccess access(host_, target_.proc);
+      if (!still_there(target_)) {
+        target_ = TargetQp{};
+        if (again) continue;
+        return transport::Response{transport::Syndrome::silence(), 0};
+      }
+      // A QP that took over the QPN of the one we were connected to is not
+      // our peer: like a responder that drops packets of a PSN it does not
+      // expect, it answers nothing, and an RC requester ends in RETRY_EXC_ERR.
+      const uint64_t incarnation = target_.qp->incarnation.load(std::memory_order_relaxed);
+      if (peer_incarnation_ == 0) {
+        peer_incarnation_ = incarnation;
+      } else if (incarnation != peer_incarnation_) {
+        return transport::Response{transport::Syndrome::silence(), 0};
+      }
+      ShmResponderPort port(host_, target_);
+      const transport::Response response = transport::respond(request, port, reliable_);
+      transport::count_sent_answer(
+          CounterSink(&target_.qp->counters, &host_.registry().process_counters(target_.proc)),
+          response.syndrome.answer);
+      return response;
     }
-    TargetUse use(target_.qp);
-    // A QP that took over the QPN of the one we were connected to is not our
-    // peer: like a responder that drops packets of a PSN it does not expect,
-    // it answers nothing, and an RC requester ends in RETRY_EXC_ERR.
-    const uint64_t incarnation = target_.qp->incarnation.load(std::memory_order_relaxed);
-    if (peer_incarnation_ == 0) {
-      peer_incarnation_ = incarnation;
-    } else if (incarnation != peer_incarnation_) {
-      return transport::Response{transport::Syndrome::silence(), 0};
-    }
-    MemoryAccess access(host_, target_.proc);
-    ShmResponderPort port(host_, target_);
-    const transport::Response response = transport::respond(request, port, reliable_);
-    transport::count_sent_answer(
-        CounterSink(&target_.qp->counters, &host_.registry().process_counters(target_.proc)),
-        response.syndrome.answer);
-    return response;
   }
 
  private:
@@ -88,8 +92,8 @@ class ShmLink final : public link::Link {
   void deliver(uint32_t qpn, const transport::Request& request, const unsigned char* grh) {
     TargetQp target;
     if (!resolve(host_, qpn, target)) return;
-    TargetUse use(target.qp);
     MemoryAccess access(host_, target.proc);
+    if (!still_there(target)) return;  // destroyed meanwhile: the datagram is lost, as UD allows
     ShmResponderPort port(host_, target);
     transport::respond_datagram(request, std::span<const unsigned char>(grh, wire::kUdGrhBytes), port);
   }

@@ -16,7 +16,7 @@ namespace softhca::shm {
 
 class ShmResponderPort final : public transport::ResponderPort {
  public:
-  // The caller holds a TargetUse and a MemoryAccess for `target`.
+  // The caller holds a MemoryAccess for `target`, and found it still_there.
   ShmResponderPort(host::Attachment& host, TargetQp& target) : host_(host), target_(target) {}
 
   transport::ResponderQp qp() override;

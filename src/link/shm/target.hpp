@@ -26,21 +26,24 @@ struct TargetQp {
 // Finds QP `qpn` anywhere on the host; false if it does not exist or cannot be reached.
 bool resolve(host::Attachment& host, uint32_t qpn, TargetQp& out);
 
-// Holds a target QP against destruction while an initiator works on it.
-class TargetUse {
- public:
-  explicit TargetUse(host::SharedQp* qp) : qp_(qp) { qp_->users.fetch_add(1, std::memory_order_acq_rel); }
-  ~TargetUse() { qp_->users.fetch_sub(1, std::memory_order_release); }
-  TargetUse(const TargetUse&) = delete;
-  TargetUse& operator=(const TargetUse&) = delete;
+// Whether `target` is still the QP it was resolved as: not destroyed, its
+// memory not handed to another QP. Asked only under a MemoryAccess to the
+// target's process, whose fence a destroyer waits out after it marks the QP
+// destroyed (QueuePair's destructor): either this sees kDestroyed, or the
+// destroyer waits until this access ends before the memory can be reused.
+inline bool still_there(const TargetQp& target) {
+  return target.qp->qpn == target.qpn &&
+         target.qp->state.load(std::memory_order_seq_cst) != host::SharedQp::kDestroyed;
+}
 
- private:
-  host::SharedQp* qp_;
-};
-
-// Announces that this thread is about to reach registered memory of the
-// target's process (HostRegistry::begin_access): a deregistration there
-// waits for it to end. Keys are validated only after this.
+// Announces that this thread is about to reach the target's process: its
+// registered memory and its QPs' shared state (HostRegistry::begin_access).
+// A deregistration or a QP destruction there waits for it to end, so keys
+// and the target QP (still_there) are validated only after this. One
+// announcement in this process's own slots, on no line the target writes:
+// a reference count on the target QP cost two read-modify-writes of a line
+// its owner reads at every post (the QP's state), a cache-line round trip
+// each way per operation.
 class MemoryAccess {
  public:
   MemoryAccess(host::Attachment& host, uint32_t target_proc)

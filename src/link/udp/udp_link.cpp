@@ -970,8 +970,8 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
                     state->config.hop_limit, state->counters);
       shm::TargetQp self;
       if (!shm::resolve(host_, state->config.local_qpn, self) || self.proc != host_.proc()) return;
-      shm::TargetUse use(self.qp);
       shm::MemoryAccess access(host_, self.proc);
+      if (!shm::still_there(self)) return;
       shm::ShmResponderPort port(host_, self);
       state->responder.on_request(packet, port, sink);
     }
@@ -1088,11 +1088,11 @@ void UdpLink::change_membership(const uint8_t* mgid, uint32_t ifindex, int by) {
 }
 
 void UdpLink::deliver_datagram(const wire::ParsedPacket& packet, const Received& from, shm::TargetQp& target) {
+  shm::MemoryAccess access(host_, target.proc);
+  if (!shm::still_there(target)) return;
   const CounterSink counters(&target.qp->counters, port_counters());
   counters.add(Counter::kRcvdPkts);
   counters.add(Counter::kRcvdBytes, from.length);
-  shm::TargetUse use(target.qp);
-  shm::MemoryAccess access(host_, target.proc);
   shm::ShmResponderPort port(host_, target);
   transport::Request r;
   r.op = packet.headers.immdt ? transport::Operation::kSendWithImm : transport::Operation::kSend;
