@@ -69,3 +69,44 @@ install(FILES ${CMAKE_SOURCE_DIR}/README.md ${CMAKE_SOURCE_DIR}/LICENSE
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
         FILES_MATCHING PATTERN "*.md")
 
+# ---- the .deb: `cpack -G DEB` in the build directory ------------------------------
+# Everything under /usr, so the private directory is /usr/lib/softhca and
+# /usr/bin/softhca finds it (configuring with CMAKE_INSTALL_PREFIX=/usr makes
+# both multiarch: /usr/lib/x86_64-linux-gnu/softhca).
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME softhca)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+    "software RDMA device behind the libibverbs and librdmacm ABI of rdma-core 44")
+string(CONCAT CPACK_PACKAGE_DESCRIPTION
+  "softhca is a user-space RDMA HCA: its own libibverbs.so.1 and librdmacm.so.1, with\n"
+  "the exported ABI of rdma-core 44, so that unmodified verbs and rdma_cm programs\n"
+  "(ibverbs-utils, rdmacm-utils, perftest, your own) run on a machine without an\n"
+  "RDMA NIC. Processes of one host talk through shared memory, other hosts through\n"
+  "RoCEv2 over UDP.\n"
+  "The libraries live in ${CPACK_PACKAGING_INSTALL_PREFIX}/${SOFTHCA_INSTALL_PRIVATE_LIBDIR} and replace rdma-core's only\n"
+  "for the programs started with `softhca run PROGRAM`. The package also holds\n"
+  "the header-only C++ API (pkg-config softhca, CMake find_package(softhca)).")
+set(SOFTHCA_PACKAGE_MAINTAINER "softhca maintainers <maintainers@users.noreply.a-seed-7c93d7b6.example>"
+    CACHE STRING "the Maintainer field of the .deb")
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${SOFTHCA_PACKAGE_MAINTAINER}")
+set(CPACK_DEBIAN_PACKAGE_SECTION net)
+# softhca_<version>_<arch>.deb, as dpkg names packages.
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+# dpkg-shlibdeps (dpkg-dev) derives Depends from what the binaries link
+# (libc6, libstdc++6, libpcap0.8, libisal2, ...). It follows the $ORIGIN
+# RUNPATHs above to the packaged libibverbs.so.1, so rdma-core's libibverbs1
+# is not made a dependency: nothing here uses it.
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# The C++ API's headers and pkg-config file need rdma-core's; the programs
+# worth running on softhca come from the utils packages.
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libibverbs-dev, librdmacm-dev")
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "ibverbs-utils, rdmacm-utils, perftest")
+# Without debug info: the default RelWithDebInfo build would make the
+# package several times larger.
+set(CPACK_STRIP_FILES ON)
+# CPack also adds postinst/postrm scripts that run ldconfig, because the
+# libraries lie below /usr/lib; harmless, since ldconfig does not look into
+# the private directory.
+include(CPack)

@@ -20,6 +20,7 @@ packages=(
   iproute2 procps                       # ss (readiness polling), ps/kill
   gdb                                   # stacks of a timed-out peer in the harness
   pkg-config                            # install.find_package_and_pkg_config builds with softhca.pc
+  dpkg-dev                              # dpkg-shlibdeps: the .deb's Depends (cpack -G DEB)
 )
 
 missing=()
