@@ -19,6 +19,8 @@ packages=(
   python3 python3-pyverbs
   iproute2 procps                       # ss (readiness polling), ps/kill
   gdb                                   # stacks of a timed-out peer in the harness
+  pkg-config                            # install.find_package_and_pkg_config builds with softhca.pc
+  dpkg-dev                              # dpkg-shlibdeps: the .deb's Depends (cpack -G DEB)
 )
 
 missing=()

@@ -34,8 +34,9 @@ extern const Command kInfoCommand;
 // stat.cpp
 extern const Command kStatCommand;
 
-// run.cpp: the library directory `softhca run` uses without --libdir:
-// <directory of this executable>/../lib, i.e. build/lib for build/bin/softhca.
+// libdir.cpp: the library directory `softhca run` uses without --libdir:
+// build/lib for build/bin/softhca, <prefix>/lib/softhca for an installed
+// <prefix>/bin/softhca.
 std::expected<std::filesystem::path, std::string> default_libdir();
 
 // True for -h and --help.

@@ -16,24 +16,9 @@
 
 #include "commands.hpp"
 
-#ifndef SOFTHCA_LIBDIR_RELATIVE
-#define SOFTHCA_LIBDIR_RELATIVE "../lib"
-#endif
-
 namespace softhca::tool {
 
 namespace fs = std::filesystem;
-
-// SOFTHCA_LIBDIR_RELATIVE comes from the build, which puts the tool in bin/
-// and the libraries in lib/.
-std::expected<fs::path, std::string> default_libdir() {
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) {
-    return std::unexpected("cannot resolve /proc/self/exe: " + ec.message());
-  }
-  return (exe.parent_path() / SOFTHCA_LIBDIR_RELATIVE).lexically_normal();
-}
 
 namespace {
 
@@ -46,7 +31,7 @@ std::expected<void, std::string> check_libdir(const fs::path& dir) {
   }
   if (!fs::exists(dir / kVerbsLibrary, ec)) {
     return std::unexpected("no " + std::string(kVerbsLibrary) + " in " + dir.string() +
-                           " (build softhca first, or pass --libdir)");
+                           " (build or install softhca first, or pass --libdir)");
   }
   return {};
 }
@@ -143,7 +128,9 @@ const Command kRunCommand = {
         "PROGRAM is looked up in PATH; softhca replaces itself with it (exec).\n"
         "\n"
         "options:\n"
-        "  --libdir DIR   use DIR instead of <dir of softhca>/" SOFTHCA_LIBDIR_RELATIVE "\n"
+        "  --libdir DIR   use DIR instead of softhca's own library directory\n"
+        "                 (`softhca info` shows it: <dir of softhca>/../lib in a\n"
+        "                 build tree, <prefix>/lib/softhca once installed)\n"
         "  -v, --verbose  print the LD_LIBRARY_PATH being used\n"
         "  --             end of softhca's options (needed before a PROGRAM that\n"
         "                 starts with '-')\n"
