@@ -1,6 +1,7 @@
 // softhca: the command-line tool of the software RDMA HCA.
 //
 //   softhca run [--] PROGRAM ARGS...   run a program on softhca
+//   softhca shell [-c COMMAND]         a shell whose programs run on softhca
 //   softhca devices [NAME]             list devices, ports and GIDs
 //   softhca info [-c]                  version, directories; -c: every setting
 //   softhca stat [-a] [--port|--qp N]  counters of the port and of each QP
@@ -18,7 +19,8 @@ bool is_help_flag(std::string_view arg) { return arg == "-h" || arg == "--help";
 
 namespace {
 
-constexpr std::array kCommands = {&kRunCommand, &kDevicesCommand, &kInfoCommand, &kStatCommand};
+constexpr std::array kCommands = {&kRunCommand,  &kShellCommand, &kDevicesCommand,
+                                   &kInfoCommand, &kStatCommand};
 
 const Command* find_command(std::string_view name) {
   for (const Command* command : kCommands) {
