@@ -228,6 +228,7 @@ class MountBuilder {
       if (auto ok = cover(parent, flags); !ok) return ok;
     }
     if (::mkdir(dir.c_str(), 0755) != 0) return std::unexpected(errno_text("mkdir " + dir, errno));
+    ours_.push_back(dir);
     return {};
   }
 
@@ -254,9 +255,12 @@ class MountBuilder {
   }
 
  private:
+  // A directory we may write into: one of our tmpfs mounts or a directory
+  // made in one (not an entry bound back into a covering tmpfs: that is the
+  // real directory).
   bool is_ours(const std::string& dir) const {
-    for (const auto& [mounted, flags] : tmpfs_) {
-      if (dir == mounted || dir.starts_with(mounted + "/")) return true;
+    for (const std::string& mine : ours_) {
+      if (dir == mine) return true;
     }
     return false;
   }
@@ -269,6 +273,7 @@ class MountBuilder {
     }
     mounted_.push_back(dir);
     tmpfs_.emplace_back(dir, flags);
+    ours_.push_back(dir);
     return {};
   }
 
@@ -351,6 +356,7 @@ class MountBuilder {
 
   std::vector<std::string> mounted_;                            // top-level mounts, in order
   std::vector<std::pair<std::string, unsigned long>> tmpfs_;    // our tmpfs mounts and their flags
+  std::vector<std::string> ours_;                               // see is_ours
   bool committed_ = false;
 };
 

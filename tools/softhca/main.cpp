@@ -48,8 +48,8 @@ void print_overview(std::FILE* out) {
   std::fputs(
       "  help       show this text, or `softhca help COMMAND` for one command\n"
       "\n"
-      "exit status: 0 success, 1 failure, 2 usage error; `run` returns the\n"
-      "program's status (126/127 when it cannot be executed or found).\n",
+      "exit status: 0 success, 1 failure, 2 usage error; `run` and `shell` return\n"
+      "the program's status (126/127 when it cannot be executed or found).\n",
       out);
 }
 
