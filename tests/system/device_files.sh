@@ -33,6 +33,16 @@ check() {  # check DESCRIPTION CMD...
   if "$@"; then pass "$what"; else fail "$what"; fi
 }
 
+# names DIR [EXCLUDED...]: the names of DIR's entries, sorted, less EXCLUDED.
+names() {
+  local dir=$1 name
+  shift
+  find "$dir" -mindepth 1 -maxdepth 1 -printf '%f\n' | while IFS= read -r name; do
+    for excluded in "$@"; do [[ $name == "$excluded" ]] && continue 2; done
+    echo "$name"
+  done | sort
+}
+
 # ---- inside: run by `softhca run -- bash device_files.sh --inside EXPECTED_DIR` ----
 if [[ ${1:-} == --inside ]]; then
   expected=$2
@@ -47,10 +57,12 @@ if [[ ${1:-} == --inside ]]; then
     fi
   done
   # Everything else of /dev and /sys/class is still there.
-  diff <(cat "$expected/dev.list") <(ls -A /dev | grep -vx infiniband | sort) >/dev/null ||
-    in_fail "/dev differs from the host's: $(diff "$expected/dev.list" <(ls -A /dev | grep -vx infiniband | sort) | head -5)"
-  diff <(cat "$expected/class.list") <(ls -A /sys/class | grep -vx -e infiniband -e infiniband_verbs | sort) >/dev/null ||
-    in_fail "/sys/class differs from the host's"
+  if ! difference=$(diff "$expected/dev.list" <(names /dev infiniband)); then
+    in_fail "/dev differs from the host's: $(head -5 <<<"$difference")"
+  fi
+  if ! difference=$(diff "$expected/class.list" <(names /sys/class infiniband infiniband_verbs)); then
+    in_fail "/sys/class differs from the host's: $(head -5 <<<"$difference")"
+  fi
   [[ $(stat -c %d:%i /dev/shm) == "$(cat "$expected/shm.id")" ]] ||
     in_fail "/dev/shm is not the host's file system"
   [[ -e /dev/null && -d /dev/pts && -e /sys/class/net/lo ]] || in_fail "/dev/null, /dev/pts or /sys/class/net/lo missing"
@@ -106,16 +118,16 @@ trap cleanup EXIT
 
 # What the host shows of /dev and /sys, to compare before, during and after.
 host_view() {
-  echo "== /dev"; ls -A /dev | sort
+  echo "== /dev"; names /dev
   echo "== /dev/infiniband"; ls -lA /dev/infiniband 2>&1
-  echo "== /sys/class"; ls -A /sys/class | sort
+  echo "== /sys/class"; names /sys/class
   echo "== /sys/class/infiniband"; ls -A /sys/class/infiniband 2>&1
   echo "== /sys/class/infiniband_verbs"; ls -A /sys/class/infiniband_verbs 2>&1
   echo "== mounts"; awk '$5 ~ "^/(dev|sys)(/|$)" { print $5, $9 }' /proc/self/mountinfo | sort
 }
 host_view >"$tmp/before"
-ls -A /dev | grep -vx infiniband | sort >"$tmp/dev.list"
-ls -A /sys/class | grep -vx -e infiniband -e infiniband_verbs | sort >"$tmp/class.list"
+names /dev infiniband >"$tmp/dev.list"
+names /sys/class infiniband infiniband_verbs >"$tmp/class.list"
 stat -c %d:%i /dev/shm >"$tmp/shm.id"
 
 # inside AS_USER_PREFIX...: the checks inside `softhca run`, as root or as
@@ -129,9 +141,14 @@ inside() {
   check "$label: inside checks (exit $rc)" test "$rc" -eq 0
 }
 
-# 1. As root: a mount namespace alone.
-inside root env SOFTHCA_RUNTIME_DIR="$tmp/run-root"
-check "root: a private mount namespace (no user namespace)" grep -q "softhca run: private mount namespace:" "$tmp/root.log"
+# 1. As ourselves: as root a mount namespace alone, otherwise a user namespace too.
+inside self env SOFTHCA_RUNTIME_DIR="$tmp/run-self"
+if [[ $(id -u) == 0 ]]; then
+  check "root: a private mount namespace (no user namespace)" grep -q "softhca run: private mount namespace:" "$tmp/self.log"
+else
+  check "$(id -un): private user and mount namespaces" \
+    grep -q "softhca run: private user and mount namespaces:" "$tmp/self.log"
+fi
 
 # 2. Unprivileged: a user namespace maps us to ourselves.
 if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null &&
@@ -166,9 +183,11 @@ held=""
 # 4. Namespaces impossible: in a user namespace where our uid is not mapped
 # we hold no capability and may not create a nested user namespace.
 if unshare --user true 2>/dev/null; then
-  out=$(timeout 30 unshare --user "$tool" run -- sh -c 'echo ran; test -e /dev/infiniband/uverbs0 || echo no-device' 2>&1)
+  timeout 30 unshare --user "$tool" run -- sh -c 'echo ran; test -e /dev/infiniband/uverbs0 || echo no-device' \
+    >"$tmp/unmapped.log" 2>&1
   rc=$?
-  echo "$out" | sed 's/^/[unmapped] /'
+  sed 's/^/[unmapped] /' "$tmp/unmapped.log"
+  out=$(<"$tmp/unmapped.log")
   check "unmapped: the program ran (exit $rc)" test "$rc" -eq 0
   check "unmapped: exactly one warning line" test "$(grep -c 'warning: ' <<<"$out")" -eq 1
   check "unmapped: the warning says why and what" \
@@ -188,6 +207,7 @@ out=$(timeout 30 "$tool" run --no-devices -- sh -c 'readlink /proc/self/ns/mnt' 
 check "--no-devices: the host's mount namespace, no warning" test "$out" == "$(readlink /proc/self/ns/mnt)"
 
 # 6. softhca shell -c: the same setting.
+# shellcheck disable=SC2016  # expanded by the shell inside
 out=$(SHELL=/bin/bash timeout 30 "$tool" shell -c \
   'test -c /dev/infiniband/uverbs0 && cat /sys/class/infiniband/softhca0/ports/1/state && echo "$LD_LIBRARY_PATH"' 2>&1)
 check "shell -c: device files and state ($out)" grep -qx "4: ACTIVE" <<<"$out"

@@ -40,9 +40,9 @@ bash "$harness" --name "$name" --timeout 90 \
   --reject "softhca run: warning" --reject "UCX  ERROR"
 rc=$?
 
-stat=$("$tool" stat --port 2>&1)
-echo "$stat" | sed "s/^/[$name stat] /"
-sends=$(awk '$1 == "rdma_sends" { print $2 }' <<<"$stat")
+"$tool" stat --port >"$tmp/stat" 2>&1
+sed "s/^/[$name stat] /" "$tmp/stat"
+sends=$(awk '$1 == "rdma_sends" { print $2 }' "$tmp/stat")
 if [[ ${sends:-0} -ge $messages ]]; then
   echo "mpi_ucx.sh: $name: softhca counted $sends SENDs for $messages messages"
 else
