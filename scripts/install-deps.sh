@@ -15,7 +15,8 @@ packages=(
   zlib1g-dev                            # crc32, the unit tests' reference for that ICRC
   libpcap-dev                           # the udp link's captures (SOFTHCA_PCAP)
   tshark                                # decodes those captures in system.pcap_capture
-  ucx-utils                             # comparison peer for bench/peers
+  ucx-utils                             # comparison peer for bench/peers; ucx_info/ucx_perftest system tests
+  openmpi-bin libopenmpi-dev            # Open MPI's ucx pml on softhca (system.mpi.*; built only if MPI is found)
   python3 python3-pyverbs
   iproute2 procps                       # ss (readiness polling), ps/kill
   gdb                                   # stacks of a timed-out peer in the harness

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -119,6 +120,35 @@ FakeFile fake_port_file(std::string_view rel) {
   return {{}, ENOENT};
 }
 
+// The kernel's cpumask format (/sys/.../local_cpus): 32-bit groups in hex,
+// most significant first, separated by commas; the first group has only the
+// digits the CPU count needs ("3" for 2 CPUs, "ffffffff,ffffffff" for 64).
+std::string cpu_mask_text(long cpus) {
+  if (cpus < 1) cpus = 1;
+  const long groups = (cpus + 31) / 32;
+  std::string text;
+  for (long g = groups - 1; g >= 0; --g) {
+    const long bits = std::min<long>(32, cpus - 32 * g);
+    const uint32_t word = bits == 32 ? 0xffffffffu : (1u << bits) - 1;
+    const int width = g == groups - 1 ? static_cast<int>((bits + 3) / 4) : 8;
+    char group[16];
+    std::snprintf(group, sizeof group, "%s%0*x", g == groups - 1 ? "" : ",", width, word);
+    text += group;
+  }
+  return text;
+}
+
+// device/: the parent device's files. softhca is a virtual device, close to
+// every CPU: no NUMA node (-1, as the kernel says for a device without one)
+// and every configured CPU local. UCX reads both to rank devices; without
+// them it assumes the same, but `softhca run` materialises the tree from
+// these answers so that UCX reads a complete one.
+FakeFile fake_parent_device_file(std::string_view rel) {
+  if (rel == "numa_node") return {"-1"};
+  if (rel == "local_cpus") return {cpu_mask_text(::sysconf(_SC_NPROCESSORS_CONF))};
+  return {{}, ENOENT};
+}
+
 FakeFile fake_ibdev_file(std::string_view rel) {
   const engine::DeviceInfo& info = engine::device_info();
   if (rel == "board_id") return {kBoardId};
@@ -134,6 +164,7 @@ FakeFile fake_ibdev_file(std::string_view rel) {
   if (rel == "node_type") return {"1: CA"};
   if (rel == "node_desc") return {node_description()};
   if (rel.starts_with("ports/1/")) return fake_port_file(rel.substr(8));
+  if (rel.starts_with("device/")) return fake_parent_device_file(rel.substr(7));
   return {{}, ENOENT};
 }
 

@@ -4,6 +4,7 @@
 #include <endian.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <unistd.h>
 
 #include <array>
 #include <cerrno>
@@ -82,6 +83,17 @@ TEST(Sysfs, FakeDeviceTree) {
   EXPECT_EQ(read_sysfs(path, "ports/1/gid_attrs/types/0"), "RoCE v2");
   EXPECT_EQ(read_sysfs(path, "ports/1/pkeys/0"), "0xffff");
   EXPECT_EQ(read_sysfs((std::string(path) + "/").c_str(), "/board_id"), "SOFTHCA-0001");
+  // The parent device's locality (UCX reads it): no NUMA node, every CPU local.
+  EXPECT_EQ(read_sysfs(path, "device/numa_node"), "-1");
+  const long cpus = sysconf(_SC_NPROCESSORS_CONF);
+  const std::string mask = read_sysfs(path, "device/local_cpus");
+  ASSERT_FALSE(mask.empty());
+  long set_bits = 0;
+  for (const char c : mask) {
+    if (c != ',') set_bits += __builtin_popcount(static_cast<unsigned>(std::stoi(std::string(1, c), nullptr, 16)));
+  }
+  EXPECT_EQ(set_bits, cpus) << mask;
+  EXPECT_NE(mask.front(), '0') << mask;
 
   // node_guid in sysfs format agrees with ibv_get_device_guid.
   const uint64_t guid = be64toh(ibv_get_device_guid(list[0]));

@@ -1,6 +1,7 @@
 // softhca: the command-line tool of the software RDMA HCA.
 //
 //   softhca run [--] PROGRAM ARGS...   run a program on softhca
+//   softhca shell [-c COMMAND]         a shell whose programs run on softhca
 //   softhca devices [NAME]             list devices, ports and GIDs
 //   softhca info [-c]                  version, directories; -c: every setting
 //   softhca stat [-a] [--port|--qp N]  counters of the port and of each QP
@@ -18,7 +19,8 @@ bool is_help_flag(std::string_view arg) { return arg == "-h" || arg == "--help";
 
 namespace {
 
-constexpr std::array kCommands = {&kRunCommand, &kDevicesCommand, &kInfoCommand, &kStatCommand};
+constexpr std::array kCommands = {&kRunCommand,  &kShellCommand, &kDevicesCommand,
+                                   &kInfoCommand, &kStatCommand};
 
 const Command* find_command(std::string_view name) {
   for (const Command* command : kCommands) {
@@ -46,8 +48,8 @@ void print_overview(std::FILE* out) {
   std::fputs(
       "  help       show this text, or `softhca help COMMAND` for one command\n"
       "\n"
-      "exit status: 0 success, 1 failure, 2 usage error; `run` returns the\n"
-      "program's status (126/127 when it cannot be executed or found).\n",
+      "exit status: 0 success, 1 failure, 2 usage error; `run` and `shell` return\n"
+      "the program's status (126/127 when it cannot be executed or found).\n",
       out);
 }
 
