@@ -54,8 +54,8 @@ Result<void> SharedReceiveQueue::post(uint64_t wr_id, const host::RecvSge* sges,
   if (num_sge == 0) sges = &kNoSge;
   std::lock_guard guard(post_mutex_);
   // A slot is taken from post until its completion is polled.
-  if (shared_->head.load(std::memory_order_relaxed) - retired_.load(std::memory_order_acquire) >= max_wr_ ||
-      !shared_->push(wr_id, sges, num_sge))
+  const uint64_t retired = retired_.load(std::memory_order_acquire);
+  if (shared_->head.load(std::memory_order_relaxed) - retired >= max_wr_ || !shared_->push(wr_id, sges, num_sge, retired))
     return fail(std::errc::not_enough_memory);
   return {};
 }

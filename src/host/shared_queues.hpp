@@ -240,9 +240,12 @@ struct SharedRq {
     return head.load(std::memory_order_acquire) - tail.load(std::memory_order_acquire);
   }
   // Thread: the owner (under its post lock). False when full.
-  bool push(uint64_t wr_id, const RecvSge* sges, uint32_t num_sge) {
+  // `tail_at_most` is a count the owner keeps that never passes `tail` (its
+  // retired WQEs): while it shows room, `tail` itself, whose line initiators
+  // write at every SEND they take, is not read.
+  bool push(uint64_t wr_id, const RecvSge* sges, uint32_t num_sge, uint64_t tail_at_most) {
     const uint64_t h = head.load(std::memory_order_relaxed);
-    if (h - tail.load(std::memory_order_acquire) >= capacity) return false;
+    if (h - tail_at_most >= capacity && h - tail.load(std::memory_order_acquire) >= capacity) return false;
     RecvWqe* wqe = slot(h);
     wqe->wr_id = wr_id;
     wqe->num_sge = num_sge;

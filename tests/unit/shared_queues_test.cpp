@@ -164,8 +164,8 @@ struct WqeBuffer {
 TEST(SharedRq, TakesInPostOrderWithSges) {
   auto rq = make_rq(4, 4);
   RecvSge sges[3] = {{0x1000, 10, 7}, {0x2000, 20, 8}, {0x3000, 30, 9}};
-  ASSERT_TRUE(rq->push(11, sges, 3));
-  ASSERT_TRUE(rq->push(12, sges, 1));
+  ASSERT_TRUE(rq->push(11, sges, 3, 0));
+  ASSERT_TRUE(rq->push(12, sges, 1, 0));
   WqeBuffer buf;
   uint64_t remaining = 0;
   ASSERT_TRUE(rq->take(buf.wqe(), &remaining));
@@ -184,13 +184,16 @@ TEST(SharedRq, TakesInPostOrderWithSges) {
 TEST(SharedRq, RefusesPostsBeyondCapacity) {
   auto rq = make_rq(2, 1);
   RecvSge sge{0x1000, 1, 1};
-  EXPECT_TRUE(rq->push(1, &sge, 1));
-  EXPECT_TRUE(rq->push(2, &sge, 1));
-  EXPECT_FALSE(rq->push(3, &sge, 1));
+  // The owner's count of retired WQEs (0 here: none polled) lags the real
+  // tail; push then looks at the tail itself before it refuses.
+  EXPECT_TRUE(rq->push(1, &sge, 1, 0));
+  EXPECT_TRUE(rq->push(2, &sge, 1, 0));
+  EXPECT_FALSE(rq->push(3, &sge, 1, 0));
   EXPECT_EQ(rq->outstanding(), 2u);
   WqeBuffer buf;
   ASSERT_TRUE(rq->take(buf.wqe(), nullptr));
-  EXPECT_TRUE(rq->push(3, &sge, 1));
+  EXPECT_TRUE(rq->push(3, &sge, 1, 0));
+  EXPECT_FALSE(rq->push(4, &sge, 1, 1));
 }
 
 TEST(SegmentHeaderEvents, RingKeepsOrderAndRefusesWhenFull) {

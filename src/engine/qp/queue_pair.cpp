@@ -387,8 +387,8 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
       err = EINVAL;
       break;
     }
-    if (rq_->head.load(std::memory_order_relaxed) - rq_retired_.load(std::memory_order_acquire) >=
-        init_.max_recv_wr) {
+    const uint64_t retired = rq_retired_.load(std::memory_order_acquire);
+    if (rq_->head.load(std::memory_order_relaxed) - retired >= init_.max_recv_wr) {
       err = ENOMEM;
       break;
     }
@@ -397,7 +397,7 @@ int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
     // sg_list == nullptr; push memcpys from it, so hand it a real (empty) array.
     static constexpr host::RecvSge kNoSge{};
     const auto* sges = wr->num_sge > 0 ? reinterpret_cast<const host::RecvSge*>(wr->sg_list) : &kNoSge;
-    if (!rq_->push(wr->wr_id, sges, static_cast<uint32_t>(wr->num_sge))) {
+    if (!rq_->push(wr->wr_id, sges, static_cast<uint32_t>(wr->num_sge), retired)) {
       err = ENOMEM;
       break;
     }
