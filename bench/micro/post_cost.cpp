@@ -1,0 +1,221 @@
+// Benchmark, not a test: what one operation costs the initiator on the
+// one-host path, without the cache-line transfers of a ping-pong. A forked
+// child opens its own context and registers a buffer, then only waits; the
+// parent posts into it through the public verbs API and polls its own CQ.
+// Since nobody else touches the lines involved, the time per operation is
+// the instructions and atomics of post + execute + poll: the part of
+// ib_write_lat and of ib_write_bw's message rate that softhca itself adds.
+//
+//   softhca_post_cost [google-benchmark flags, e.g. --benchmark_min_time=1s]
+//   (run it on softhca: LD_LIBRARY_PATH=build/lib, or softhca run --no-devices --)
+#include <benchmark/benchmark.h>
+#include <infiniband/verbs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "softhca_post_cost: %s failed: %s\n", what, std::strerror(errno));
+  std::exit(1);
+}
+
+struct Endpoint {
+  uint32_t qpn;
+  uint32_t rkey;
+  uint64_t addr;
+  ibv_gid gid;
+};
+
+constexpr size_t kBuffer = 4096;
+
+// One side: a context, a PD, a CQ, an RC QP and a registered buffer.
+struct Side {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  ibv_mr* mr = nullptr;
+  void* buffer = nullptr;
+  ibv_gid gid{};
+
+  Side() {
+    int n = 0;
+    ibv_device** devices = ibv_get_device_list(&n);
+    if (devices == nullptr || n == 0) die("ibv_get_device_list (is softhca's libibverbs loaded?)");
+    ctx = ibv_open_device(devices[0]);
+    ibv_free_device_list(devices);
+    if (ctx == nullptr) die("ibv_open_device");
+    if ((pd = ibv_alloc_pd(ctx)) == nullptr) die("ibv_alloc_pd");
+    if ((cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0)) == nullptr) die("ibv_create_cq");
+    ibv_qp_init_attr init{};
+    init.send_cq = cq;
+    init.recv_cq = cq;
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = 128;
+    init.cap.max_recv_wr = 128;
+    init.cap.max_send_sge = 1;
+    init.cap.max_recv_sge = 1;
+    init.cap.max_inline_data = 64;
+    if ((qp = ibv_create_qp(pd, &init)) == nullptr) die("ibv_create_qp");
+    if (posix_memalign(&buffer, 4096, kBuffer) != 0) die("posix_memalign");
+    std::memset(buffer, 0, kBuffer);
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                       IBV_ACCESS_REMOTE_ATOMIC;
+    if ((mr = ibv_reg_mr(pd, buffer, kBuffer, access)) == nullptr) die("ibv_reg_mr");
+    if (ibv_query_gid(ctx, 1, 0, &gid) != 0) die("ibv_query_gid");
+  }
+
+  Endpoint endpoint() const { return Endpoint{qp->qp_num, mr->rkey, reinterpret_cast<uint64_t>(buffer), gid}; }
+
+  void connect(const Endpoint& peer) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) die("INIT");
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_4096;
+    a.dest_qp_num = peer.qpn;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = peer.gid;
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.port_num = 1;
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = 1;
+    if (ibv_modify_qp(qp, &a,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+      die("RTR");
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 16;
+    if (ibv_modify_qp(qp, &a,
+                      IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                          IBV_QP_MAX_QP_RD_ATOMIC))
+      die("RTS");
+  }
+};
+
+Side* g_side = nullptr;
+Endpoint g_peer{};
+
+// Posts `wr` signaled and waits for its completion.
+void post_and_complete(benchmark::State& state, ibv_send_wr& wr) {
+  ibv_wc wc{};
+  for (auto _ : state) {
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(g_side->qp, &wr, &bad) != 0) {
+      state.SkipWithError("ibv_post_send failed");
+      return;
+    }
+    int got = 0;
+    while ((got = ibv_poll_cq(g_side->cq, 1, &wc)) == 0) {
+    }
+    if (got < 0 || wc.status != IBV_WC_SUCCESS) {
+      state.SkipWithError("completion with an error");
+      return;
+    }
+  }
+}
+
+void rdma_write_inline(benchmark::State& state) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(g_side->buffer), static_cast<uint32_t>(state.range(0)), g_side->mr->lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = g_peer.addr;
+  wr.wr.rdma.rkey = g_peer.rkey;
+  post_and_complete(state, wr);
+}
+
+void rdma_write(benchmark::State& state) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(g_side->buffer), static_cast<uint32_t>(state.range(0)), g_side->mr->lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = g_peer.addr;
+  wr.wr.rdma.rkey = g_peer.rkey;
+  post_and_complete(state, wr);
+}
+
+void rdma_read(benchmark::State& state) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(g_side->buffer), static_cast<uint32_t>(state.range(0)), g_side->mr->lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = g_peer.addr;
+  wr.wr.rdma.rkey = g_peer.rkey;
+  post_and_complete(state, wr);
+}
+
+void fetch_add(benchmark::State& state) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(g_side->buffer), 8, g_side->mr->lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.atomic.remote_addr = g_peer.addr;
+  wr.wr.atomic.rkey = g_peer.rkey;
+  wr.wr.atomic.compare_add = 1;
+  post_and_complete(state, wr);
+}
+
+BENCHMARK(rdma_write_inline)->Arg(2)->Arg(64);
+BENCHMARK(rdma_write)->Arg(2)->Arg(64)->Arg(4096);
+BENCHMARK(rdma_read)->Arg(2);
+BENCHMARK(fetch_add);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int to_child[2], to_parent[2];
+  if (pipe(to_child) != 0 || pipe(to_parent) != 0) die("pipe");
+  const pid_t child = fork();
+  if (child < 0) die("fork");
+  if (child == 0) {
+    close(to_child[1]);  // else the read below never sees the parent's end close
+    close(to_parent[0]);
+    // The target: its own context and MR, connected back, then idle until
+    // the parent closes the pipe.
+    Side target;
+    Endpoint mine = target.endpoint(), peer{};
+    if (read(to_child[0], &peer, sizeof peer) != sizeof peer) _exit(2);
+    target.connect(peer);
+    if (write(to_parent[1], &mine, sizeof mine) != sizeof mine) _exit(3);
+    char byte;
+    while (read(to_child[0], &byte, 1) > 0) {
+    }
+    _exit(0);
+  }
+  close(to_child[0]);
+  close(to_parent[1]);
+  Side initiator;
+  const Endpoint mine = initiator.endpoint();
+  if (write(to_child[1], &mine, sizeof mine) != sizeof mine) die("write to the target");
+  if (read(to_parent[0], &g_peer, sizeof g_peer) != sizeof g_peer) die("read from the target");
+  initiator.connect(g_peer);
+  g_side = &initiator;
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  close(to_child[1]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  return 0;
+}
