@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -489,6 +490,16 @@ std::uint32_t crc_update(std::uint32_t crc, const std::byte* p, std::size_t n) {
 }
 
 // ---- the output file of the server ---------------------------------------------------
+// The temporary file's name for the signal handler, which may only make
+// async-signal-safe calls (unlink, signal, raise): no std::string there.
+std::array<char, 4096> g_partial_file{};
+
+void remove_partial_and_die(int sig) {
+  if (g_partial_file[0] != '\0') ::unlink(g_partial_file.data());
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 // Written under a temporary name in the target directory and renamed into
 // place only when the checksums agree, so that a failed copy leaves nothing
 // that looks like a good file.
@@ -507,12 +518,20 @@ class OutputFile {
     tmp_ = dir + "/." + base + ".rdma_copy.XXXXXX";
     fd_ = ::mkstemp(tmp_.data());
     if (fd_ < 0) fail("cannot create a file in %s: %s", dir.c_str(), std::strerror(errno));
+    // Interrupted (Ctrl-C, kill), the server removes it too.
+    if (tmp_.size() < g_partial_file.size()) {
+      std::memcpy(g_partial_file.data(), tmp_.c_str(), tmp_.size() + 1);
+      ::signal(SIGINT, remove_partial_and_die);
+      ::signal(SIGTERM, remove_partial_and_die);
+      ::signal(SIGHUP, remove_partial_and_die);
+    }
     // mkstemp makes 0600; give the file the mode a plain create would.
     const mode_t mask = ::umask(0);
     ::umask(mask);
     (void)::fchmod(fd_, 0666 & ~mask);
   }
   ~OutputFile() {
+    g_partial_file[0] = '\0';
     if (fd_ >= 0) {
       ::close(fd_);
       ::unlink(tmp_.c_str());
@@ -522,14 +541,18 @@ class OutputFile {
   OutputFile& operator=(const OutputFile&) = delete;
 
   void write(const std::byte* p, std::size_t n) { write_all(fd_, p, n, tmp_); }
+  // On disk (fsync: a crash right after must not lose what we reported as
+  // copied), then renamed into place; on failure the temporary file goes.
   void commit() {
-    if (::fsync(fd_) != 0) fail("cannot write %s: %s", tmp_.c_str(), std::strerror(errno));
-    if (::close(std::exchange(fd_, -1)) != 0) fail("cannot write %s: %s", tmp_.c_str(), std::strerror(errno));
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      const int e = errno;
-      ::unlink(tmp_.c_str());
-      fail("cannot rename %s to %s: %s", tmp_.c_str(), path_.c_str(), std::strerror(e));
-    }
+    g_partial_file[0] = '\0';  // from here on, the file is renamed or removed here
+    int err = ::fsync(fd_) == 0 ? 0 : errno;
+    if (::close(std::exchange(fd_, -1)) != 0 && err == 0) err = errno;
+    if (err == 0 && ::rename(tmp_.c_str(), path_.c_str()) == 0) return;
+    const bool renaming = err == 0;
+    if (renaming) err = errno;
+    ::unlink(tmp_.c_str());
+    if (renaming) fail("cannot rename %s to %s: %s", tmp_.c_str(), path_.c_str(), std::strerror(err));
+    fail("cannot write %s: %s", tmp_.c_str(), std::strerror(err));
   }
   const std::string& path() const { return path_; }
 
@@ -636,7 +659,18 @@ int run_server(const Options& o) {
         progress.finish();
         const std::uint32_t client_crc = be32toh(msg.crc);
         const std::uint64_t client_len = be64toh(msg.length);
-        const bool ok = out && client_crc == crc && client_len == received && received == size;
+        const bool match = out && client_crc == crc && client_len == received && received == size;
+        // The file is in place (or not) before the client hears that it is:
+        // a failed rename must not look like a good copy to the sender.
+        std::optional<Failure> commit_failed;
+        if (match) {
+          try {
+            out->commit();
+          } catch (const Failure& e) {
+            commit_failed = e;
+          }
+        }
+        const bool ok = match && !commit_failed;
         ep->send_msg() = Message{.type = htobe32(std::to_underlying(MsgType::Result)),
                                  .crc = htobe32(crc),
                                  .length = htobe64(received),
@@ -646,11 +680,11 @@ int run_server(const Options& o) {
         // end the connection.
         while (next_completion(*ep, channel, timeout, "client").wr_id != Endpoint::kMsgWrId) {
         }
-        if (!ok)
+        if (commit_failed) throw *commit_failed;
+        if (!match)
           fail("checksum mismatch: received %" PRIu64 " bytes with crc32 %08x, the client sent %" PRIu64
                " bytes with crc32 %08x; nothing written",
                received, crc, client_len, client_crc);
-        out->commit();
         std::printf("rdma_copy: received %s (%" PRIu64 " bytes) in %.3f s, %.1f MB/s\n", out->path().c_str(),
                     received, progress.seconds(), progress.mb_per_s(received));
         std::printf("rdma_copy: crc32 %08x matches the client's\n", crc);
@@ -786,10 +820,11 @@ int run_client(Options o) {
 
   const std::uint32_t server_crc = be32toh(result->crc);
   const std::uint64_t server_len = be64toh(result->length);
-  if (be32toh(result->ok) != 1)
+  if (server_crc != crc || server_len != offset)
     fail("checksum mismatch: sent %" PRIu64 " bytes with crc32 %08x, the server received %" PRIu64
          " bytes with crc32 %08x",
          offset, crc, server_len, server_crc);
+  if (be32toh(result->ok) != 1) fail("the server received the file intact but could not store it (see its output)");
   std::printf("rdma_copy: sent %s (%" PRIu64 " bytes) to %s in %.3f s, %.1f MB/s\n", o.file.c_str(), offset,
               where.c_str(), progress.seconds(), progress.mb_per_s(offset));
   std::printf("rdma_copy: crc32 %08x verified by the server\n", crc);
