@@ -446,8 +446,8 @@ CmEvent expect_event(const EventChannel& ch, rdma_cm_event_type type, std::chron
   switch (code) {
     case ECONNREFUSED: fail("connection to %s refused (is `rdma_copy --server` running there?)", where.c_str());
     case ETIMEDOUT:
-      fail("no answer from %s within %lld s (%s)", where.c_str(), static_cast<long long>(timeout.count()),
-           rdma_event_str(type));
+      fail("no answer from %s within %lld s (waiting for %s)", where.c_str(),
+           static_cast<long long>(timeout.count()), rdma_event_str(type));
     case ENETUNREACH:
     case EHOSTUNREACH:
     case EADDRNOTAVAIL:
