@@ -422,17 +422,19 @@ ibv_wc next_completion(Endpoint& ep, const EventChannel& cm, std::chrono::second
     std::array<pollfd, 2> fds{pollfd{ep.comp_channel.fd(), POLLIN, 0}, pollfd{cm.fd(), POLLIN, 0}};
     const int n = ::poll(fds.data(), fds.size(), static_cast<int>(left.count()));
     if (n < 0 && errno != EINTR) fail("poll: %s", std::strerror(errno));
+    if (fds[0].revents & POLLIN) {
+      // Arm again before the next poll of the CQ, so that no completion can
+      // slip in between unannounced. Completions first: a peer may send its
+      // last message and disconnect at once, and the message counts.
+      (void)need(ep.comp_channel.get_event(), "ibv_get_cq_event");
+      ep.cq.ack_events(1);
+      need(ep.cq.req_notify(), "ibv_req_notify_cq");
+      continue;
+    }
     if (fds[1].revents & POLLIN) {
       auto ev = need(cm.get_event(), "rdma_get_cm_event");
       if (ev.type() == RDMA_CM_EVENT_DISCONNECTED) fail("the %s disconnected before the copy was complete", peer);
       fail("the %s's connection failed: %s", peer, ev.name());
-    }
-    if (fds[0].revents & POLLIN) {
-      // Arm again before the next poll of the CQ, so that no completion can
-      // slip in between unannounced.
-      (void)need(ep.comp_channel.get_event(), "ibv_get_cq_event");
-      ep.cq.ack_events(1);
-      need(ep.cq.req_notify(), "ibv_req_notify_cq");
     }
   }
 }
@@ -675,21 +677,20 @@ int run_server(const Options& o) {
                                  .crc = htobe32(crc),
                                  .length = htobe64(received),
                                  .ok = htobe32(ok ? 1 : 0)};
+        const double seconds = progress.seconds();
+        const double rate = progress.mb_per_s(received);
         ep->send(conn);
-        // The RESULT must be delivered before the client's disconnect can
-        // end the connection.
-        while (next_completion(*ep, channel, timeout, "client").wr_id != Endpoint::kMsgWrId) {
-        }
+        // The client disconnects once it has the RESULT: wait for that
+        // (bounded), so that our exit never cuts the RESULT off.
+        (void)channel.expect(RDMA_CM_EVENT_DISCONNECTED, timeout);
         if (commit_failed) throw *commit_failed;
         if (!match)
           fail("checksum mismatch: received %" PRIu64 " bytes with crc32 %08x, the client sent %" PRIu64
                " bytes with crc32 %08x; nothing written",
                received, crc, client_len, client_crc);
         std::printf("rdma_copy: received %s (%" PRIu64 " bytes) in %.3f s, %.1f MB/s\n", out->path().c_str(),
-                    received, progress.seconds(), progress.mb_per_s(received));
+                    received, seconds, rate);
         std::printf("rdma_copy: crc32 %08x matches the client's\n", crc);
-        // The client disconnects once it has the RESULT; wait for it, briefly.
-        (void)channel.expect(RDMA_CM_EVENT_DISCONNECTED, timeout);
         return 0;
       }
       default: fail("the client sent an unexpected message");
