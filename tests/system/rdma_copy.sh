@@ -3,6 +3,7 @@
 #
 #   rdma_copy.sh copy|empty RDMA_COPY LIBDIR HARNESS PORT
 #   rdma_copy.sh errors     RDMA_COPY LIBDIR PORT
+#   rdma_copy.sh peer_gone  RDMA_COPY LIBDIR PORT
 #   rdma_copy.sh two_hosts  RDMA_COPY LIBDIR TWO_HOSTS_SH PORT
 #
 # copy: a random file of 9 MiB + 1234 bytes (not a whole number of the 1 MiB
@@ -15,6 +16,10 @@
 # empty: the same with an empty file (CRC-32 00000000).
 # errors: a missing file, a port nobody listens on and an address that is
 #   not one: each a non-zero exit with a message that says what is wrong.
+# peer_gone: a 64 MiB copy in 4 KiB chunks whose server is stopped
+#   (SIGTERM) once it reports its first chunk: the client must exit 1
+#   within 10 s saying the server went away, and the server must leave no
+#   partial file behind.
 # two_hosts: the copy between two network namespaces (two_hosts.sh: the
 #   udp link over a veth); exits 77 (skipped) where none can be made.
 # The temporary directory is removed however the test ends.
@@ -23,7 +28,7 @@ set -u -o pipefail
 mode=${1:-}
 case $mode in
   copy | empty | two_hosts) (($# == 5)) || { echo "usage: see the header of $0" >&2; exit 2; } ;;
-  errors) (($# == 4)) || { echo "usage: see the header of $0" >&2; exit 2; } ;;
+  errors | peer_gone) (($# == 4)) || { echo "usage: see the header of $0" >&2; exit 2; } ;;
   *) echo "usage: see the header of $0" >&2; exit 2 ;;
 esac
 rdma_copy=$2 libdir=$3
@@ -101,6 +106,45 @@ case $mode in
     timeout 10 "$rdma_copy" --chunk 0 "$tmp/in/data.bin" 127.0.0.1 >/dev/null 2>&1
     [[ $? == 2 ]] || fail "--chunk 0 should exit 2"
     timeout 10 "$rdma_copy" --help | grep -q "^Usage:" || fail "--help prints no usage"
+    ;;
+
+  peer_gone)
+    port=$4
+    export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    make_file $((64 * 1024 * 1024))
+    # timeout(1) passes the SIGTERM we send it on to rdma_copy.
+    timeout 60 "$rdma_copy" --server --bind 127.0.0.1 --port "$port" --output "$tmp/out" --progress \
+      >"$tmp/server.log" 2>&1 &
+    server=$!
+    for ((i = 0; i < 200; i++)); do
+      grep -q "^rdma_copy: listening on" "$tmp/server.log" && break
+      kill -0 "$server" 2>/dev/null || break
+      sleep 0.1
+    done
+    grep -q "^rdma_copy: listening on" "$tmp/server.log" || { kill -KILL "$server"; fail "the server did not listen: $(cat "$tmp/server.log")"; }
+    timeout 60 "$rdma_copy" --port "$port" --chunk 4K --timeout 10 "$tmp/in/data.bin" 127.0.0.1 >"$tmp/client.log" 2>&1 &
+    client=$!
+    # The server's first progress line comes with its first chunk.
+    for ((i = 0; i < 200; i++)); do
+      grep -q "%" "$tmp/server.log" && break
+      kill -0 "$client" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -TERM "$server" 2>/dev/null
+    stopped=$(date +%s%3N)
+    wait "$server"
+    server_rc=$?
+    wait "$client"
+    client_rc=$?
+    took=$(($(date +%s%3N) - stopped))
+    echo "server (exit $server_rc):"; sed 's/^/  /' "$tmp/server.log"
+    echo "client (exit $client_rc, $took ms after the server was stopped):"; sed 's/^/  /' "$tmp/client.log"
+    grep -q "%" "$tmp/server.log" || fail "the server never reported a chunk"
+    [[ $client_rc == 1 ]] || fail "the client exited $client_rc, not 1"
+    ((took < 10000)) || fail "the client took $took ms to notice"
+    grep -Eq "^rdma_copy: the server (disconnected before the copy was complete|went away)" "$tmp/client.log" ||
+      fail "the client does not say that the server went away"
+    [[ -z $(ls -A "$tmp/out") ]] || fail "the stopped server left files: $(ls -A "$tmp/out")"
     ;;
 
   two_hosts)
