@@ -13,6 +13,7 @@
 #include "handle.hpp"
 #include "mr.hpp"
 #include "pd.hpp"
+#include "srq.hpp"
 
 namespace softhca {
 
@@ -33,6 +34,9 @@ struct QpConfig {
   ibv_qp_cap cap{.max_send_wr = 64, .max_recv_wr = 64, .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = 0};
   // Every send completes on the CQ, not only those posted with Signaled.
   bool sq_sig_all = false;
+  // Receives come from this shared receive queue instead of the QP's own
+  // (cap.max_recv_wr and max_recv_sge are then ignored).
+  const SharedReceiveQueue* srq = nullptr;
 };
 
 // What the remote side tells us out of band (a socket, rdma_cm private data)
@@ -78,6 +82,10 @@ class QueuePair : public detail::Handle<ibv_qp, detail::QpTraits> {
     a.cap = cfg.cap;
     a.qp_type = static_cast<ibv_qp_type>(cfg.type);
     a.sq_sig_all = cfg.sq_sig_all ? 1 : 0;
+    if (cfg.srq != nullptr) {
+      a.srq = cfg.srq->get();
+      a.cap.max_recv_wr = a.cap.max_recv_sge = 0;
+    }
     errno = 0;
     auto q = detail::check_ptr(ibv_create_qp(pd.get(), &a), "ibv_create_qp");
     if (!q) return std::unexpected(q.error());

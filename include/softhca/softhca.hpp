@@ -33,3 +33,4 @@
 #include "mr.hpp"
 #include "pd.hpp"
 #include "qp.hpp"
+#include "srq.hpp"

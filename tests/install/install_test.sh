@@ -2,12 +2,13 @@
 # Installs the current build into a temporary prefix and uses it the way
 # another project would (README "Install").
 #
-#   install_test.sh BUILD_DIR CONSUMER_DIR CXX VERSION LIBDIR
+#   install_test.sh BUILD_DIR CONSUMER_DIR CXX VERSION LIBDIR [EXAMPLES_DIR]
 #
 # BUILD_DIR: the build to install; CONSUMER_DIR: tests/install/consumer, a
 # project using the C++ API; CXX: the compiler; VERSION: the project's
 # version; LIBDIR: CMAKE_INSTALL_LIBDIR of the build (lib, or lib/<multiarch>
-# when configured for /usr).
+# when configured for /usr); EXAMPLES_DIR: examples/, built as a project of
+# its own against the prefix when given.
 #
 # Checked, each step failing the test on its own:
 #   - `cmake --install BUILD_DIR --prefix P` installs exactly the shipped
@@ -21,12 +22,18 @@
 #     softhca::softhca, and compiles with `pkg-config --cflags --libs
 #     softhca`; both binaries link rdma-core's libibverbs/librdmacm, and
 #     under `P/bin/softhca run` load ours from P instead, and see softhca0;
-#   - `P/bin/softhca run -- ibv_devices` lists softhca0.
+#   - `P/bin/softhca run -- ibv_devices` lists softhca0;
+#   - with EXAMPLES_DIR: examples/ configures and builds standalone with
+#     find_package(softhca) (PROJECT_IS_TOP_LEVEL), warnings as errors; its
+#     rdma_copy links rdma-core's librdmacm, and under `softhca run` copies a
+#     file across 127.0.0.1 (server and client started here, each bounded,
+#     only their PIDs ever signalled) with the checksums agreeing and the
+#     copy equal to the original.
 # The temporary directory is removed however the test ends.
 set -euo pipefail
 
-if [[ $# -ne 5 ]]; then
-  echo "usage: $0 BUILD_DIR CONSUMER_DIR CXX VERSION LIBDIR" >&2
+if [[ $# -ne 5 && $# -ne 6 ]]; then
+  echo "usage: $0 BUILD_DIR CONSUMER_DIR CXX VERSION LIBDIR [EXAMPLES_DIR]" >&2
   exit 2
 fi
 build=$1
@@ -34,13 +41,16 @@ consumer_src=$2
 cxx=$3
 version=$4
 libdir=$5
+examples_src=${6:-}
 
 # Runs everything with the caller's loader path out of the way: the point is
 # which libraries the installed files find by themselves.
 unset LD_LIBRARY_PATH LD_PRELOAD PKG_CONFIG_PATH CMAKE_PREFIX_PATH
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/softhca-install-test.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+server_pid=""
+# The example server, if still running, is ours: stop it by its PID.
+trap '[[ -n $server_pid ]] && kill -KILL "$server_pid" 2>/dev/null; rm -rf "$tmp"' EXIT
 # realpath: the tool reports paths through /proc/self/exe, without symlinks.
 prefix=$(realpath "$tmp")/prefix
 private=$prefix/$libdir/softhca
@@ -154,5 +164,48 @@ done
 step "ibv_devices under $tool run"
 out=$(timeout "$limit" "$tool" run -- ibv_devices 2>&1) || fail "softhca run -- ibv_devices failed:"$'\n'"$out"
 expect "$out" "ibv_devices" '^[[:space:]]+softhca0[[:space:]]'
+
+if [[ -n $examples_src ]]; then
+  step "examples/ as a standalone project: find_package(softhca)"
+  # Longer than one step: four programs to compile on possibly busy cores.
+  timeout $((3 * limit)) cmake -S "$examples_src" -B "$tmp/examples" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CXX_FLAGS=-Werror \
+    >"$tmp/examples.log" 2>&1 || fail "examples configure failed:"$'\n'"$(cat "$tmp/examples.log")"
+  found=$(sed -n 's/^softhca_DIR:PATH=//p' "$tmp/examples/CMakeCache.txt")
+  [[ $found == "$prefix/$libdir/cmake/softhca" ]] ||
+    fail "examples: find_package(softhca) found $found, not the package in $prefix"
+  timeout $((3 * limit)) cmake --build "$tmp/examples" >>"$tmp/examples.log" 2>&1 ||
+    fail "examples build failed:"$'\n'"$(cat "$tmp/examples.log")"
+  for program in cxx_rc_pingpong rc_example cm_example rdma_copy; do
+    [[ -x $tmp/examples/$program ]] || fail "examples: $program was not built"
+  done
+  rdma_copy=$tmp/examples/rdma_copy
+  system_lib=$(loaded_from "$rdma_copy" librdmacm.so.1)
+  [[ -n $system_lib && $system_lib != "$prefix"/* ]] ||
+    fail "rdma_copy does not link the system's librdmacm.so.1:"$'\n'"$(ldd "$rdma_copy")"
+
+  step "examples: rdma_copy under $tool run"
+  mkdir -p "$tmp/copy-in" "$tmp/copy-out"
+  head -c $((3 * 1024 * 1024 + 17)) /dev/urandom >"$tmp/copy-in/file.bin"
+  port=7473
+  timeout "$limit" "$tool" run -- "$rdma_copy" --server --bind 127.0.0.1 --port "$port" \
+    --output "$tmp/copy-out" >"$tmp/copy-server.log" 2>&1 &
+  server_pid=$!
+  # Ready once it says it listens (bounded; stops early if it exits).
+  for ((i = 0; i < 200; i++)); do
+    grep -q "^rdma_copy: listening on" "$tmp/copy-server.log" && break
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -q "^rdma_copy: listening on" "$tmp/copy-server.log" ||
+    fail "the rdma_copy server did not listen:"$'\n'"$(cat "$tmp/copy-server.log")"
+  out=$(timeout "$limit" "$tool" run -- "$rdma_copy" --port "$port" "$tmp/copy-in/file.bin" 127.0.0.1 2>&1) ||
+    fail "rdma_copy client failed:"$'\n'"$out"$'\n'"server:"$'\n'"$(cat "$tmp/copy-server.log")"
+  wait "$server_pid" || fail "rdma_copy server failed:"$'\n'"$(cat "$tmp/copy-server.log")"
+  server_pid=""
+  expect "$out" "rdma_copy client" '^rdma_copy: crc32 [0-9a-f]{8} verified by the server$'
+  expect "$(cat "$tmp/copy-server.log")" "rdma_copy server" "^rdma_copy: crc32 [0-9a-f]{8} matches the client's\$"
+  cmp "$tmp/copy-in/file.bin" "$tmp/copy-out/file.bin" || fail "rdma_copy: the copy differs from the original"
+fi
 
 echo "PASS: installed to a temporary prefix; find_package, pkg-config and softhca run work from it"
