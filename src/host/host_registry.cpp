@@ -18,9 +18,10 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 7;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
+constexpr uint32_t kVersion = 8;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
                                   // 6: shared registered memory; 7: counters by writer, QP
-                                  // destruction fenced by the access slots
+                                  // destruction fenced by the access slots; 8: QP slots
+                                  // carry the incarnation
 
 uint64_t now_ns() {
   timespec ts;
@@ -120,7 +121,8 @@ void HostRegistry::release_process_objects_locked(uint32_t proc) {
     if (v & 0xFFFFFFFFu) slot.store(v & ~uint64_t{0xFFFFFFFFu}, std::memory_order_release);
   }
   for (auto& qp : layout_->qps)
-    if (qp.qpn.load(std::memory_order_relaxed) != 0 && qp.proc == proc) qp.qpn.store(0, std::memory_order_release);
+    if (qp.qpn.load(std::memory_order_relaxed) != 0 && qp.proc.load(std::memory_order_relaxed) == proc)
+      qp.qpn.store(0, std::memory_order_release);
   remove_mcast_members_locked(0, proc);
   for (auto& mr : layout_->mrs)
     if (mr.key.load(std::memory_order_relaxed) != 0 && mr.proc.load(std::memory_order_relaxed) == proc) {
@@ -201,8 +203,9 @@ Result<uint32_t> HostRegistry::allocate_qpn(uint32_t proc, uint64_t shm_offset) 
     if (slot.qpn.load(std::memory_order_relaxed) != 0) continue;
     layout_->qp_cursor = index + 1;
     const uint32_t qpn = kFirstQpn + index;
-    slot.proc = proc;
-    slot.shm_offset = shm_offset;
+    slot.proc.store(proc, std::memory_order_relaxed);
+    slot.shm_offset.store(shm_offset, std::memory_order_relaxed);
+    slot.incarnation.store(0, std::memory_order_relaxed);
     slot.qpn.store(qpn, std::memory_order_release);
     unlock();
     return qpn;
@@ -211,11 +214,18 @@ Result<uint32_t> HostRegistry::allocate_qpn(uint32_t proc, uint64_t shm_offset) 
   return fail(std::errc::not_enough_memory);
 }
 
+void HostRegistry::publish_qp(uint32_t qpn, uint64_t incarnation) {
+  QpSlot& slot = layout_->qps[qp_index(qpn)];
+  if (slot.qpn.load(std::memory_order_relaxed) == qpn) slot.incarnation.store(incarnation, std::memory_order_release);
+}
+
 void HostRegistry::release_qpn(uint32_t qpn) {
   lock();
   QpSlot& slot = layout_->qps[qp_index(qpn)];
   if (slot.qpn.load(std::memory_order_relaxed) == qpn) {
-    slot.qpn.store(0, std::memory_order_release);
+    // seq_cst: against an initiator's check of this slot after its access
+    // announcement (shm::still_there); the destroyer fences after this.
+    slot.qpn.store(0, std::memory_order_seq_cst);
     // A destroyed QP leaves its groups, as uverbs detaches on destroy.
     remove_mcast_members_locked(qpn, kMaxProcs);
   }

@@ -47,9 +47,14 @@ struct ProcSlot {
 };
 
 struct QpSlot {
-  std::atomic<uint32_t> qpn;   // 0 = free; written last on publish, first on release
-  uint32_t proc;               // owner ProcSlot index
-  uint64_t shm_offset;         // the QP's SharedQp in the owner's segment
+  std::atomic<uint32_t> qpn;   // 0 = free; written last on allocation, first on release
+  std::atomic<uint32_t> proc;  // owner ProcSlot index
+  std::atomic<uint64_t> shm_offset;  // the QP's SharedQp in the owner's segment
+  // The QP's incarnation (SharedQp::incarnation), 0 until its shared state
+  // is written (publish_qp). Initiators check a QP with this and qpn, both
+  // here in the registry, never freed: the segment memory of a destroyed
+  // QP may already hold another object.
+  std::atomic<uint64_t> incarnation;
 };
 
 // Written under the registry mutex as a seqlock (seq odd while changing), read
@@ -145,6 +150,8 @@ class HostRegistry {
   void unregister_process(uint32_t proc);
 
   Result<uint32_t> allocate_qpn(uint32_t proc, uint64_t shm_offset);
+  // Makes the QP findable by initiators once its SharedQp is written.
+  void publish_qp(uint32_t qpn, uint64_t incarnation);
   void release_qpn(uint32_t qpn);
   const QpSlot* find_qp(uint32_t qpn) const;
 

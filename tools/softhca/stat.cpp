@@ -98,11 +98,11 @@ int print_qps(host::HostRegistry& registry, const Options& options) {
     const host::QpSlot& slot = registry.qp_slot(index);
     const uint32_t qpn = slot.qpn.load(std::memory_order_acquire);
     if (qpn == 0 || (options.qpn && *options.qpn != qpn)) continue;
-    const uint32_t proc = slot.proc;
+    const uint32_t proc = slot.proc.load(std::memory_order_relaxed);
     if (proc >= host::kMaxProcs || !registry.process_alive(proc)) continue;
     const host::ProcSlot& owner = registry.proc(proc);
     const uint32_t pid = owner.pid.load(std::memory_order_acquire);
-    auto qp = read_shared_qp(pid, owner.segment_fd, slot.shm_offset);
+    auto qp = read_shared_qp(pid, owner.segment_fd, slot.shm_offset.load(std::memory_order_relaxed));
     if (!qp || qp->qpn != qpn) continue;  // gone while we looked
     std::printf("qp 0x%06x  pid %u  %s  %s\n", qpn, pid, qp_type_name(qp->type), qp_state_name(qp->state));
     print_values(qp->values, options.all);

@@ -19,7 +19,7 @@ class ShmChannel final : public link::Channel {
     // Bind to the peer that has the QPN now; if there is none yet, to the
     // one found at the first send.
     TargetQp peer;
-    if (resolve(host_, dest_qpn_, peer)) peer_incarnation_ = peer.qp->incarnation.load(std::memory_order_relaxed);
+    if (resolve(host_, dest_qpn_, peer)) peer_incarnation_ = peer.incarnation;
   }
 
   transport::Response deliver(const transport::Request& request, uint32_t) override {
@@ -39,10 +39,9 @@ class ShmChannel final : public link::Channel {
       // A QP that took over the QPN of the one we were connected to is not
       // our peer: like a responder that drops packets of a PSN it does not
       // expect, it answers nothing, and an RC requester ends in RETRY_EXC_ERR.
-      const uint64_t incarnation = target_.qp->incarnation.load(std::memory_order_relaxed);
       if (peer_incarnation_ == 0) {
-        peer_incarnation_ = incarnation;
-      } else if (incarnation != peer_incarnation_) {
+        peer_incarnation_ = target_.incarnation;
+      } else if (target_.incarnation != peer_incarnation_) {
         return transport::Response{transport::Syndrome::silence(), 0};
       }
       ShmResponderPort port(host_, target_);

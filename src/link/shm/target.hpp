@@ -12,6 +12,11 @@ namespace softhca::shm {
 
 struct TargetQp {
   host::SharedQp* qp = nullptr;
+  // The QP's registry slot and incarnation at resolve(): still_there()
+  // compares them, so that a stale target is recognised without reading the
+  // segment memory it had, which may hold another object by now.
+  const host::QpSlot* slot = nullptr;
+  uint64_t incarnation = 0;
   char* base = nullptr;  // the target's segment in our address space
   uint32_t pid = 0;
   uint32_t proc = 0;
@@ -26,14 +31,15 @@ struct TargetQp {
 // Finds QP `qpn` anywhere on the host; false if it does not exist or cannot be reached.
 bool resolve(host::Attachment& host, uint32_t qpn, TargetQp& out);
 
-// Whether `target` is still the QP it was resolved as: not destroyed, its
-// memory not handed to another QP. Asked only under a MemoryAccess to the
-// target's process, whose fence a destroyer waits out after it marks the QP
-// destroyed (QueuePair's destructor): either this sees kDestroyed, or the
-// destroyer waits until this access ends before the memory can be reused.
+// Whether `target` is still the QP it was resolved as: its QPN still names
+// the same incarnation in the registry. Asked only under a MemoryAccess to
+// the target's process: a destroyer releases the QPN (seq_cst) and then
+// waits out that fence (QueuePair's destructor), so either this sees the QPN
+// released or the destroyer waits until this access ends before the QP's
+// memory can be reused.
 inline bool still_there(const TargetQp& target) {
-  return target.qp->qpn == target.qpn &&
-         target.qp->state.load(std::memory_order_seq_cst) != host::SharedQp::kDestroyed;
+  return target.slot->qpn.load(std::memory_order_seq_cst) == target.qpn &&
+         target.slot->incarnation.load(std::memory_order_acquire) == target.incarnation;
 }
 
 // Announces that this thread is about to reach the target's process: its

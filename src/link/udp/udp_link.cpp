@@ -801,7 +801,7 @@ UdpLink::HandOffPeer* UdpLink::handoff_peer(uint32_t pid) {
 UdpLink::HandOff UdpLink::hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes) {
   const host::QpSlot* slot = host_.registry().find_qp(qpn);
   if (slot == nullptr) return HandOff::kNobodys;
-  return hand_off_to(slot->proc, qpn, from, bytes);
+  return hand_off_to(slot->proc.load(std::memory_order_relaxed), qpn, from, bytes);
 }
 
 UdpLink::HandOff UdpLink::hand_off_to(uint32_t proc, uint32_t qpn, const Received& from,
