@@ -21,8 +21,9 @@
 # crossed the udp link: each host's `softhca stat --port` counts, after
 # the run, at least one packet sent and received per message of the
 # ping-pong (both hosts' runtime directories are separate and /dev/shm is
-# not shared, so there is no other way). Bounded (timeout 90 s); its
-# process group is killed by its own id; only its namespaces are removed.
+# not shared, so there is no other way). Bounded (timeout 90 s); the
+# processes of its session are killed, each by its id, at the end; only
+# its namespaces are removed.
 # Exits 77 where network namespaces cannot be made.
 set -u -o pipefail
 
@@ -45,8 +46,17 @@ veth_a="sma$$" veth_b="smb$$"
 work=$(mktemp -d "${TMPDIR:-/tmp}/softhca-mpi-hosts.XXXXXX") || exit 1
 chmod 755 "$work"
 pid=""
+# kill_session: every process still in the session that setsid started
+# below, each by its id. A process group is not enough: mpirun puts its
+# remote shell (and so hostB's daemon) and each rank in groups of their own,
+# but none of them leaves the session.
+kill_session() {
+  local p
+  [[ -n $pid ]] || return 0
+  for p in $(ps -eo pid=,sid= | awk -v s="$pid" '$2 == s { print $1 }'); do kill -KILL "$p" 2>/dev/null; done
+}
 cleanup() {
-  [[ -n $pid ]] && kill -KILL -- "-$pid" 2>/dev/null
+  kill_session
   ip netns del "$ns_a" 2>/dev/null
   ip netns del "$ns_b" 2>/dev/null
   rm -rf "$work"
@@ -74,12 +84,12 @@ mpi_args=(--allow-run-as-root -np 2 --host hostA,hostB --mca plm_rsh_agent "$her
           --mca pml_ucx_verbose 2 -x UCX_TLS -x UCX_NET_DEVICES -x UCX_IB_GID_INDEX)
 setsid ip netns exec "$ns_a" unshare -m -u --propagation private \
   sh -c 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname hostA && d=$1 && shift &&
-         exec env SOFTHCA_RUNTIME_DIR="$d" timeout 90 "$@"' \
+         exec env SOFTHCA_RUNTIME_DIR="$d" timeout -k 5 90 "$@"' \
   _ "$work/run-a" "$tool" run --devices -- "$mpirun" "${mpi_args[@]}" "$program" >"$work/out" 2>&1 &
 pid=$!
 wait "$pid"
 rc=$?
-pid=""
+kill_session  # nothing is left after a clean run; after a timeout, hostB's daemon may be
 sed "s/^/[$name] /" "$work/out"
 status=PASS
 ((rc == 0)) || { echo "[$name] mpirun exited $rc"; status=FAIL; }
