@@ -49,7 +49,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # wait_listen
 # The two sides of every comparison: the same ucx_perftest, only the
 # transports differ. softhca's side runs in `softhca run --devices`, whose
 # device files are what makes UCX see softhca0 at all.
+# shellcheck disable=SC2034,SC2054  # read through pair's nameref; posix,cma is one value
 softhca_env=(env UCX_TLS=rc_v UCX_NET_DEVICES=softhca0:1 "$tool" run --devices --)
+# shellcheck disable=SC2034,SC2054
 shm_env=(env UCX_TLS=posix,cma)
 
 port=19450

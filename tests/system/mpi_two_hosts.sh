@@ -79,6 +79,7 @@ export SOFTHCA_TOOL=$tool SOFTHCA_NS_HOSTS="hostA=$ns_a:$work/run-a hostB=$ns_b:
 export UCX_TLS=$tls UCX_NET_DEVICES=softhca0:1 UCX_IB_GID_INDEX=1
 # Open MPI's own out-of-band and PMIx traffic: over the veth, where hostB's
 # daemon can reach mpirun.
+# shellcheck disable=SC2054  # hostA,hostB is one argument
 mpi_args=(--allow-run-as-root -np 2 --host hostA,hostB --mca plm_rsh_agent "$here/ns_rsh.sh"
           --mca oob_tcp_if_include "$a_ip/30" --mca pml ucx --mca btl ^vader,tcp,openib
           --mca pml_ucx_verbose 2 -x UCX_TLS -x UCX_NET_DEVICES -x UCX_IB_GID_INDEX)
