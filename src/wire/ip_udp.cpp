@@ -14,8 +14,8 @@ constexpr uint16_t kIpv4FragmentOffsetMask = 0x1FFF;
 constexpr std::size_t kMaxUdpLength = 0xFFFF;
 
 // Offsets inside the IPv4 and IPv6 headers.
-constexpr std::size_t kV4TotalLength = 2, kV4Id = 4, kV4FlagsFragment = 6, kV4Protocol = 9, kV4Checksum = 10, kV4Src = 12,
-                      kV4Dst = 16;
+constexpr std::size_t kV4TotalLength = 2, kV4Id = 4, kV4FlagsFragment = 6, kV4Protocol = 9, kV4Checksum = 10,
+                      kV4Src = 12, kV4Dst = 16;
 constexpr std::size_t kV6PayloadLength = 4, kV6NextHeader = 6, kV6Src = 8, kV6Dst = 24;
 // Offsets inside the UDP header.
 constexpr std::size_t kUdpSrcPort = 0, kUdpDstPort = 2, kUdpLength = 4, kUdpChecksum = 6;

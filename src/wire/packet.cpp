@@ -121,8 +121,10 @@ std::expected<ParsedPacket, ParseError> parse(std::span<const uint8_t> ip_udp_he
       break;
   }
 
-  ParsedPacket p{.info = *info, .headers = {.bth = bth}, .payload = udp_payload.subspan(info->header_size, payload_size),
-                .unseen_ipv4_id = unseen_ipv4_id};
+  ParsedPacket p{.info = *info,
+                 .headers = {.bth = bth},
+                 .payload = udp_payload.subspan(info->header_size, payload_size),
+                 .unseen_ipv4_id = unseen_ipv4_id};
   HeaderReader r(udp_payload.subspan(kBthSize, info->header_size - kBthSize));
   const ExtHeaders& ext = info->headers;
   if (ext.deth) p.headers.deth = decode_deth(r.take<kDethSize>());
