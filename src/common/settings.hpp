@@ -187,15 +187,15 @@ inline constexpr std::array kSettings = {
         .id = SettingId::kUdpGso,
         .name = "SOFTHCA_UDP_GSO",
         .type = SettingType::kChoice,
-        .default_text = "off",
+        .default_text = "on",
         .help = "send runs of equal-size packets as one GSO message (udp link only)",
-        .note = "faster, but the kernel then numbers the IPv4 IDs of a run's segments 0, 1, 2, ... "
-                "where a lone datagram has 0, and the ICRC covers the ID: softhca peers never see it, "
-                "but a tool or peer that checks the ICRC over the real IPv4 header (tshark on the wire, "
-                "rxe, a RoCE NIC) rejects every segment after a run's first, so it is off unless asked "
-                "for. Read when the udp link starts",
+        .note = "the kernel numbers the IPv4 IDs of a run's segments 0, 1, 2, ..., and the ICRC "
+                "covers the ID, so each segment's ICRC is computed for the ID it will get; softhca "
+                "receivers, which cannot see the ID, accept IDs 0 to 63. off: every packet alone, "
+                "with ID 0 (for a softhca older than this, whose receivers accept ID 0 only). "
+                "Read when the udp link starts",
         .choices = kOnOffNames,
-        .default_value = 1,
+        .default_value = 0,
     },
 };
 

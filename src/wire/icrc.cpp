@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 
 #include "wire/crc32.hpp"
 #include "wire/ip_udp.hpp"
@@ -31,7 +32,120 @@ void mask_variant_fields(IpVersion version, std::span<uint8_t> image) {
   ip[udp_offset + 6] = ip[udp_offset + 7] = 0xFF;  // UDP checksum
 }
 
+// CRC-32 arithmetic without the initial value and final xor, which cancel
+// in the difference of two CRCs of equal-length data. Polynomials mod P are
+// held reflected, as the CRC's register is: bit 31 is x^0, bit 0 x^31.
+constexpr uint32_t kReflectedPoly = 0xEDB88320;
+
+// a * x mod P.
+constexpr uint32_t times_x(uint32_t a) { return (a >> 1) ^ ((a & 1) ? kReflectedPoly : 0); }
+
+// a * b mod P: b times each power of x that a holds, lowest (bit 31) first.
+constexpr uint32_t multiply(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t bit = 0x80000000; bit != 0 && a != 0; bit >>= 1) {
+    if (a & bit) {
+      product ^= b;
+      a ^= bit;
+    }
+    b = times_x(b);
+  }
+  return product;
+}
+
+// x^(8 * 2^k) mod P for k = 0..19: running the register over 2^k zero bytes.
+// 2^20 bytes is past any datagram's length.
+constexpr std::array<uint32_t, 20> kZeroBytePowers = [] {
+  std::array<uint32_t, 20> powers{};
+  powers[0] = 0x80000000 >> 8;  // x^8
+  for (std::size_t k = 1; k < powers.size(); ++k) powers[k] = multiply(powers[k - 1], powers[k - 1]);
+  return powers;
+}();
+
+// x^(8 n) mod P: what running the register over n zero bytes multiplies it by.
+uint32_t zero_bytes_factor(std::size_t n) {
+  uint32_t factor = 0x80000000;  // x^0
+  for (std::size_t k = 0; n != 0; ++k, n >>= 1) {
+    if (n & 1) factor = multiply(factor, kZeroBytePowers[k]);
+  }
+  return factor;
+}
+
+// The register after `bytes`, from zero.
+uint32_t register_after(std::span<const uint8_t> bytes) {
+  uint32_t r = 0;
+  for (uint8_t b : bytes) {
+    r ^= b;
+    for (int i = 0; i < 8; ++i) r = times_x(r);
+  }
+  return r;
+}
+
+// How many bytes the ICRC covers after the IPv4 ID's low byte: the rest of
+// the IP header (14) and the UDP header (8), then the UDP payload but its
+// ICRC. (The masked LRH and the first five IP bytes come before.)
+constexpr std::size_t bytes_after_id(std::size_t udp_payload_size) {
+  return kIpv4HeaderSize - 6 + kUdpHeaderSize + udp_payload_size - kIcrcSize;
+}
+
+// The differences for IDs 1, 2, 4, ..., 128 at one packet length; an ID
+// below 256 differs from 0 in its low byte only, so its difference is the
+// xor of those of its bits. Computing them costs a few dozen
+// multiplications, so each thread keeps those of the lengths it saw last:
+// a flow's packets come in very few lengths (the MTU's, a last one).
+struct IdBasis {
+  std::size_t udp_payload_size = 0;  // 0: empty (no packet is that short)
+  std::array<uint32_t, 8> bit{};
+};
+
+const IdBasis& id_basis(std::size_t udp_payload_size) {
+  thread_local std::array<IdBasis, 16> cache{};
+  IdBasis& entry = cache[(udp_payload_size ^ (udp_payload_size >> 4)) & 15];
+  if (entry.udp_payload_size != udp_payload_size) {
+    const uint32_t factor = zero_bytes_factor(bytes_after_id(udp_payload_size));
+    for (std::size_t b = 0; b < entry.bit.size(); ++b) {
+      const uint8_t low = static_cast<uint8_t>(1U << b);
+      entry.bit[b] = multiply(register_after(std::span<const uint8_t>(&low, 1)), factor);
+    }
+    entry.udp_payload_size = udp_payload_size;
+  }
+  return entry;
+}
+
 }  // namespace
+
+uint32_t icrc_ipv4_id_delta(uint16_t ip_id, std::size_t udp_payload_size) {
+  if (ip_id == 0) return 0;
+  if (ip_id < 256) {
+    const IdBasis& basis = id_basis(udp_payload_size);
+    uint32_t delta = 0;
+    for (std::size_t b = 0; b < basis.bit.size(); ++b) {
+      if (ip_id & (1U << b)) delta ^= basis.bit[b];
+    }
+    return delta;
+  }
+  // Both ID bytes, big-endian as on the wire, then the zeros after them.
+  const uint8_t id_bytes[2] = {static_cast<uint8_t>(ip_id >> 8), static_cast<uint8_t>(ip_id)};
+  return multiply(register_after(id_bytes), zero_bytes_factor(bytes_after_id(udp_payload_size)));
+}
+
+std::optional<uint16_t> ipv4_id_behind_icrc(uint32_t icrc_id0, uint32_t received, std::size_t udp_payload_size,
+                                            uint16_t max_id) {
+  const uint32_t wanted = icrc_id0 ^ received;
+  if (wanted == 0 || max_id == 0) return std::nullopt;
+  max_id = std::min(max_id, kMaxUnseenIpv4Id);
+  const IdBasis& basis = id_basis(udp_payload_size);
+  // IDs 1 .. 2^k - 1 in Gray code order: each differs from the one before
+  // in one bit, so each candidate's difference is one xor away.
+  uint32_t delta = 0;
+  const unsigned limit = std::bit_ceil(static_cast<unsigned>(max_id) + 1);
+  for (unsigned i = 1; i < limit; ++i) {
+    delta ^= basis.bit[static_cast<std::size_t>(std::countr_zero(i))];
+    const unsigned id = i ^ (i >> 1);
+    if (delta == wanted && id <= max_id) return static_cast<uint16_t>(id);
+  }
+  return std::nullopt;
+}
 
 Result<uint32_t> icrc_of(std::span<const uint8_t> ip_udp_headers, std::span<const uint8_t> udp_payload) {
   if (udp_payload.size() < kBthSize + kIcrcSize) return fail(std::errc::invalid_argument);

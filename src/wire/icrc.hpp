@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "common/result.hpp"
@@ -33,6 +34,26 @@ Result<uint32_t> icrc_of(std::span<const uint8_t> ip_udp_headers, std::span<cons
 
 // The same for a whole IP packet (split_ip_udp), ICRC bytes included.
 Result<uint32_t> icrc_of(std::span<const uint8_t> ip_packet);
+
+// How the ICRC of an IPv4 packet whose UDP payload is `udp_payload_size`
+// bytes long (BTH to ICRC) changes when its IP ID is `ip_id` instead of 0:
+//   icrc(ID = ip_id) == icrc(ID = 0) ^ icrc_ipv4_id_delta(ip_id, size).
+// The CRC is linear and the two headers differ only in the ID (and in the
+// header checksum, which the ICRC masks), so the difference is the CRC,
+// without its initial value and final xor, of the ID bytes followed by as
+// many zero bytes as the packet has after them: a function of the ID and
+// the length only. This is what lets the sender of a GSO run give segment i
+// the ICRC of the ID the kernel will write into it, and a receiver, which
+// never sees the ID, recognise such a segment.
+uint32_t icrc_ipv4_id_delta(uint16_t ip_id, std::size_t udp_payload_size);
+
+// The IPv4 ID in 1..max_id under which a packet whose ICRC over the ID-0
+// header image is `icrc_id0` carries `received` instead, or nullopt when
+// none does (a corrupted packet). `udp_payload_size` as above; max_id is
+// at most kMaxUnseenIpv4Id.
+std::optional<uint16_t> ipv4_id_behind_icrc(uint32_t icrc_id0, uint32_t received, std::size_t udp_payload_size,
+                                            uint16_t max_id);
+inline constexpr uint16_t kMaxUnseenIpv4Id = 255;
 
 // The ICRC's four wire bytes, least significant first.
 void store_icrc(uint32_t icrc, std::span<uint8_t, kIcrcSize> out);

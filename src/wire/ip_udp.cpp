@@ -14,8 +14,8 @@ constexpr uint16_t kIpv4FragmentOffsetMask = 0x1FFF;
 constexpr std::size_t kMaxUdpLength = 0xFFFF;
 
 // Offsets inside the IPv4 and IPv6 headers.
-constexpr std::size_t kV4TotalLength = 2, kV4FlagsFragment = 6, kV4Protocol = 9, kV4Checksum = 10, kV4Src = 12,
-                      kV4Dst = 16;
+constexpr std::size_t kV4TotalLength = 2, kV4Id = 4, kV4FlagsFragment = 6, kV4Protocol = 9, kV4Checksum = 10,
+                      kV4Src = 12, kV4Dst = 16;
 constexpr std::size_t kV6PayloadLength = 4, kV6NextHeader = 6, kV6Src = 8, kV6Dst = 24;
 // Offsets inside the UDP header.
 constexpr std::size_t kUdpSrcPort = 0, kUdpDstPort = 2, kUdpLength = 4, kUdpChecksum = 6;
@@ -51,7 +51,8 @@ Result<std::size_t> ip_udp_header_size(const UdpFlow& flow) {
   return ip_header_size(*version) + kUdpHeaderSize;
 }
 
-Result<std::size_t> write_ip_udp_headers(const UdpFlow& flow, std::size_t udp_payload_size, std::span<uint8_t> out) {
+Result<std::size_t> write_ip_udp_headers(const UdpFlow& flow, std::size_t udp_payload_size, std::span<uint8_t> out,
+                                         uint16_t ipv4_id) {
   const auto version = ip_version_of(flow);
   if (!version) return fail(version.error());
   const std::size_t ip_size = ip_header_size(*version);
@@ -68,8 +69,9 @@ Result<std::size_t> write_ip_udp_headers(const UdpFlow& flow, std::size_t udp_pa
     ip[0] = kIpv4VersionIhl;
     ip[1] = flow.traffic_class;
     store_be16(ip + kV4TotalLength, static_cast<uint16_t>(ip_size + udp_length));
-    // IP ID stays 0 (bytes 4-5): Linux's choice for DF datagrams of an
-    // unconnected socket, and the value the receiver's image assumes.
+    // The IP ID: 0 is Linux's choice for DF datagrams of an unconnected
+    // socket, and the value the receiver's image assumes.
+    store_be16(ip + kV4Id, ipv4_id);
     store_be16(ip + kV4FlagsFragment, kIpv4DontFragment);
     ip[8] = flow.hop_limit;
     ip[kV4Protocol] = kIpProtoUdp;

@@ -5,8 +5,9 @@
 // So both sides rebuild the same header image from what they know: the
 // addresses, the ports and the length. The image is what Linux sends from an
 // unconnected UDP socket: IPv4 without options, with DF set and IP ID 0 (the
-// kernel's choice for DF datagrams of unconnected sockets), or IPv6 with UDP as
-// the next header. Fields the ICRC masks (TOS/traffic class, TTL/hop limit,
+// kernel's choice for DF datagrams of unconnected sockets with
+// IP_PMTUDISC_DO; the segments of a GSO send get 0, 1, 2, ..., see
+// icrc_ipv4_id_delta), or IPv6 with UDP as the next header. Fields the ICRC masks (TOS/traffic class, TTL/hop limit,
 // flow label, both checksums) may differ on the wire without harm.
 //
 // These helpers also serve captures: a header image plus its UDP payload is a
@@ -63,9 +64,13 @@ Result<std::size_t> ip_udp_header_size(const UdpFlow& flow);
 // Writes the IP and UDP headers of a datagram carrying `udp_payload_size`
 // bytes and returns their size. The IPv4 header checksum is computed; the UDP
 // checksum is left 0 because the payload is not there yet (fill_udp_checksum).
+// `ipv4_id` is the IPv4 ID: 0 for a datagram sent alone, i for the i-th
+// segment of a GSO send (the kernel numbers them upward from the lone
+// datagram's 0); IPv6 has none and ignores it.
 // invalid_argument for a mixed flow or a payload too long for one datagram,
 // no_buffer_space when `out` is too small.
-Result<std::size_t> write_ip_udp_headers(const UdpFlow& flow, std::size_t udp_payload_size, std::span<uint8_t> out);
+Result<std::size_t> write_ip_udp_headers(const UdpFlow& flow, std::size_t udp_payload_size, std::span<uint8_t> out,
+                                         uint16_t ipv4_id = 0);
 
 // Checks that `headers` is exactly an IP header of the supported form (IPv4
 // without options and not a fragment, or IPv6 whose next header is UDP)

@@ -10,7 +10,7 @@
 #                --server 'CMD ARGS' --client 'CMD ARGS' [--expect RE]... [--env VAR=VALUE]...
 #                [--ready-log RE [--ready-count N]] [--server-persists] [--reject RE]...
 #                [--cut-after-packets N | --kill-after-packets N | --cut-when-client-says RE]
-#                [--client-fails-within SECS] [--static-neighbours]
+#                [--client-fails-within SECS] [--static-neighbours] [--wire-icrc-check]
 #
 # --cut-after-packets N takes the server's host off the network (its veth
 # goes down and its processes are killed) once its veth has received N
@@ -27,6 +27,16 @@
 # neighbour discovery) for the other's addresses, as on a network with
 # static ARP: no packet is needed before the first one softhca sends, so a
 # cut after packet 1 falls after address resolution.
+# --wire-icrc-check judges the wire with tools that share no code with
+# softhca: tcpdump captures the server's veth (both directions) and
+# wire_icrc_check.py checks every RoCEv2 IPv4 packet's ICRC with scapy
+# against the real IPv4 header, ID included; it fails the run on any wrong
+# ICRC, and when no packet had a nonzero IP ID (no GSO send was segmented).
+# Both veths then segment GSO sends in software before the capture point
+# (tx-udp-segmentation off), as a NIC without UDP segmentation offload
+# does, so that the capture holds the very segments a wire would carry
+# rather than the unsegmented sends a veth passes on. Skipped (77) without
+# tcpdump, ethtool or scapy.
 #
 # In the commands, @SERVER@ and @CLIENT@ stand for the hosts' IPv4
 # addresses, @SERVER6@ and @CLIENT6@ for their IPv6 ones; @NOBODY@ and
@@ -53,7 +63,7 @@
 set -u -o pipefail
 
 name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" cut_link=1 cut_log="" fail_within=""
-expects=() rejects=() envs=() ready_log="" ready_count=1 server_persists=0 static_neighbours=0
+expects=() rejects=() envs=() ready_log="" ready_count=1 server_persists=0 static_neighbours=0 wire_check=0
 while (($#)); do
   case $1 in
     --name) name=$2; shift ;;
@@ -73,6 +83,7 @@ while (($#)); do
     --cut-when-client-says) cut_log=$2 cut_link=1; shift ;;
     --client-fails-within) fail_within=$2; shift ;;
     --static-neighbours) static_neighbours=1 ;;
+    --wire-icrc-check) wire_check=1 ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "two_hosts.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -80,6 +91,18 @@ while (($#)); do
 done
 [[ -n $name && -n $libdir && -n $port && -n $server && -n $client ]] || { echo "two_hosts.sh: missing arguments (see --help)" >&2; exit 2; }
 [[ $ready_count =~ ^[1-9][0-9]*$ ]] || { echo "two_hosts.sh: --ready-count takes a whole number >= 1" >&2; exit 2; }
+
+if ((wire_check)); then
+  for tool in tcpdump ethtool; do
+    command -v "$tool" >/dev/null || { echo "[$name] SKIP: $tool is not installed"; exit 77; }
+  done
+  # scapy may be installed for the system's python only.
+  scapy_python=""
+  for py in python3 /usr/bin/python3; do
+    if "$py" -c 'import scapy.contrib.roce' 2>/dev/null; then scapy_python=$py; break; fi
+  done
+  [[ -n $scapy_python ]] || { echo "[$name] SKIP: no python3 with scapy (python3-scapy)"; exit 77; }
+fi
 
 a_ip=198.18.0.1 b_ip=198.18.0.2 a_ip6=2001:2::1 b_ip6=2001:2::2 nobody_ip=198.18.0.5 nobody_ip6=2001:2::3
 ns_a="softhca-$$-a" ns_b="softhca-$$-b"
@@ -112,6 +135,21 @@ if ((static_neighbours)); then
   mac_b=$(ip netns exec "$ns_b" cat "/sys/class/net/$veth_b/address") || exit 1
   for ip in "$a_ip" "$a_ip6"; do ip -n "$ns_b" neigh replace "$ip" lladdr "$mac_a" dev "$veth_b" nud permanent || exit 1; done
   for ip in "$b_ip" "$b_ip6"; do ip -n "$ns_a" neigh replace "$ip" lladdr "$mac_b" dev "$veth_a" nud permanent || exit 1; done
+fi
+
+capture_pid=""
+if ((wire_check)); then
+  ip netns exec "$ns_a" ethtool -K "$veth_a" tx-udp-segmentation off >/dev/null &&
+    ip netns exec "$ns_b" ethtool -K "$veth_b" tx-udp-segmentation off >/dev/null || exit 1
+  setsid ip netns exec "$ns_a" tcpdump -i "$veth_a" -n -U -w "$work/wire.pcap" udp port 4791 \
+    >/dev/null 2>"$work/tcpdump.err" &
+  capture_pid=$!
+  pids+=("$capture_pid")
+  for ((i = 0; i < 200; i++)); do
+    grep -q "listening on" "$work/tcpdump.err" 2>/dev/null && break
+    kill -0 "$capture_pid" 2>/dev/null || { cat "$work/tcpdump.err"; exit 1; }
+    sleep 0.05
+  done
 fi
 
 expand() {
@@ -217,6 +255,16 @@ else
 fi
 sed "s/^/[$name server] /" "$work/server"
 sed "s/^/[$name client] /" "$work/client"
+if [[ -n $capture_pid ]]; then
+  # SIGINT: tcpdump writes out what it holds and exits.
+  kill -INT -- "-$capture_pid" 2>/dev/null
+  wait "$capture_pid"
+  if ! "$scapy_python" "$(dirname "${BASH_SOURCE[0]}")/wire_icrc_check.py" "$work/wire.pcap" --min-gso-segments 1 \
+    >"$work/wire_check" 2>&1; then
+    status=FAIL
+  fi
+  sed "s/^/[$name wire] /" "$work/wire_check"
+fi
 ((cut)) || [[ $server_rc == 0 && $client_rc == 0 ]] || status=FAIL
 for re in "${expects[@]}"; do
   grep -Eq -- "$re" "$work/client" || { echo "[$name] the client's output lacks /$re/"; status=FAIL; }

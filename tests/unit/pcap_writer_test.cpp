@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "wire/icrc.hpp"
+#include "wire/packet.hpp"
 #include "wire_golden/golden_support.hpp"
 
 namespace softhca::udp {
@@ -59,6 +61,32 @@ TEST(CaptureFrame, MacsAreLocallyAdministeredAndFromTheAddress) {
   v4[14] = 0;
   v4[15] = 1;
   EXPECT_EQ(capture_mac(v4), (std::array<uint8_t, 6>{0x02, 0x00, 198, 18, 0, 1}));
+}
+
+// A received GSO segment's ICRC covers the IPv4 ID it came with: the frame
+// carries that ID, so the capture's ICRC checks out against its own header.
+TEST(CaptureFrame, CarriesTheIpv4IdTheIcrcCovers) {
+  const golden::Packet* p = nullptr;
+  for (const auto& candidate : golden::kPackets) {
+    if (!candidate.flow.ipv6) {
+      p = &candidate;
+      break;
+    }
+  }
+  ASSERT_NE(p, nullptr);
+  const auto original = golden::udp_payload_of(*p);
+  std::vector<uint8_t> payload(original.begin(), original.end());
+  const auto icrc = std::span<uint8_t>(payload).last<wire::kIcrcSize>();
+  wire::store_icrc(wire::load_icrc(icrc) ^ wire::icrc_ipv4_id_delta(9, payload.size()), icrc);
+  std::vector<uint8_t> out(kEthernetHeaderSize + p->ip_packet.size() + 16);
+  for (uint16_t id : {0, 9}) {
+    const auto size = build_capture_frame(golden::to_flow(p->flow), payload, out, id);
+    ASSERT_TRUE(size.has_value());
+    const auto ip_packet = std::span<const uint8_t>(out).subspan(kEthernetHeaderSize, *size - kEthernetHeaderSize);
+    EXPECT_EQ(ip_packet[4], 0);
+    EXPECT_EQ(ip_packet[5], id);
+    EXPECT_EQ(wire::parse_ip_packet(ip_packet).has_value(), id == 9) << "id " << id;
+  }
 }
 
 TEST(CaptureFrame, RefusesWhatItCannotBuild) {

@@ -25,12 +25,12 @@ std::array<uint8_t, 6> capture_mac(const wire::Gid& gid) {
 }
 
 Result<std::size_t> build_capture_frame(const wire::UdpFlow& flow, std::span<const uint8_t> udp_payload,
-                                        std::span<uint8_t> out) {
+                                        std::span<uint8_t> out, uint16_t ipv4_id) {
   const auto version = wire::ip_version_of(flow);
   if (!version) return fail(version.error());
   if (out.size() < kEthernetHeaderSize) return fail(std::errc::no_buffer_space);
   const auto ip_packet = out.subspan(kEthernetHeaderSize);
-  const auto headers = wire::write_ip_udp_headers(flow, udp_payload.size(), ip_packet);
+  const auto headers = wire::write_ip_udp_headers(flow, udp_payload.size(), ip_packet, ipv4_id);
   if (!headers) return fail(headers.error());
   if (ip_packet.size() - *headers < udp_payload.size()) return fail(std::errc::no_buffer_space);
   std::copy(udp_payload.begin(), udp_payload.end(), ip_packet.begin() + static_cast<std::ptrdiff_t>(*headers));
@@ -100,10 +100,11 @@ PcapWriter::~PcapWriter() {
   pcap_close(handle_);
 }
 
-Result<void> PcapWriter::write(const wire::UdpFlow& flow, std::span<const uint8_t> udp_payload, uint64_t time_ns) {
+Result<void> PcapWriter::write(const wire::UdpFlow& flow, std::span<const uint8_t> udp_payload, uint64_t time_ns,
+                               uint16_t ipv4_id) {
   std::lock_guard lock(mutex_);
   frame_.resize(kEthernetHeaderSize + wire::kIpv6HeaderSize + wire::kUdpHeaderSize + udp_payload.size());
-  const auto size = build_capture_frame(flow, udp_payload, frame_);
+  const auto size = build_capture_frame(flow, udp_payload, frame_, ipv4_id);
   if (!size) return fail(size.error());
   pcap_pkthdr record{};
   // In a nanosecond capture the field named tv_usec holds nanoseconds.

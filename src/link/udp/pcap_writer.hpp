@@ -49,11 +49,12 @@ std::array<uint8_t, 6> capture_mac(const wire::Gid& gid);
 
 // Writes the whole frame of one packet into `out` and returns its size: the
 // Ethernet header, then the flow's IP and UDP headers with their checksums,
-// then `udp_payload`. Pure. invalid_argument for a flow that mixes IPv4 and
+// then `udp_payload`; `ipv4_id` is the IPv4 header's ID (the one the
+// packet's ICRC was computed over). Pure. invalid_argument for a flow that mixes IPv4 and
 // IPv6 or a payload too long for one datagram; no_buffer_space when `out` is
 // too small (kEthernetHeaderSize + 48 + the payload always suffice).
 Result<std::size_t> build_capture_frame(const wire::UdpFlow& flow, std::span<const uint8_t> udp_payload,
-                                        std::span<uint8_t> out);
+                                        std::span<uint8_t> out, uint16_t ipv4_id = 0);
 
 class PcapWriter {
  public:
@@ -75,14 +76,16 @@ class PcapWriter {
   // Appends one packet: `udp_payload` (BTH to ICRC, as sent or received)
   // carried by `flow` (the sender's view for a sent packet, the peer's for a
   // received one), stamped `time_ns` nanoseconds after the Unix epoch
-  // (CLOCK_REALTIME, which readers show as a date). The record is flushed to
+  // (CLOCK_REALTIME, which readers show as a date), with IPv4 ID `ipv4_id`
+  // (a received GSO segment's, see wire::ParseLimits). The record is flushed to
   // the file before write returns, so a process that is killed leaves every
   // packet it wrote readable (the last record may be cut short if the kill
   // lands inside the write). Thread-safe: one mutex, held across the file
   // write (a capture is a debugging aid; its cost is a write(2) per packet).
   // Errors: build_capture_frame's (nothing is written), or io_error when the
   // file refused the record (a full disk: the file may end in part of it).
-  Result<void> write(const wire::UdpFlow& flow, std::span<const uint8_t> udp_payload, uint64_t time_ns);
+  Result<void> write(const wire::UdpFlow& flow, std::span<const uint8_t> udp_payload, uint64_t time_ns,
+                     uint16_t ipv4_id = 0);
 
   // Packets written so far.
   uint64_t packets() const;

@@ -913,7 +913,11 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
   const auto n = wire::write_ip_udp_headers(flow, bytes.size(), image);
   if (!n) return;
-  const auto parsed = wire::parse(std::span<const uint8_t>(image, *n), bytes);
+  // The socket hides the IPv4 ID; a peer's GSO segments carry 1, 2, ...
+  // (never more than a run's length), and their ICRCs cover them.
+  wire::ParseLimits limits;
+  limits.max_unseen_ipv4_id = static_cast<uint16_t>(kGsoMaxSegments - 1);
+  const auto parsed = wire::parse(std::span<const uint8_t>(image, *n), bytes, limits);
   if (!parsed) {
     port_counters()->add(parsed.error() == wire::ParseError::kBadIcrc ? Counter::kIcrcDrops : Counter::kMalformedDrops);
     SOFTHCA_DEBUG("udp link: dropped a packet: %.*s", static_cast<int>(wire::to_string(parsed.error()).size()),
@@ -922,7 +926,8 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   }
   const wire::ParsedPacket& packet = *parsed;
   const uint32_t qpn = packet.headers.bth.dest_qpn;
-  if (capture_) [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns());
+  if (capture_)
+    [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns(), packet.unseen_ipv4_id);
   if (packet.info.transport == wire::Transport::kUd) {
     if (qpn == link::kGsiQpn) {
       management(packet, from, bytes);

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 
 #include "common/log.hpp"
+#include "wire/icrc.hpp"
 
 namespace softhca::udp {
 namespace {
@@ -127,6 +129,8 @@ namespace {
 // One message's sendmsg arguments: its destination and the control messages
 // that state its source address, hop limit and traffic class, and for a run
 // of packets the segment size (UDP_SEGMENT).
+using IcrcBytes = std::array<uint8_t, wire::kIcrcSize>;
+
 struct PreparedSend {
   union {
     sockaddr_in v4;
@@ -177,23 +181,44 @@ size_t gso_run(std::span<const OutgoingPacket> packets, size_t most) {
 
 namespace {
 
-// Fills `msg` (pointing into `p` and `pieces`) for the run `packets`, sent as
-// one datagram when it holds one packet and as GSO segments of the first
-// one's size otherwise; true for IPv4.
-bool prepare(std::span<const OutgoingPacket> packets, PreparedSend& p, iovec* pieces, msghdr& msg) {
+// Fills `msg` (pointing into `p`, `pieces` and `icrcs`) for the run
+// `packets`, sent as one datagram when it holds one packet and as GSO
+// segments of the first one's size otherwise; true for IPv4. `pieces` has
+// room for two per packet, `icrcs` for one per packet.
+//
+// Each packet was encoded alone, its ICRC computed over IPv4 ID 0. In a GSO
+// send the kernel gives segment i the ID i (an unconnected socket with
+// IP_PMTUDISC_DO: the first gets a lone datagram's 0, inet_gso_segment
+// counts up from there), and the ICRC covers the ID, so segment i's last
+// four bytes go out from `icrcs`, recomputed for ID i, while the packet's
+// own buffer keeps the ID-0 ICRC that a resend on its own needs.
+bool prepare(std::span<const OutgoingPacket> packets, PreparedSend& p, iovec* pieces, IcrcBytes* icrcs, msghdr& msg) {
   const OutgoingPacket& packet = packets[0];
+  const bool ipv4 = wire::is_ipv4_mapped(packet.dst);
   std::memset(&msg, 0, sizeof msg);
   std::memset(p.control, 0, sizeof p.control);
-  for (size_t i = 0; i < packets.size(); ++i)
-    pieces[i] = iovec{const_cast<uint8_t*>(packets[i].bytes.data()), packets[i].bytes.size()};
+  size_t npieces = 0;
+  for (size_t i = 0; i < packets.size(); ++i) {
+    const std::span<const uint8_t> bytes = packets[i].bytes;
+    uint8_t* data = const_cast<uint8_t*>(bytes.data());
+    if (i == 0 || !ipv4 || bytes.size() < wire::kIcrcSize) {
+      pieces[npieces++] = iovec{data, bytes.size()};
+      continue;
+    }
+    const uint32_t icrc = wire::load_icrc(bytes.last<wire::kIcrcSize>()) ^
+                          wire::icrc_ipv4_id_delta(static_cast<uint16_t>(i), bytes.size());
+    wire::store_icrc(icrc, icrcs[i]);
+    pieces[npieces++] = iovec{data, bytes.size() - wire::kIcrcSize};
+    pieces[npieces++] = iovec{icrcs[i].data(), wire::kIcrcSize};
+  }
   msg.msg_iov = pieces;
-  msg.msg_iovlen = packets.size();
+  msg.msg_iovlen = npieces;
   msg.msg_control = p.control;
   const int hops = packet.hop_limit ? packet.hop_limit : 64;
   const int tclass = packet.traffic_class;
   cmsghdr* c;
   bool v4;
-  if (wire::is_ipv4_mapped(packet.dst)) {
+  if (ipv4) {
     std::memset(&p.to.v4, 0, sizeof p.to.v4);
     p.to.v4.sin_family = AF_INET;
     p.to.v4.sin_port = htons(wire::kRoceV2Port);
@@ -264,7 +289,8 @@ size_t Sockets::send_batch(std::span<const OutgoingPacket> packets) {
   constexpr size_t kMax = 64;  // packets per system call, their arguments on the stack
   PreparedSend prepared[kMax];
   mmsghdr messages[kMax];
-  iovec pieces[kMax];
+  iovec pieces[2 * kMax];  // a GSO segment's ICRC is a piece of its own (prepare)
+  IcrcBytes icrcs[kMax];
   size_t first[kMax + 1];  // the first packet (from `at`) of each message
   size_t refused = 0;
   size_t at = 0;
@@ -279,7 +305,8 @@ size_t Sockets::send_batch(std::span<const OutgoingPacket> packets) {
       const auto rest = packets.subspan(at + npackets);
       const bool batch = gso_.load(std::memory_order_relaxed) && at + npackets >= single_until;
       const size_t run = batch ? gso_run(rest, kMax - npackets) : 1;
-      const bool this_v4 = prepare(rest.first(run), prepared[nmessages], pieces + npackets, messages[nmessages].msg_hdr);
+      const bool this_v4 = prepare(rest.first(run), prepared[nmessages], pieces + 2 * npackets, icrcs + npackets,
+                                    messages[nmessages].msg_hdr);
       messages[nmessages].msg_len = 0;
       if (nmessages == 0) v4 = this_v4;
       if (this_v4 != v4) break;

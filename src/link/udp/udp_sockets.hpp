@@ -44,12 +44,12 @@ struct OutgoingPacket {
 // (or the NIC) cuts into datagrams; over a veth or loopback it crosses the
 // stack once. Every packet is already whole (its own BTH, PSN and ICRC), so
 // the segments are exactly the datagrams that would have been sent one by
-// one. The kernel numbers the segments' IPv4 IDs from 0 up where a lone
-// datagram has 0, which the ICRC covers (wire/ip_udp.hpp): a softhca peer
-// never sees the ID, but a receiver that checks the ICRC over the real IPv4
-// header (rxe, a RoCE NIC, Wireshark reading the wire) finds segments after
-// the first wrong. Bounded by the kernel's segment count and by one IP
-// datagram's size.
+// one, but for the IPv4 ID: the kernel numbers the segments' IDs from 0 up
+// where a lone datagram has 0, and the ICRC covers the ID, so send_batch
+// gives segment i the ICRC over ID i (wire::icrc_ipv4_id_delta) and a
+// receiver accepts IDs below kGsoMaxSegments (wire::ParseLimits). Bounded by
+// the kernel's segment count (UDP_MAX_SEGMENTS) and by one IP datagram's
+// size.
 inline constexpr size_t kGsoMaxSegments = 64;
 inline constexpr size_t kGsoMaxBytes = 65000;
 

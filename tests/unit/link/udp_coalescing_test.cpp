@@ -1,7 +1,8 @@
 // The udp link's sockets on 127.0.0.1: a run of equal-size packets sent in
 // one call leaves as one GSO message and arrives as one coalesced datagram
-// (UDP_GRO) whose segments are exactly the packets sent, in order; packets
-// of other sizes keep their boundaries. Runs in a network namespace of its
+// (UDP_GRO) whose segments are exactly the packets sent, in order, but for
+// the last four bytes (the ICRC) of segment i, recomputed for the IPv4 ID i
+// the kernel gives it; packets of other sizes keep their boundaries. Runs in a network namespace of its
 // own (see CMakeLists.txt), holding port 4791 alone.
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "link/udp/udp_sockets.hpp"
+#include "wire/icrc.hpp"
 
 namespace softhca::udp {
 namespace {
@@ -26,6 +28,15 @@ std::vector<uint8_t> packet_bytes(size_t i, size_t size) {
   std::vector<uint8_t> b(size);
   for (size_t j = 0; j < size; ++j) b[j] = static_cast<uint8_t>(i * 31 + j);
   return b;
+}
+
+// `packet` as it leaves as segment `index` of a GSO send: its ICRC (here
+// arbitrary bytes, as the sockets do not check it) moved to that of IPv4 ID
+// `index`.
+std::vector<uint8_t> as_segment(std::vector<uint8_t> packet, size_t index) {
+  const auto icrc = std::span<uint8_t>(packet).last<wire::kIcrcSize>();
+  wire::store_icrc(wire::load_icrc(icrc) ^ wire::icrc_ipv4_id_delta(static_cast<uint16_t>(index), packet.size()), icrc);
+  return packet;
 }
 
 class UdpCoalescing : public ::testing::Test {
@@ -74,10 +85,17 @@ TEST_F(UdpCoalescing, ARunOfEqualPacketsArrivesAsOneDatagramOfThosePackets) {
   sent.push_back(packet_bytes(11, 532));
   std::vector<OutgoingPacket> out;
   for (const auto& b : sent) out.push_back(OutgoingPacket{loopback(), loopback(), 0, 64, b, 0});
+  const auto before = sent;
   ASSERT_EQ(sockets_->send_batch(out), 0U);
+  EXPECT_EQ(sent, before) << "the packets' own buffers keep their ID-0 ICRCs";
 
   receive(sent.size());
-  EXPECT_EQ(arrived_, sent);
+  std::vector<std::vector<uint8_t>> expected;
+  expected.push_back(sent[0]);
+  expected.push_back(as_segment(sent[1], 1));
+  for (size_t i = 2; i < sent.size(); ++i) expected.push_back(as_segment(sent[i], i - 2));
+  EXPECT_NE(expected[3], sent[3]);
+  EXPECT_EQ(arrived_, expected);
   ASSERT_EQ(datagrams_.size(), 2U) << "the runs did not arrive whole";
   EXPECT_EQ(datagrams_[0].segment_size, 1056U);
   EXPECT_EQ(datagrams_[0].length, 1056U + 1040U);
@@ -100,8 +118,8 @@ TEST_F(UdpCoalescing, PacketsOfDifferentSizesKeepTheirBoundaries) {
   EXPECT_EQ(datagrams_.size(), sent.size());
 }
 
-// SOFTHCA_UDP_GSO=off, for peers that check the ICRC over the real IPv4
-// header (GSO numbers the segments' IP IDs): every packet leaves alone.
+// SOFTHCA_UDP_GSO=off, for peers that accept IPv4 ID 0 only (a softhca
+// from before issue #9's fix): every packet leaves alone, as it was built.
 TEST_F(UdpCoalescing, WithoutGsoEveryPacketLeavesAlone) {
   open({.gso = false});
   std::vector<std::vector<uint8_t>> sent;
