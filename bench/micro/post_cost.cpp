@@ -127,52 +127,47 @@ void post_and_complete(benchmark::State& state, ibv_send_wr& wr) {
   }
 }
 
-void rdma_write_inline(benchmark::State& state) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(g_side->buffer), static_cast<uint32_t>(state.range(0)), g_side->mr->lkey};
+// A signaled work request on the peer's buffer: `bytes` from ours (an 8-byte
+// operand for atomics).
+ibv_send_wr work_request(ibv_wr_opcode opcode, unsigned flags, ibv_sge& sge, uint32_t bytes) {
+  sge = ibv_sge{reinterpret_cast<uint64_t>(g_side->buffer), bytes, g_side->mr->lkey};
   ibv_send_wr wr{};
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  wr.opcode = opcode;
+  wr.send_flags = IBV_SEND_SIGNALED | flags;
   wr.sg_list = &sge;
   wr.num_sge = 1;
-  wr.wr.rdma.remote_addr = g_peer.addr;
-  wr.wr.rdma.rkey = g_peer.rkey;
+  if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    wr.wr.atomic.remote_addr = g_peer.addr;
+    wr.wr.atomic.rkey = g_peer.rkey;
+    wr.wr.atomic.compare_add = 1;
+  } else {
+    wr.wr.rdma.remote_addr = g_peer.addr;
+    wr.wr.rdma.rkey = g_peer.rkey;
+  }
+  return wr;
+}
+
+void rdma_write_inline(benchmark::State& state) {
+  ibv_sge sge;
+  ibv_send_wr wr = work_request(IBV_WR_RDMA_WRITE, IBV_SEND_INLINE, sge, static_cast<uint32_t>(state.range(0)));
   post_and_complete(state, wr);
 }
 
 void rdma_write(benchmark::State& state) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(g_side->buffer), static_cast<uint32_t>(state.range(0)), g_side->mr->lkey};
-  ibv_send_wr wr{};
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.wr.rdma.remote_addr = g_peer.addr;
-  wr.wr.rdma.rkey = g_peer.rkey;
+  ibv_sge sge;
+  ibv_send_wr wr = work_request(IBV_WR_RDMA_WRITE, 0, sge, static_cast<uint32_t>(state.range(0)));
   post_and_complete(state, wr);
 }
 
 void rdma_read(benchmark::State& state) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(g_side->buffer), static_cast<uint32_t>(state.range(0)), g_side->mr->lkey};
-  ibv_send_wr wr{};
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.wr.rdma.remote_addr = g_peer.addr;
-  wr.wr.rdma.rkey = g_peer.rkey;
+  ibv_sge sge;
+  ibv_send_wr wr = work_request(IBV_WR_RDMA_READ, 0, sge, static_cast<uint32_t>(state.range(0)));
   post_and_complete(state, wr);
 }
 
 void fetch_add(benchmark::State& state) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(g_side->buffer), 8, g_side->mr->lkey};
-  ibv_send_wr wr{};
-  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.wr.atomic.remote_addr = g_peer.addr;
-  wr.wr.atomic.rkey = g_peer.rkey;
-  wr.wr.atomic.compare_add = 1;
+  ibv_sge sge;
+  ibv_send_wr wr = work_request(IBV_WR_ATOMIC_FETCH_AND_ADD, 0, sge, 8);
   post_and_complete(state, wr);
 }
 
