@@ -392,6 +392,40 @@ INSTANTIATE_TEST_SUITE_P(Runs, DeregFence, ::testing::Range(0, 3));
 // an MR while the main thread deregisters it and reuses the memory. Under
 // TSan a write landing after dereg would also be reported as a data race
 // with the reuse.
+// A thread that posts `wr` (its wr_id numbered) on `qp` one at a time, each
+// signaled and polled, until an operation fails: `completed` counts the
+// successes, `last_status` is the status of the last completion.
+class PostingThread {
+ public:
+  PostingThread(ibv_qp* qp, ibv_cq* cq, ibv_send_wr wr)
+      : thread_([this, qp, cq, wr]() mutable {
+          for (int i = 0; i < 1000000; ++i) {
+            wr.wr_id = static_cast<uint64_t>(i);
+            if (post_send(qp, wr) != 0) return;
+            ibv_wc wc{};
+            if (!poll_one(cq, &wc)) return;
+            last_status = wc.status;
+            if (wc.status != IBV_WC_SUCCESS) return;
+            ++completed;
+          }
+        }) {}
+  ~PostingThread() { join(); }
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  // Whether ten operations succeeded in time.
+  bool got_going() {
+    const auto until = Clock::now() + kDeadline;
+    while (completed.load() < 10 && Clock::now() < until) std::this_thread::yield();
+    return completed.load() >= 10;
+  }
+  std::atomic<int> completed{0};
+  std::atomic<int> last_status{-1};
+
+ private:
+  std::thread thread_;
+};
+
 TEST(DeregFenceThreads, WriterThreadStopsAtDereg) {
   Device dev;
   ASSERT_TRUE(dev.ok());
@@ -403,30 +437,16 @@ TEST(DeregFenceThreads, WriterThreadStopsAtDereg) {
   ibv_mr* mr = ibv_reg_mr(dev.pd, target.data(), target.size(), Buffer::kAllAccess);
   ASSERT_NE(mr, nullptr);
   Buffer src(dev.pd, kLen, Buffer::kAllAccess, kWritten);
-  std::atomic<int> completed{0};
-  std::atomic<int> last_status{-1};
-  const uint32_t rkey = mr->rkey;  // the writer must not read *mr, which dereg frees
-  std::thread writer([&] {
-    ibv_sge sge = src.sge(0, kLen);
-    for (int i = 0; i < 1000000; ++i) {
-      ibv_send_wr wr = make_wr(static_cast<uint64_t>(i), IBV_WR_RDMA_WRITE, &sge, 1);
-      wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(target.data());
-      wr.wr.rdma.rkey = rkey;
-      if (post_send(pair.a, wr) != 0) return;
-      ibv_wc wc{};
-      if (!poll_one(pair.a_send_cq, &wc)) return;
-      last_status = wc.status;
-      if (wc.status != IBV_WC_SUCCESS) return;
-      ++completed;
-    }
-  });
-  const auto until = Clock::now() + kDeadline;
-  while (completed.load() < 10 && Clock::now() < until) std::this_thread::yield();
-  ASSERT_GE(completed.load(), 10) << "the writer did not get going";
+  ibv_sge sge = src.sge(0, kLen);
+  ibv_send_wr wr = make_wr(0, IBV_WR_RDMA_WRITE, &sge, 1);
+  wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(target.data());
+  wr.wr.rdma.rkey = mr->rkey;  // copied: the writer must not read *mr, which dereg frees
+  PostingThread writer(pair.a, pair.a_send_cq, wr);
+  ASSERT_TRUE(writer.got_going()) << "the writer did not get going";
   ASSERT_EQ(ibv_dereg_mr(mr), 0);
   std::memset(target.data(), kReused, target.size());
   writer.join();
-  EXPECT_EQ(last_status.load(), IBV_WC_REM_ACCESS_ERR) << "the writer's first WRITE after dereg";
+  EXPECT_EQ(writer.last_status.load(), IBV_WC_REM_ACCESS_ERR) << "the writer's first WRITE after dereg";
   EXPECT_EQ(first_not(target, kReused), -1) << "a WRITE landed after ibv_dereg_mr returned";
   drain_async_events(dev.ctx);
 }
@@ -454,23 +474,9 @@ TEST(DestroyFenceThreads, SenderThreadNeverReachesADestroyedQp) {
     ibv_sge rsge = landing.sge(0, kLen);
     ASSERT_EQ(post_recv(pair.b, i, &rsge, 1), 0);
   }
-  std::atomic<int> completed{0};
-  std::atomic<int> last_status{-1};
-  std::thread sender([&] {
-    ibv_sge sge = src.sge(0, kLen);
-    for (int i = 0; i < 1000000; ++i) {
-      ibv_send_wr wr = make_wr(static_cast<uint64_t>(i), IBV_WR_SEND, &sge, 1);
-      if (post_send(pair.a, wr) != 0) return;
-      ibv_wc wc{};
-      if (!poll_one(pair.a_send_cq, &wc)) return;
-      last_status = wc.status;
-      if (wc.status != IBV_WC_SUCCESS) return;
-      ++completed;
-    }
-  });
-  const auto until = Clock::now() + kDeadline;
-  while (completed.load() < 10 && Clock::now() < until) std::this_thread::yield();
-  ASSERT_GE(completed.load(), 10) << "the sender did not get going";
+  ibv_sge sge = src.sge(0, kLen);
+  PostingThread sender(pair.a, pair.a_send_cq, make_wr(0, IBV_WR_SEND, &sge, 1));
+  ASSERT_TRUE(sender.got_going()) << "the sender did not get going";
   pair.destroy_b();
   // A new QP on b's CQs, in the memory b gave back, as receptive as it can
   // be: receives posted, connected to the sender's QPN.
@@ -483,7 +489,7 @@ TEST(DestroyFenceThreads, SenderThreadNeverReachesADestroyedQp) {
     ASSERT_EQ(post_recv(reborn, 1000 + i, &rsge, 1), 0);
   }
   sender.join();
-  EXPECT_EQ(last_status.load(), IBV_WC_RETRY_EXC_ERR) << "the sender's first SEND after destroy";
+  EXPECT_EQ(sender.last_status.load(), IBV_WC_RETRY_EXC_ERR) << "the sender's first SEND after destroy";
   EXPECT_EQ(first_not(fresh.span(0, kLen), kReused), -1) << "a SEND reached the QP created after destroy";
   // b's own receives were flushed or consumed; none may be the new QP's.
   ibv_wc wc{};
