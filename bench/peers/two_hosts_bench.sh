@@ -97,14 +97,14 @@ for ((r = 1; r <= reps; r++)); do
   x=$(on "$b" -- "$bindir/udp_pingpong" -c 198.18.0.1 -p 19800 -n 20000 | awk '{print $4}')
   kill -KILL -- "-$v" 2>/dev/null
   samples[udp]+="$x "
-  x=$(pair write_lat 18515 t '/^ *2 /{print $5}' "$sv" -- "$sv" -- ib_write_lat -x 1 -s 2 -n 5000)
+  x=$(pair write_lat 18515 t '/^ *2 /{print $5}' "$sv" -- "$sv" -- ib_write_lat -x 0 -s 2 -n 5000)
   samples[write_lat]+="$x "
-  x=$(pair write_bw 18515 t '/^ *65536 /{print $4}' "$sv" -- "$sv" -- ib_write_bw -x 1 -s 65536 -n 5000)
+  x=$(pair write_bw 18515 t '/^ *65536 /{print $4}' "$sv" -- "$sv" -- ib_write_bw -x 0 -s 65536 -n 5000)
   samples[write_bw]+="$x "
   x=$(pair ucx 13337 t '/^Final:/{print $7}' UCX_TLS=tcp -- UCX_TLS=tcp -- ucx_perftest -p 13337 -t tag_bw -s 65536 -n 5000)
   samples[ucx_tcp_bw]+="$x "
   x=$(pair loss 18515 t '/^ *65536 /{print $4}' "$sv" SOFTHCA_FAULT=loss=0.01,seed=$r -- "$sv" SOFTHCA_FAULT=loss=0.01,seed=$((r + 100)) -- \
-      ib_write_bw -x 1 -s 65536 -n 5000)
+      ib_write_bw -x 0 -s 65536 -n 5000)
   samples[write_bw_loss1]+="$x "
   echo "rep $r: udp ${samples[udp]##* } write_lat ... done" >&2
 done

@@ -82,7 +82,7 @@ if [[ ${1:-} == --inside ]]; then
   same node_type "1: CA"
   [[ $(field state) == "PORT_ACTIVE (4)" ]] && same ports/1/state "4: ACTIVE"
   same ports/1/link_layer "$(field link_layer)"
-  gids=0
+  gids=0 localhost=
   while read -r index addr type; do
     exploded=$(python3 -c 'import ipaddress,sys; print(ipaddress.ip_address(sys.argv[1]).exploded)' "$addr")
     same "ports/1/gids/$index" "$exploded"
@@ -91,10 +91,13 @@ if [[ ${1:-} == --inside ]]; then
       *) same "ports/1/gid_attrs/types/$index" "IB/RoCE v1" ;;
     esac
     [[ -s $sys/ports/1/gid_attrs/ndevs/$index ]] || in_fail "no net device for GID $index"
+    [[ $exploded == 0000:0000:0000:0000:0000:ffff:7f00:0001 ]] && localhost=$index
     gids=$((gids + 1))
   done < <(sed -n 's/^[[:space:]]*GID\[[[:space:]]*\([0-9]*\)\]:[[:space:]]*\([^,]*\), \(.*\)$/\1 \2 \3/p' <<<"$info")
   ((gids > 0)) || in_fail "ibv_devinfo -v listed no GID"
-  same ports/1/gid_attrs/ndevs/0 lo
+  # 127.0.0.1 is always in the table (after the interfaces' addresses), on lo.
+  [[ -n ${localhost:-} ]] || in_fail "no ::ffff:127.0.0.1 among the GIDs"
+  same "ports/1/gid_attrs/ndevs/${localhost:-0}" lo
   same device/numa_node -1
   grep -Eqx '[0-9a-f]+(,[0-9a-f]{8})*' "$sys/device/local_cpus" || in_fail "device/local_cpus: $(cat "$sys/device/local_cpus")"
   same "../../infiniband_verbs/uverbs0/ibdev" softhca0

@@ -285,7 +285,7 @@ int sender(const std::string& host, uint16_t port, int gid_index, const ibv_gid&
 
 int main(int argc, char** argv) {
   uint16_t port = 18515;
-  int gid_index = 1;
+  int gid_index = 0;
   std::string group_text = "239.1.2.4", peer;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

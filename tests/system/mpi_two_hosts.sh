@@ -16,8 +16,8 @@
 # host's rank must say (pml_ucx_verbose, prefixed with its host name) that
 # its ucx layer found the transport on softhca0; the ucx pml
 # is forced, the BTLs that could carry bytes (vader, tcp, openib) are
-# excluded and UCX is limited to TLS on softhca0:1 (UCX_IB_GID_INDEX=1, the
-# veth's address: tests/system/CMakeLists.txt says why). That the bytes
+# excluded and UCX is limited to TLS on softhca0:1 (it picks GID 0, the
+# veth's address, alone: tests/system/CMakeLists.txt says why). That the bytes
 # crossed the udp link: each host's `softhca stat --port` counts, after
 # the run, at least one packet sent and received per message of the
 # ping-pong (both hosts' runtime directories are separate and /dev/shm is
@@ -76,13 +76,13 @@ ip -n "$ns_a" link set "$veth_a" up && ip -n "$ns_b" link set "$veth_b" up || ex
 mkdir -m 700 "$work/run-a" "$work/run-b" || exit 1
 
 export SOFTHCA_TOOL=$tool SOFTHCA_NS_HOSTS="hostA=$ns_a:$work/run-a hostB=$ns_b:$work/run-b"
-export UCX_TLS=$tls UCX_NET_DEVICES=softhca0:1 UCX_IB_GID_INDEX=1
+export UCX_TLS=$tls UCX_NET_DEVICES=softhca0:1
 # Open MPI's own out-of-band and PMIx traffic: over the veth, where hostB's
 # daemon can reach mpirun.
 # shellcheck disable=SC2054  # hostA,hostB is one argument
 mpi_args=(--allow-run-as-root -np 2 --host hostA,hostB --mca plm_rsh_agent "$here/ns_rsh.sh"
           --mca oob_tcp_if_include "$a_ip/30" --mca pml ucx --mca btl ^vader,tcp,openib
-          --mca pml_ucx_verbose 2 -x UCX_TLS -x UCX_NET_DEVICES -x UCX_IB_GID_INDEX)
+          --mca pml_ucx_verbose 2 -x UCX_TLS -x UCX_NET_DEVICES)
 setsid ip netns exec "$ns_a" unshare -m -u --propagation private \
   sh -c 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname hostA && d=$1 && shift &&
          exec env SOFTHCA_RUNTIME_DIR="$d" timeout -k 5 90 "$@"' \

@@ -58,21 +58,23 @@ TEST(GidTable, TypicalHostOrder) {
       v6("::1", 1, "lo"),                  v4("10.1.0.5", 2, "eth1"),  v4("127.0.0.1", 1, "lo"),
   };
   const std::vector<GidEntry> table = build_gid_table(addrs);
+  // The interfaces' IPv4 first (what UCX picks: the first RoCE v2 IPv4
+  // GID), their IPv6, and the loopback addresses, which no NIC has, last.
   const std::vector<GidBytes> expected = {
-      gid_of("::ffff:127.0.0.1"), gid_of("::ffff:10.1.0.5"), gid_of("::ffff:192.0.2.2"),
-      gid_of("::1"),              gid_of("fe80::fc:ff:fe00:1"), gid_of("fd00::2"),
+      gid_of("::ffff:10.1.0.5"), gid_of("::ffff:192.0.2.2"), gid_of("fe80::fc:ff:fe00:1"),
+      gid_of("fd00::2"),         gid_of("::ffff:127.0.0.1"), gid_of("::1"),
   };
   EXPECT_EQ(raws(table), expected);
   for (const GidEntry& e : table) EXPECT_EQ(e.type, GidType::kRoceV2);
-  EXPECT_EQ(table[0].ifname, "lo");
-  EXPECT_EQ(table[0].ifindex, 1u);
-  EXPECT_EQ(table[1].ifname, "eth1");
-  EXPECT_EQ(table[1].ifindex, 2u);
-  EXPECT_EQ(table[5].ifname, "eth0");
-  EXPECT_EQ(table[5].ifindex, 3u);
+  EXPECT_EQ(table[0].ifname, "eth1");
+  EXPECT_EQ(table[0].ifindex, 2u);
+  EXPECT_EQ(table[3].ifname, "eth0");
+  EXPECT_EQ(table[3].ifindex, 3u);
+  EXPECT_EQ(table[4].ifname, "lo");
+  EXPECT_EQ(table[4].ifindex, 1u);
 }
 
-TEST(GidTable, LoopbackV4AddressesBeforeOtherIpv4) {
+TEST(GidTable, LoopbackV4AddressesAfterOtherIpv4) {
   const std::vector<InterfaceAddress> addrs = {
       v4("192.0.2.2", 2, "eth0"),
       v4("127.0.0.2", 1, "lo"),
@@ -80,9 +82,9 @@ TEST(GidTable, LoopbackV4AddressesBeforeOtherIpv4) {
   };
   const std::vector<GidEntry> table = build_gid_table(addrs);
   ASSERT_EQ(table.size(), 3u);
-  EXPECT_EQ(table[0].raw, gid_of("::ffff:127.0.0.1"));
-  EXPECT_EQ(table[1].raw, gid_of("::ffff:127.0.0.2"));
-  EXPECT_EQ(table[2].raw, gid_of("::ffff:192.0.2.2"));
+  EXPECT_EQ(table[0].raw, gid_of("::ffff:192.0.2.2"));
+  EXPECT_EQ(table[1].raw, gid_of("::ffff:127.0.0.1"));
+  EXPECT_EQ(table[2].raw, gid_of("::ffff:127.0.0.2"));
 }
 
 TEST(GidTable, KeepsKernelOrderWithinAnInterface) {
@@ -93,17 +95,17 @@ TEST(GidTable, KeepsKernelOrderWithinAnInterface) {
   };
   const std::vector<GidEntry> table = build_gid_table(addrs);
   ASSERT_EQ(table.size(), 3u);
-  EXPECT_EQ(table[1].raw, gid_of("::ffff:198.18.0.9"));
-  EXPECT_EQ(table[2].raw, gid_of("::ffff:198.18.0.1"));
+  EXPECT_EQ(table[0].raw, gid_of("::ffff:198.18.0.9"));
+  EXPECT_EQ(table[1].raw, gid_of("::ffff:198.18.0.1"));
 }
 
-TEST(GidTable, LocalhostAlwaysAtIndexZero) {
+TEST(GidTable, LocalhostAlwaysThereAndIndexZeroWhenAlone) {
   // A namespace whose lo is down: no 127.0.0.1 in getifaddrs.
   const std::vector<GidEntry> table = build_gid_table(std::vector<InterfaceAddress>{v4("198.18.0.1", 5, "veth1")});
   ASSERT_EQ(table.size(), 2u);
-  EXPECT_EQ(table[0].raw, kLoopbackV4Gid);
-  EXPECT_EQ(table[0].ifname, "lo");
-  EXPECT_EQ(table[1].raw, gid_of("::ffff:198.18.0.1"));
+  EXPECT_EQ(table[0].raw, gid_of("::ffff:198.18.0.1"));
+  EXPECT_EQ(table[1].raw, kLoopbackV4Gid);
+  EXPECT_EQ(table[1].ifname, "lo");
 
   const std::vector<GidEntry> empty = build_gid_table(std::vector<InterfaceAddress>{});
   ASSERT_EQ(empty.size(), 1u);
@@ -130,10 +132,10 @@ TEST(GidTable, DropsDuplicatesAndNonAddresses) {
       v6("2001:db8::1", 2, "eth0"), packet,
   };
   const std::vector<GidEntry> table = build_gid_table(addrs);
-  const std::vector<GidBytes> expected = {gid_of("::ffff:127.0.0.1"), gid_of("::ffff:10.0.0.1"),
-                                          gid_of("2001:db8::1")};
+  const std::vector<GidBytes> expected = {gid_of("::ffff:10.0.0.1"), gid_of("2001:db8::1"),
+                                          gid_of("::ffff:127.0.0.1")};
   EXPECT_EQ(raws(table), expected);
-  EXPECT_EQ(table[1].ifname, "eth0");  // the lower ifindex wins
+  EXPECT_EQ(table[0].ifname, "eth0");  // the lower ifindex wins
 }
 
 TEST(GidTable, CutAtTheTableLength) {
@@ -143,8 +145,10 @@ TEST(GidTable, CutAtTheTableLength) {
   addrs.push_back(v4("127.0.0.1", 1, "lo"));
   const std::vector<GidEntry> table = build_gid_table(addrs);
   ASSERT_EQ(table.size(), static_cast<std::size_t>(limits::kGidTableLen));
-  EXPECT_EQ(table.front().raw, kLoopbackV4Gid);
-  EXPECT_EQ(table.back().raw, gid_of("::ffff:10.0.0.31"));  // IPv6 did not fit
+  EXPECT_EQ(table.front().raw, gid_of("::ffff:10.0.0.1"));
+  // 127.0.0.1 keeps the last entry (rdma_cm on 127.0.0.1 needs it); ::1 did not fit.
+  EXPECT_EQ(table[table.size() - 2].raw, gid_of("::ffff:10.0.0.31"));
+  EXPECT_EQ(table.back().raw, kLoopbackV4Gid);
 
   EXPECT_EQ(build_gid_table(addrs, 3).size(), 3u);
 }
@@ -156,8 +160,8 @@ TEST(DeviceInfo, Lookups) {
   EXPECT_EQ(info.name, "softhca0");
   ASSERT_EQ(info.gids.size(), 3u);
 
-  EXPECT_EQ(info.find_gid_index(gid_of("::ffff:127.0.0.1")), 0u);
-  EXPECT_EQ(info.find_gid_index(gid_of("::ffff:192.0.2.2")), 1u);
+  EXPECT_EQ(info.find_gid_index(gid_of("::ffff:192.0.2.2")), 0u);
+  EXPECT_EQ(info.find_gid_index(gid_of("::ffff:127.0.0.1")), 1u);
   EXPECT_EQ(info.find_gid_index(gid_of("::1")), 2u);
   EXPECT_FALSE(info.find_gid_index(gid_of("::ffff:192.0.2.3")).has_value());
   EXPECT_FALSE(info.find_gid_index(GidBytes{}).has_value());  // the zero GID is never local
@@ -167,10 +171,10 @@ TEST(DeviceInfo, Lookups) {
 
   // Raw C arrays (ibv_gid.raw) convert to the span parameter.
   const uint8_t c_raw[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
-  EXPECT_EQ(info.find_gid_index(c_raw), 0u);
+  EXPECT_EQ(info.find_gid_index(c_raw), 1u);
 
-  ASSERT_NE(info.gid_at(1), nullptr);
-  EXPECT_EQ(info.gid_at(1)->ifname, "eth0");
+  ASSERT_NE(info.gid_at(0), nullptr);
+  EXPECT_EQ(info.gid_at(0)->ifname, "eth0");
   EXPECT_EQ(info.gid_at(3), nullptr);
   EXPECT_EQ(info.gid_at(1000), nullptr);
 }
@@ -188,11 +192,13 @@ TEST(DeviceInfo, ThisHost) {
   const DeviceInfo& info = device_info();
   EXPECT_EQ(&info, &device_info());
   ASSERT_FALSE(info.gids.empty());
-  EXPECT_EQ(info.gids[0].raw, kLoopbackV4Gid);
   EXPECT_LE(info.gids.size(), static_cast<std::size_t>(limits::kGidTableLen));
   EXPECT_NE(info.node_guid, 0u);
   EXPECT_TRUE(is_local_gid(kLoopbackV4Gid));
-  EXPECT_EQ(find_gid_index(kLoopbackV4Gid), 0u);
+  ASSERT_TRUE(find_gid_index(kLoopbackV4Gid).has_value());
+  EXPECT_EQ(info.gids[*find_gid_index(kLoopbackV4Gid)].raw, kLoopbackV4Gid);
+  // Index 0 is this host's first interface address, or 127.0.0.1 when it has none.
+  EXPECT_TRUE(is_local_gid(info.gids[0].raw));
 }
 
 }  // namespace
@@ -247,9 +253,10 @@ TEST(GidTable, EachEntryCarriesItsInterfacesRoceMtu) {
   const InterfaceAddress all[] = {lo, eth, jumbo, unknown};
   const auto gids = build_gid_table(all);
   ASSERT_EQ(gids.size(), 4u);
-  EXPECT_EQ(gids[0].mtu, 4096u);
-  EXPECT_EQ(gids[1].mtu, 1024u);
-  EXPECT_EQ(gids[2].mtu, 0u) << "no MTU known for tun0";
+  // In table order: eth0, tun0 (IPv4), jumbo (IPv6), lo.
+  EXPECT_EQ(gids[0].mtu, 1024u);
+  EXPECT_EQ(gids[1].mtu, 0u) << "no MTU known for tun0";
+  EXPECT_EQ(gids[2].mtu, 4096u);
   EXPECT_EQ(gids[3].mtu, 4096u);
 }
 

@@ -18,7 +18,12 @@ namespace softhca::engine {
 namespace {
 
 // Sort classes of the GID table, in table order.
-enum class GidClass { kV4Localhost, kV4Loopback, kV4Other, kV6Localhost, kV6Other };
+// The table's order, as a RoCE NIC lists its netdev's addresses: the
+// interfaces' IPv4, then their IPv6, and the loopback addresses (which no
+// NIC has, but a namespace with nothing else needs) last. A stack that takes
+// the first usable RoCE v2 IPv4 GID (UCX does) then picks an address that
+// other hosts can reach, never 127.0.0.1.
+enum class GidClass { kV4Other, kV6Other, kV4Localhost, kV4Loopback, kV6Localhost };
 
 bool is_ipv4_mapped(const GidBytes& raw) {
   static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
@@ -129,10 +134,11 @@ std::vector<GidEntry> build_gid_table(std::span<const InterfaceAddress> addresse
     }
   }
   if (!have_localhost) {
-    // 127.0.0.1 is always index 0: programs run with -g 0 / -x 0 and rdma_cm on
-    // 127.0.0.1 must find it even in a namespace whose lo has no address.
+    // 127.0.0.1 is always in the table: rdma_cm on 127.0.0.1 must find it
+    // even in a namespace whose lo has no address, and with no other
+    // address it is index 0, so that -g 0 / -x 0 work everywhere.
     Candidate c{GidClass::kV4Localhost, GidEntry{kLoopbackV4Gid, GidType::kRoceV2, lo_ifindex, "lo"}};
-    candidates.insert(candidates.begin(), std::move(c));
+    candidates.push_back(std::move(c));
   }
   std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& x, const Candidate& y) {
     if (x.cls != y.cls) return x.cls < y.cls;
@@ -141,12 +147,19 @@ std::vector<GidEntry> build_gid_table(std::span<const InterfaceAddress> addresse
 
   std::vector<GidEntry> table;
   table.reserve(std::min(candidates.size(), max_entries));
+  std::optional<GidEntry> localhost;
   for (Candidate& c : candidates) {
-    if (table.size() >= max_entries) break;
+    if (c.cls == GidClass::kV4Localhost && !localhost) localhost = c.entry;
+    if (table.size() >= max_entries) continue;
     const bool duplicate =
         std::any_of(table.begin(), table.end(), [&](const GidEntry& e) { return e.raw == c.entry.raw; });
     if (!duplicate) table.push_back(std::move(c.entry));
   }
+  // A host with more addresses than the table holds still has 127.0.0.1,
+  // in the last entry.
+  if (localhost && max_entries > 0 &&
+      std::none_of(table.begin(), table.end(), [](const GidEntry& e) { return e.raw == kLoopbackV4Gid; }))
+    table.back() = *localhost;
   return table;
 }
 

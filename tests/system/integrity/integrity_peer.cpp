@@ -21,8 +21,8 @@
 // Options:
 //   --port P          TCP port of the out-of-band exchange (18515)
 //   --dev NAME        the RDMA device (the first one)
-//   --gid-index N     the GID of the port that reaches the peer (1: softhca's
-//                     first interface address; 0 is loopback)
+//   --gid-index N     the GID of the port that reaches the peer (0: softhca's
+//                     first interface address; the loopback ones come last)
 //   --seed N          the patterns' seed (1)
 //   --max-size BYTES  leave out larger messages (1048576)
 //   --max-read-size BYTES  the same for RDMA READs alone (1048576)

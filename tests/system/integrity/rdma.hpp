@@ -19,7 +19,7 @@ namespace integrity {
 
 struct RdmaOptions {
   std::string device;  // empty: the first one
-  int gid_index = 1;
+  int gid_index = 0;
   uint8_t qp_timeout = 14;  // 4.096 us x 2^14 = 67 ms, as perftest
   uint8_t retry_cnt = 7;
   long rc_psn = -1;  // the RC QP's first PSN; -1: a few hundred short of 2^24
