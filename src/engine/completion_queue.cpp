@@ -65,12 +65,16 @@ CompletionQueue::~CompletionQueue() {
 }
 
 void CompletionQueue::attach(QueuePair* qp) {
-  std::lock_guard guard(users_mutex_);
+  std::lock_guard guard(poll_lock_);
   users_[qp->qpn()] = qp;
 }
 
 void CompletionQueue::detach(QueuePair* qp) {
-  std::lock_guard guard(users_mutex_);
+  std::lock_guard guard(poll_lock_);
+  detach_locked(qp);
+}
+
+void CompletionQueue::detach_locked(QueuePair* qp) {
   if (auto it = users_.find(qp->qpn()); it != users_.end() && it->second == qp) users_.erase(it);
 }
 
@@ -88,7 +92,7 @@ void CompletionQueue::retire_locked(host::Cqe& cqe) {
 }
 
 bool CompletionQueue::in_use() {
-  std::lock_guard guard(users_mutex_);
+  std::lock_guard guard(poll_lock_);
   return !users_.empty();
 }
 
@@ -150,7 +154,7 @@ uint32_t CompletionQueue::purge_qp(uint32_t qpn) {
 
 uint32_t CompletionQueue::detach_counting_receives(QueuePair* qp) {
   std::lock_guard poll(poll_lock_);
-  detach(qp);
+  detach_locked(qp);
   return count_receives_locked(qp->qpn());
 }
 
@@ -166,7 +170,6 @@ int CompletionQueue::poll(int n, ibv_wc* wc) {
   int got = 0;
   host::Cqe cqe;
   if (n == 0 || ring_->empty()) return 0;
-  std::lock_guard users(users_mutex_);  // once per poll, not per completion
   while (got < n && pop_locked(cqe)) {
     retire_locked(cqe);
     to_wc(cqe, wc[got++]);
@@ -180,7 +183,6 @@ bool CompletionQueue::poll_one(host::Cqe& out) {
   if (ring_->empty()) node.udp_link().poll();
   std::lock_guard guard(poll_lock_);
   if (!pop_locked(out)) return false;
-  std::lock_guard users(users_mutex_);
   retire_locked(out);
   return true;
 }
