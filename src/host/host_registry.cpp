@@ -214,9 +214,11 @@ Result<uint32_t> HostRegistry::allocate_qpn(uint32_t proc, uint64_t shm_offset) 
   return fail(std::errc::not_enough_memory);
 }
 
-void HostRegistry::publish_qp(uint32_t qpn, uint64_t incarnation) {
+void HostRegistry::publish_qp(uint32_t qpn) {
   QpSlot& slot = layout_->qps[qp_index(qpn)];
-  if (slot.qpn.load(std::memory_order_relaxed) == qpn) slot.incarnation.store(incarnation, std::memory_order_release);
+  if (slot.qpn.load(std::memory_order_relaxed) == qpn)
+    slot.incarnation.store(layout_->next_incarnation.fetch_add(1, std::memory_order_relaxed),
+                           std::memory_order_release);
 }
 
 void HostRegistry::release_qpn(uint32_t qpn) {
@@ -484,7 +486,6 @@ void HostRegistry::fence_accesses(uint32_t target) const {
   }
 }
 
-uint64_t HostRegistry::new_incarnation() { return layout_->next_incarnation.fetch_add(1, std::memory_order_relaxed); }
 
 uint32_t HostRegistry::allocate_pd_id() { return layout_->next_pd_id.fetch_add(1, std::memory_order_relaxed); }
 

@@ -50,7 +50,7 @@ struct QpSlot {
   std::atomic<uint32_t> qpn;   // 0 = free; written last on allocation, first on release
   std::atomic<uint32_t> proc;  // owner ProcSlot index
   std::atomic<uint64_t> shm_offset;  // the QP's SharedQp in the owner's segment
-  // The QP's incarnation (SharedQp::incarnation), 0 until its shared state
+  // The QP's incarnation (never repeats), 0 until its shared state
   // is written (publish_qp). Initiators check a QP with this and qpn, both
   // here in the registry, never freed: the segment memory of a destroyed
   // QP may already hold another object.
@@ -150,8 +150,11 @@ class HostRegistry {
   void unregister_process(uint32_t proc);
 
   Result<uint32_t> allocate_qpn(uint32_t proc, uint64_t shm_offset);
-  // Makes the QP findable by initiators once its SharedQp is written.
-  void publish_qp(uint32_t qpn, uint64_t incarnation);
+  // Makes the QP findable by initiators once its SharedQp is written, with
+  // a new incarnation: a requester connected to an earlier QP that had the
+  // same QPN finds a different one and gets no answer, as the PSN check
+  // drops a stale connection's packets on RoCE.
+  void publish_qp(uint32_t qpn);
   void release_qpn(uint32_t qpn);
   const QpSlot* find_qp(uint32_t qpn) const;
 
@@ -167,9 +170,6 @@ class HostRegistry {
   bool lookup_mr(uint32_t key, MrRecord& out) const;
 
   uint32_t allocate_pd_id();
-  // A number no other QP of this host had: a QPN comes back after some 65,000
-  // creations, its incarnation never does.
-  uint64_t new_incarnation();
 
   // The deregistration fence. An initiator thread of process `self` calls
   // begin_access before it validates any key of process `target` and keeps

@@ -293,10 +293,8 @@ struct SharedQp {
   uint64_t rq_offset;             // SharedRq of the QP, 0 when it uses an SRQ
   uint64_t srq_offset;            // SharedRq of its SRQ, or 0
   uint64_t recv_cq_offset;        // SharedCq that receives its receive completions
-  // Which QP this is, beyond its QPN: a requester connected to an earlier QP
-  // that had the same QPN finds a different incarnation and gets no answer,
-  // as the PSN check drops a stale connection's packets on RoCE.
-  std::atomic<uint64_t> incarnation;
+  // (Which QP this is beyond its QPN, its incarnation, is kept in its
+  // registry slot: QpSlot::incarnation.)
   // The QP's counters (common/counters.hpp), read by `softhca stat`.
   Counters counters;
 

@@ -137,8 +137,6 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   qp->sq_retired_.store(qp->sq_head_, std::memory_order_relaxed);
   qp->id_ = node.qps().add(qp);
   host::SharedQp& shared = *qp->shared_;
-  const uint64_t incarnation = node.registry().new_incarnation();
-  shared.incarnation.store(incarnation, std::memory_order_relaxed);
   shared.qpn = qp->qpn_;
   shared.qp_type = init.type;
   shared.owner_proc = node.proc();
@@ -149,7 +147,7 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   shared.recv_cq_offset = init.recv_cq->shared_offset();
   shared.state.store(IBV_QPS_RESET, std::memory_order_release);
   // Only now may initiators find it (shm::resolve): its shared state is whole.
-  node.registry().publish_qp(qp->qpn_, incarnation);
+  node.registry().publish_qp(qp->qpn_);
 
   pd.attach();
   init.send_cq->attach(qp);
