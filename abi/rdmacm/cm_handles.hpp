@@ -106,6 +106,8 @@ ibv_context* device_context();
 engine::Node* verbs_node();
 // The default protection domain, allocated with the first id that needs it.
 ibv_pd* device_pd_acquire();
+// The XRC domain of XRC ids (no file: this process's alone), opened on first use.
+ibv_xrcd* device_xrcd();
 void device_pd_release();
 
 // Refreshes the id's public fields (addresses, GIDs, verbs/pd/port, path

@@ -2,6 +2,7 @@
 // use and kept for the life of the process (rdma-core's librdmacm never closes
 // its contexts either), and the default PD that ids get (id->pd), allocated
 // with the first id that needs it and freed with the last one.
+#include <fcntl.h>
 #include <pthread.h>
 
 #include <atomic>
@@ -21,6 +22,7 @@ std::mutex& g_mu = *new (g_mu_storage) std::mutex;
 ibv_context* g_context = nullptr;
 ibv_pd* g_pd = nullptr;
 int g_pd_refs = 0;
+ibv_xrcd* g_xrcd = nullptr;  // XRC ids' domain, opened with the first and kept, as librdmacm does
 
 // A forked child opens a context of its own (the parent's belongs to the
 // parent's progress machinery), as it gets a CM service of its own.
@@ -29,6 +31,7 @@ void forget_in_child() {
   g_context = nullptr;
   g_pd = nullptr;
   g_pd_refs = 0;
+  g_xrcd = nullptr;
 }
 
 ibv_context* open_locked() {
@@ -95,6 +98,19 @@ ibv_pd* device_pd_acquire() {
   if (g_pd == nullptr) return nullptr;
   ++g_pd_refs;
   return g_pd;
+}
+
+ibv_xrcd* device_xrcd() {
+  std::lock_guard g(g_mu);
+  if (open_locked() == nullptr) return nullptr;
+  if (g_xrcd == nullptr) {
+    ibv_xrcd_init_attr attr{};
+    attr.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    attr.fd = -1;
+    attr.oflags = O_CREAT;
+    g_xrcd = ibv_open_xrcd(g_context, &attr);
+  }
+  return g_xrcd;
 }
 
 void device_pd_release() {

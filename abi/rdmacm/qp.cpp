@@ -137,7 +137,27 @@ int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
     if ((id->recv_cq != nullptr && attr->recv_cq != nullptr && id->recv_cq != attr->recv_cq) ||
         (id->send_cq != nullptr && attr->send_cq != nullptr && id->send_cq != attr->send_cq))
       return set_errno(EINVAL);
-    if (id->qp_type == IBV_QPT_XRC_RECV) return set_errno(EOPNOTSUPP);  // XRC ids: a later issue
+    if (id->qp_type == IBV_QPT_XRC_RECV) {
+      // A TGT QP: the library's XRC domain unless the caller names one; no
+      // CQs (its SRQ has the CQ, rdma_create_srq makes it).
+      if (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || attr->xrcd == nullptr) {
+        attr->xrcd = device_xrcd();
+        if (attr->xrcd == nullptr) return -1;
+        attr->comp_mask |= IBV_QP_INIT_ATTR_XRCD;
+      }
+      attr->qp_type = IBV_QPT_XRC_RECV;
+      ibv_qp* qp = ibv_create_qp_ex(id->verbs, attr);
+      if (qp == nullptr) return -1;
+      if (init_new_qp(h, qp) != 0) {
+        const int err = errno;
+        ibv_destroy_qp(qp);
+        return set_errno(err);
+      }
+      id->qp = qp;
+      return 0;
+    }
+    // An INI QP sends only.
+    if (id->qp_type == IBV_QPT_XRC_SEND) attr->cap.max_recv_wr = 0;
 
     if (create_cqs(id, attr->send_cq != nullptr || id->send_cq != nullptr ? 0 : attr->cap.max_send_wr,
                    attr->recv_cq != nullptr || id->recv_cq != nullptr ? 0 : attr->cap.max_recv_wr) != 0)
@@ -190,7 +210,19 @@ int rdma_create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr) {
     attr->pd = id->pd;
     attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
   }
-  if (attr->srq_type == IBV_SRQT_XRC) return set_errno(EOPNOTSUPP);  // XRC ids: a later issue
+  if (attr->srq_type == IBV_SRQT_XRC) {
+    // The id's XRC domain and a receive CQ of its own unless the caller gives them.
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || attr->xrcd == nullptr) {
+      attr->xrcd = device_xrcd();
+      if (attr->xrcd == nullptr) return -1;
+      attr->comp_mask |= IBV_SRQ_INIT_ATTR_XRCD;
+    }
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || attr->cq == nullptr) {
+      if (id->recv_cq == nullptr && create_cqs(id, 0, attr->attr.max_wr) != 0) return -1;
+      attr->cq = id->recv_cq;
+      attr->comp_mask |= IBV_SRQ_INIT_ATTR_CQ;
+    }
+  }
   ibv_srq* srq = ibv_create_srq_ex(id->verbs, attr);
   if (srq == nullptr) return -1;
   if (id->pd == nullptr) id->pd = attr->pd;

@@ -46,6 +46,11 @@ void fill_ops(ContextHandle& h) {
   v.query_rt_values = query_rt_values_op;
   v.create_cq_ex = create_cq_ex_op;
   v.create_qp_ex = create_qp_ex_op;
+  v.open_xrcd = open_xrcd_op;
+  v.close_xrcd = close_xrcd_op;
+  v.create_srq_ex = create_srq_ex_op;
+  v.get_srq_num = get_srq_num_op;
+  v.open_qp = open_qp_op;
   v.alloc_td = alloc_td_op;
   v.dealloc_td = dealloc_td_op;
   v.alloc_parent_domain = alloc_parent_domain_op;

@@ -36,10 +36,11 @@ static_assert(sizeof(ibv_port_attr) == 52 && sizeof(ibv_device_attr_ex) == 400 &
 
 // What the device supports. TODO(lead): move to engine/limits.hpp beside the
 // numeric limits once the MW / XRC / SRQ-resize paths are in place.
-// Only what works today: memory windows, XRC and growing an SRQ are not
-// implemented, and advertising them would make applications try.
+// Only what works today: memory windows and growing an SRQ are not
+// implemented, and advertising them would make applications try. XRC works
+// between processes of one host.
 constexpr unsigned kDeviceCapFlags = IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID |
-                                     IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_N_NOTIFY_CQ;
+                                     IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_XRC;
 
 constexpr uint32_t kPortCapFlags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;  // what a RoCE port reports
 constexpr uint8_t kActiveWidth4x = 2;                                         // IBV_WIDTH_4X

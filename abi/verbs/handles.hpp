@@ -28,6 +28,7 @@ class CompletionChannel;
 class QueuePair;
 class SharedReceiveQueue;
 class AddressHandle;
+class XrcDomain;
 }  // namespace softhca::engine
 
 namespace softhca::abi {
@@ -108,9 +109,13 @@ struct AhHandle {
   ibv_ah ah;
   engine::AddressHandle* impl;
 };
+struct XrcdHandle {
+  ibv_xrcd xrcd;
+  engine::XrcDomain* impl;
+};
 static_assert(offsetof(PdHandle, pd) == 0 && offsetof(MrHandle, mr) == 0 && offsetof(CqHandle, cq) == 0 &&
               offsetof(ChannelHandle, channel) == 0 && offsetof(QpHandle, qp) == 0 &&
-              offsetof(SrqHandle, srq) == 0 && offsetof(AhHandle, ah) == 0);
+              offsetof(SrqHandle, srq) == 0 && offsetof(AhHandle, ah) == 0 && offsetof(XrcdHandle, xrcd) == 0);
 static_assert(std::is_standard_layout_v<ContextHandle> && std::is_standard_layout_v<QpHandle>);
 
 inline ContextHandle* to_context_handle(ibv_context* ctx) {
@@ -132,6 +137,7 @@ inline engine::CompletionChannel* to_channel(ibv_comp_channel* ch) {
 }
 inline engine::QueuePair* to_qp(ibv_qp* qp) { return qp ? reinterpret_cast<QpHandle*>(qp)->impl : nullptr; }
 inline engine::SharedReceiveQueue* to_srq(ibv_srq* srq) { return srq ? reinterpret_cast<SrqHandle*>(srq)->impl : nullptr; }
+inline engine::XrcDomain* to_xrcd(ibv_xrcd* xrcd) { return xrcd ? reinterpret_cast<XrcdHandle*>(xrcd)->impl : nullptr; }
 inline engine::AddressHandle* to_ah(ibv_ah* ah) { return ah ? reinterpret_cast<AhHandle*>(ah)->impl : nullptr; }
 
 // The C conventions, one helper each (man pages of the verbs):

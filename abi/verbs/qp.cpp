@@ -16,13 +16,18 @@ using namespace softhca::abi;
 
 namespace {
 
-ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast = false) {
+// `pd` is nullptr (and `context` given) only for an XRC_RECV QP, which has `xrcd` instead.
+ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast = false,
+                  ibv_context* context = nullptr, ibv_xrcd* xrcd = nullptr) {
   engine::ProtectionDomain* impl_pd = to_pd(pd);
-  if (impl_pd == nullptr || attr == nullptr) {
+  if (context == nullptr && pd != nullptr) context = pd->context;
+  engine::Context* impl_context = to_context(context);
+  if ((impl_pd == nullptr && xrcd == nullptr) || impl_context == nullptr || attr == nullptr) {
     errno = EINVAL;
     return nullptr;
   }
   engine::QpInitAttr init{};
+  init.xrcd = to_xrcd(xrcd);
   init.type = attr->qp_type;
   init.send_cq = to_cq(attr->send_cq);
   init.recv_cq = to_cq(attr->recv_cq);
@@ -34,7 +39,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast 
   init.max_inline_data = attr->cap.max_inline_data;
   init.sq_sig_all = attr->sq_sig_all != 0;
   init.block_self_multicast = block_self_multicast;
-  auto qp = engine::QueuePair::create(*impl_pd, init);
+  auto qp = engine::QueuePair::create(*impl_context, impl_pd, init);
   if (!qp) {
     errno = to_errno(qp.error());
     return nullptr;
@@ -43,12 +48,12 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast 
   h->impl = *qp;
   h->impl->handle = &h->qp.qp_base;
   ibv_qp& q = h->qp.qp_base;
-  q.context = pd->context;
+  q.context = context;
   q.qp_context = attr->qp_context;
-  q.pd = pd;
-  q.send_cq = attr->send_cq;
-  q.recv_cq = attr->recv_cq;
-  q.srq = attr->srq;
+  q.pd = init.type == IBV_QPT_XRC_RECV ? nullptr : pd;
+  q.send_cq = init.send_cq ? attr->send_cq : nullptr;
+  q.recv_cq = init.recv_cq ? attr->recv_cq : nullptr;
+  q.srq = init.srq ? attr->srq : nullptr;
   q.handle = (*qp)->qpn();
   q.qp_num = (*qp)->qpn();
   q.state = IBV_QPS_RESET;
@@ -91,14 +96,17 @@ int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 
 ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   return pointer_verb([&]() -> ibv_qp* {
-    if (attr == nullptr || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+    // An XRC_RECV (TGT) QP has an XRC domain instead of a PD; every other type a PD.
+    const bool xrc_recv = attr != nullptr && attr->qp_type == IBV_QPT_XRC_RECV;
+    if (attr == nullptr || !(attr->comp_mask & (xrc_recv ? IBV_QP_INIT_ATTR_XRCD : IBV_QP_INIT_ATTR_PD))) {
       errno = EINVAL;
       return nullptr;
     }
-    // The new post-send API (SEND_OPS_FLAGS) and, as create_flags, only
-    // BLOCK_SELF_MCAST_LB on UD QPs (mckey -l) are offered; XRC, RSS, TSO, ... are not.
-    constexpr uint32_t kSupported =
-        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    // The new post-send API (SEND_OPS_FLAGS), XRC domains and, as
+    // create_flags, only BLOCK_SELF_MCAST_LB on UD QPs (mckey -l) are
+    // offered; RSS, TSO, ... are not.
+    constexpr uint32_t kSupported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+                                    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     const bool send_ops = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
     const uint32_t create_flags = (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? attr->create_flags : 0;
     const uint32_t allowed_flags = attr->qp_type == IBV_QPT_UD ? IBV_QP_CREATE_BLOCK_SELF_MCAST_LB : 0;
@@ -107,7 +115,9 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
       errno = EOPNOTSUPP;
       return nullptr;
     }
-    if (attr->pd == nullptr || attr->pd->context != context) {
+    ibv_pd* pd = xrc_recv ? nullptr : attr->pd;
+    ibv_xrcd* xrcd = xrc_recv ? attr->xrcd : nullptr;
+    if (xrc_recv ? (xrcd == nullptr || xrcd->context != context) : (pd == nullptr || pd->context != context)) {
       errno = EINVAL;
       return nullptr;
     }
@@ -119,7 +129,7 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     legacy.cap = attr->cap;
     legacy.qp_type = attr->qp_type;
     legacy.sq_sig_all = attr->sq_sig_all;
-    ibv_qp* qp = create_qp(attr->pd, &legacy, (create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) != 0);
+    ibv_qp* qp = create_qp(pd, &legacy, (create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) != 0, context, xrcd);
     if (qp == nullptr) return nullptr;
     attr->cap = legacy.cap;
     if (send_ops) {

@@ -26,8 +26,8 @@
 // engine allows them). BIND_MW, LOCAL_INV, SEND_WITH_INV, TSO, ATOMIC_WRITE
 // and FLUSH (1 << 11, newer headers) are refused at creation with EOPNOTSUPP
 // (pyverbs skips on that);
-// their ops are still installed and make wr_complete return EOPNOTSUPP, as
-// does wr_set_xrc_srqn (no XRC QPs).
+// their ops are still installed and make wr_complete return EOPNOTSUPP.
+// wr_set_xrc_srqn names the receiving SRQ of an XRC INI QP's WR.
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -157,12 +157,18 @@ void wr_atomic_write(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, const 
   }
 }
 
+// XRC INI QPs: the SRQ at the responder that receives the WR (any opcode).
+// Other QPs have no such field: the batch fails as with an operation not offered.
+void wr_set_xrc_srqn(ibv_qp_ex* qpx, uint32_t remote_srqn) {
+  if (qpx->qp_base.qp_type != IBV_QPT_XRC_SEND) return refuse(qpx);
+  if (ibv_send_wr* wr = current(qpx)) wr->qp_type.xrc.remote_srqn = remote_srqn;
+}
+
 // Not offered (refused at creation too): wr_complete returns EOPNOTSUPP.
 void wr_send_inv(ibv_qp_ex* qpx, uint32_t) { refuse(qpx); }
 void wr_bind_mw(ibv_qp_ex* qpx, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { refuse(qpx); }
 void wr_local_inv(ibv_qp_ex* qpx, uint32_t) { refuse(qpx); }
 void wr_send_tso(ibv_qp_ex* qpx, void*, uint16_t, uint16_t) { refuse(qpx); }
-void wr_set_xrc_srqn(ibv_qp_ex* qpx, uint32_t) { refuse(qpx); }
 
 // --- setters ---
 
@@ -280,6 +286,9 @@ int check_send_ops_flags(ibv_qp_type type, uint64_t send_ops_flags) {
       break;
     case IBV_QPT_UD:
       supported = kUdSendOps;
+      break;
+    case IBV_QPT_XRC_SEND:
+      supported = kRcSendOps & ~uint64_t{IBV_QP_EX_WITH_ATOMIC_WRITE};  // ATOMIC WRITE is RC's alone here
       break;
     default:
       return EOPNOTSUPP;

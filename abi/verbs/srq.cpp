@@ -35,31 +35,88 @@ int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 
 }  // namespace softhca::abi
 
+namespace {
+
+// A basic SRQ, or an XRC one (`xrc` names its domain and CQ); `attr.max_wr`
+// becomes what was granted (queue_sizes.hpp).
+ibv_srq* create_srq(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr, engine::XrcSrqInit xrc) {
+  auto srq = engine::SharedReceiveQueue::create(*to_pd(pd), attr.max_wr, attr.max_sge, attr.srq_limit, xrc);
+  if (!srq) {
+    errno = to_errno(srq.error());
+    return nullptr;
+  }
+  attr.max_wr = (*srq)->max_wr();
+  auto* h = new SrqHandle{};
+  h->impl = *srq;
+  h->impl->handle = &h->srq;
+  h->srq.context = pd->context;
+  h->srq.srq_context = srq_context;
+  h->srq.pd = pd;
+  pthread_mutex_init(&h->srq.mutex, nullptr);
+  pthread_cond_init(&h->srq.cond, nullptr);
+  return &h->srq;
+}
+
+}  // namespace
+
+namespace softhca::abi {
+
+// ibv_create_srq_ex: a basic SRQ (as ibv_create_srq) or an XRC SRQ, which
+// needs its XRC domain and the CQ its receive completions go to.
+ibv_srq* create_srq_ex_op(ibv_context* context, ibv_srq_init_attr_ex* attr) {
+  return pointer_verb([&]() -> ibv_srq* {
+    if (attr == nullptr) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+                                IBV_SRQ_INIT_ATTR_CQ;
+    const ibv_srq_type type = (attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? attr->srq_type : IBV_SRQT_BASIC;
+    // Tag matching SRQs, and anything newer, are not offered.
+    if ((attr->comp_mask & ~kKnown) != 0 || (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC)) {
+      errno = EOPNOTSUPP;
+      return nullptr;
+    }
+    ibv_pd* pd = (attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) ? attr->pd : nullptr;
+    if (to_pd(pd) == nullptr || pd->context != context) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    engine::XrcSrqInit xrc;
+    if (type == IBV_SRQT_XRC) {
+      ibv_xrcd* xrcd = (attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) ? attr->xrcd : nullptr;
+      ibv_cq* cq = (attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) ? attr->cq : nullptr;
+      xrc.xrcd = to_xrcd(xrcd);
+      xrc.cq = to_cq(cq);
+      if (xrc.xrcd == nullptr || xrc.cq == nullptr) {
+        errno = EINVAL;
+        return nullptr;
+      }
+    }
+    return create_srq(pd, attr->srq_context, attr->attr, xrc);
+  });
+}
+
+int get_srq_num_op(ibv_srq* srq, uint32_t* srq_num) {
+  return int_verb([&] {
+    engine::SharedReceiveQueue* impl = to_srq(srq);
+    if (impl == nullptr || srq_num == nullptr || impl->srq_num() == 0) return EINVAL;  // only XRC SRQs have one
+    *srq_num = impl->srq_num();
+    return 0;
+  });
+}
+
+}  // namespace softhca::abi
+
 extern "C" {
 
 ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
   return pointer_verb([&]() -> ibv_srq* {
-    engine::ProtectionDomain* impl_pd = to_pd(pd);
-    if (impl_pd == nullptr || attr == nullptr) {
+    if (to_pd(pd) == nullptr || attr == nullptr) {
       errno = EINVAL;
       return nullptr;
     }
-    auto srq = engine::SharedReceiveQueue::create(*impl_pd, attr->attr.max_wr, attr->attr.max_sge,
-                                                  attr->attr.srq_limit);
-    if (!srq) {
-      errno = to_errno(srq.error());
-      return nullptr;
-    }
-    attr->attr.max_wr = (*srq)->max_wr();  // what was granted (queue_sizes.hpp)
-    auto* h = new SrqHandle{};
-    h->impl = *srq;
-    h->impl->handle = &h->srq;
-    h->srq.context = pd->context;
-    h->srq.srq_context = attr->srq_context;
-    h->srq.pd = pd;
-    pthread_mutex_init(&h->srq.mutex, nullptr);
-    pthread_cond_init(&h->srq.cond, nullptr);
-    return &h->srq;
+    return create_srq(pd, attr->srq_context, attr->attr, {});
   });
 }
 

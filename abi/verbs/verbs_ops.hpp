@@ -15,6 +15,12 @@ int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 ibv_cq_ex* create_cq_ex_op(ibv_context* context, ibv_cq_init_attr_ex* attr);
 ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr);
+// XRC (xrc.cpp, srq.cpp).
+ibv_xrcd* open_xrcd_op(ibv_context* context, ibv_xrcd_init_attr* attr);
+int close_xrcd_op(ibv_xrcd* xrcd);
+ibv_srq* create_srq_ex_op(ibv_context* context, ibv_srq_init_attr_ex* attr);
+int get_srq_num_op(ibv_srq* srq, uint32_t* srq_num);
+ibv_qp* open_qp_op(ibv_context* context, ibv_qp_open_attr* attr);
 // Thread and parent domains (parent_domain.cpp). ibv_dealloc_pd hands a
 // parent domain to dealloc_parent_domain.
 ibv_td* alloc_td_op(ibv_context* context, ibv_td_init_attr* init_attr);

@@ -9,6 +9,7 @@
 #include "common/limits.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "engine/queue_sizes.hpp"
+#include "engine/shared_receive_queue.hpp"
 
 namespace softhca::engine {
 
@@ -78,7 +79,23 @@ void CompletionQueue::detach_locked(QueuePair* qp) {
   if (auto it = users_.find(qp->qpn()); it != users_.end() && it->second == qp) users_.erase(it);
 }
 
+void CompletionQueue::attach_xrc_srq(SharedReceiveQueue* srq) {
+  std::lock_guard guard(poll_lock_);
+  xrc_srqs_[srq->id()] = srq;
+}
+
+void CompletionQueue::detach_xrc_srq(SharedReceiveQueue* srq) {
+  std::lock_guard guard(poll_lock_);
+  if (auto it = xrc_srqs_.find(srq->id()); it != xrc_srqs_.end() && it->second == srq) xrc_srqs_.erase(it);
+}
+
 void CompletionQueue::retire_locked(host::Cqe& cqe) {
+  if (cqe.flags & host::kCqeXrcSrq) {
+    const uint32_t srq_id = cqe.vendor_err;
+    cqe.vendor_err = 0;
+    if (auto it = xrc_srqs_.find(srq_id); it != xrc_srqs_.end()) it->second->retire();
+    return;
+  }
   const bool send = (cqe.flags & host::kCqeSendPosition) != 0;
   const uint32_t position = cqe.src_qp;
   if (send) cqe.src_qp = 0;  // not a field of send completions
@@ -93,7 +110,7 @@ void CompletionQueue::retire_locked(host::Cqe& cqe) {
 
 bool CompletionQueue::in_use() {
   std::lock_guard guard(poll_lock_);
-  return !users_.empty();
+  return !users_.empty() || !xrc_srqs_.empty();
 }
 
 

@@ -25,6 +25,7 @@ inline uint64_t completion_clock_ns() { return host::completion_clock_ns(); }
 
 class CompletionChannel;
 class QueuePair;
+class SharedReceiveQueue;
 
 class CompletionQueue {
  public:
@@ -64,6 +65,9 @@ class CompletionQueue {
   EventCounters async_events;
 
   void attach(QueuePair* qp);
+  // An XRC SRQ whose receive completions come here: polling one frees its slot.
+  void attach_xrc_srq(SharedReceiveQueue* srq);
+  void detach_xrc_srq(SharedReceiveQueue* srq);
   void detach(QueuePair* qp);
   // detach() for a QP's receive CQ: also counts the receive completions of the
   // QP still in the ring, which no poll will retire any more (their SRQ WQEs
@@ -115,6 +119,7 @@ class CompletionQueue {
   // poll: a second one, for this map alone, cost two more locked
   // instructions per ibv_poll_cq).
   std::unordered_map<uint32_t, QueuePair*> users_;
+  std::unordered_map<uint32_t, SharedReceiveQueue*> xrc_srqs_;  // by the SRQ's id (under poll_lock_)
   std::atomic<bool> error_raised_{false};
 };
 

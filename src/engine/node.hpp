@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -113,6 +114,21 @@ class Node final : private ProgressThread::Work {
   ObjectQuota& srq_quota() { return srq_quota_; }
   ObjectQuota& pd_quota() { return pd_quota_; }
 
+  // XRC domains of files open in this process, counted by (st_dev, st_ino):
+  // O_EXCL refuses a file whose domain is open. false if refused.
+  bool open_xrc_file(uint64_t dev, uint64_t ino, bool exclusive) {
+    std::lock_guard guard(xrc_files_mutex_);
+    const auto key = std::make_pair(dev, ino);
+    if (exclusive && xrc_files_.contains(key)) return false;
+    ++xrc_files_[key];
+    return true;
+  }
+  void close_xrc_file(uint64_t dev, uint64_t ino) {
+    std::lock_guard guard(xrc_files_mutex_);
+    const auto it = xrc_files_.find(std::make_pair(dev, ino));
+    if (it != xrc_files_.end() && --it->second == 0) xrc_files_.erase(it);
+  }
+
   // A QP with work parked until a deadline (RNR or transport retry) asks to be progressed.
   void add_waiting(QueuePair* qp);
   void remove_waiting(QueuePair* qp);
@@ -141,6 +157,9 @@ class Node final : private ProgressThread::Work {
   ObjectQuota cq_quota_{limits::kMaxCq};
   ObjectQuota srq_quota_{limits::kMaxSrq};
   ObjectQuota pd_quota_{limits::kMaxPd};
+
+  std::mutex xrc_files_mutex_;
+  std::map<std::pair<uint64_t, uint64_t>, uint32_t> xrc_files_;
 
   std::mutex waiting_mutex_;
   std::set<QueuePair*> waiting_;

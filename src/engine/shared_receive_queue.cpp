@@ -3,13 +3,16 @@
 #include <bit>
 
 #include "common/limits.hpp"
+#include "engine/completion_queue.hpp"
 #include "engine/protection_domain.hpp"
+#include "engine/xrc_domain.hpp"
 #include "engine/queue_sizes.hpp"
 
 namespace softhca::engine {
 
 Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uint32_t max_wr, uint32_t max_sge,
-                                                       uint32_t limit) {
+                                                       uint32_t limit, XrcSrqInit xrc) {
+  if ((xrc.xrcd == nullptr) != (xrc.cq == nullptr)) return fail(std::errc::invalid_argument);
   if (max_wr == 0 || max_wr > static_cast<uint32_t>(limits::kMaxSrqWr) || max_sge == 0 ||
       max_sge > static_cast<uint32_t>(limits::kMaxSrqSge) || limit > max_wr)
     return fail(std::errc::invalid_argument);
@@ -36,11 +39,51 @@ Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uin
   srq->shared_->owner_srq_id = srq->id_;
   srq->shared_->limit.store(limit, std::memory_order_release);
   pd.attach();
+  if (xrc.xrcd != nullptr) {
+    // Published like a QP, under a number of the QPN space, as a record that
+    // no message can use as a QP (shm_port's select_xrc_srq reads it).
+    srq->record_offset_ = node.segment().allocate(sizeof(host::SharedQp));
+    if (srq->record_offset_ == 0) {
+      delete srq;
+      return fail(std::errc::not_enough_memory);
+    }
+    host::SharedQp& record = *node.segment().at<host::SharedQp>(srq->record_offset_);
+    record.qp_type = host::SharedQp::kXrcSrqRecord;
+    record.owner_proc = node.proc();
+    record.owner_qp_id = srq->id_;
+    record.pd_id = pd.id();
+    record.xrcd_id = xrc.xrcd->id();
+    record.srq_offset = srq->shared_offset_;
+    record.recv_cq_offset = xrc.cq->shared_offset();
+    record.state.store(IBV_QPS_RESET, std::memory_order_release);
+    auto number = node.registry().allocate_qpn(node.proc(), srq->record_offset_);
+    if (!number) {
+      delete srq;
+      return fail(number.error());
+    }
+    srq->srq_num_ = *number;
+    record.qpn = *number;
+    srq->xrc_ = xrc;
+    xrc.xrcd->attach();
+    xrc.cq->attach_xrc_srq(srq);
+    node.registry().publish_qp(srq->srq_num_);
+  }
   return srq;
 }
 
 SharedReceiveQueue::~SharedReceiveQueue() {
   Node& node = pd_.context().node();
+  if (srq_num_ != 0) {
+    // As a QP's destructor: no initiator reaches the ring once the number is
+    // released and the accesses that may have found it are over.
+    node.registry().release_qpn(srq_num_);
+    node.registry().fence_accesses(node.proc());
+  }
+  if (xrc_.xrcd != nullptr) {
+    xrc_.cq->detach_xrc_srq(this);
+    xrc_.xrcd->detach();
+  }
+  if (record_offset_) node.segment().release(record_offset_, sizeof(host::SharedQp));
   if (id_) node.srqs().remove(id_);
   if (shared_offset_) node.segment().release(shared_offset_, shared_bytes_);
   if (counted_) node.srq_quota().give_back();

@@ -13,12 +13,21 @@
 
 namespace softhca::engine {
 
+class CompletionQueue;
 class ProtectionDomain;
+class XrcDomain;
+
+// What makes an SRQ an XRC SRQ (ibv_create_srq_ex with IBV_SRQT_XRC): its
+// domain, and the CQ its receive completions go to (XRC_RECV QPs have none).
+struct XrcSrqInit {
+  XrcDomain* xrcd = nullptr;
+  CompletionQueue* cq = nullptr;
+};
 
 class SharedReceiveQueue {
  public:
   static Result<SharedReceiveQueue*> create(ProtectionDomain& pd, uint32_t max_wr, uint32_t max_sge,
-                                            uint32_t limit);
+                                            uint32_t limit, XrcSrqInit xrc = {});
   ~SharedReceiveQueue();
 
   // Posts receive WQEs; on failure *bad is the index of the first one not posted.
@@ -36,6 +45,10 @@ class SharedReceiveQueue {
   uint64_t shared_offset() const { return shared_offset_; }
   host::SharedRq* shared() const { return shared_; }
   uint32_t id() const { return id_; }
+  // XRC SRQs: the SRQ number senders name (from the host's QPN space), else 0.
+  uint32_t srq_num() const { return srq_num_; }
+  XrcDomain* xrcd() const { return xrc_.xrcd; }
+  CompletionQueue* cq() const { return xrc_.cq; }
 
   void* handle = nullptr;
   EventCounters async_events;
@@ -49,6 +62,9 @@ class SharedReceiveQueue {
   uint32_t max_wr_ = 0;
   uint32_t max_sge_ = 0;
   uint32_t id_ = 0;
+  XrcSrqInit xrc_;
+  uint32_t srq_num_ = 0;
+  uint64_t record_offset_ = 0;  // XRC: the host::SharedQp record published under srq_num_
   bool counted_ = false;  // holds a unit of the node's srq_quota()
   uint64_t shared_offset_ = 0;
   uint64_t shared_bytes_ = 0;

@@ -439,20 +439,26 @@ thread_local uint32_t t_access_hint = 0;
 std::atomic<uint32_t> g_access_threads{0};
 }  // namespace
 
-uint32_t HostRegistry::begin_access(uint32_t self, uint32_t target) {
+uint32_t HostRegistry::try_begin_access(uint32_t self, uint32_t target) {
   if (t_access_hint == 0) t_access_hint = g_access_threads.fetch_add(1, std::memory_order_relaxed) + 1;
   ProcAccesses& mine = layout_->accesses[self];
+  for (uint32_t n = 0; n < kAccessSlotsPerProc; ++n) {
+    const uint32_t index = (t_access_hint + n) % kAccessSlotsPerProc;
+    std::atomic<uint64_t>& slot = mine.slots[index];
+    uint64_t v = slot.load(std::memory_order_relaxed);
+    if (v & 0xFFFFFFFFu) continue;
+    const uint64_t taken = (((v >> 32) + 1) << 32) | (target + 1);
+    // seq_cst: the fence's read of this slot and our later reads of the
+    // key table are ordered against its key store and our slot store.
+    if (slot.compare_exchange_strong(v, taken, std::memory_order_seq_cst)) return index;
+  }
+  return kNoAccessSlot;
+}
+
+uint32_t HostRegistry::begin_access(uint32_t self, uint32_t target) {
   for (;;) {
-    for (uint32_t n = 0; n < kAccessSlotsPerProc; ++n) {
-      const uint32_t index = (t_access_hint + n) % kAccessSlotsPerProc;
-      std::atomic<uint64_t>& slot = mine.slots[index];
-      uint64_t v = slot.load(std::memory_order_relaxed);
-      if (v & 0xFFFFFFFFu) continue;
-      const uint64_t taken = (((v >> 32) + 1) << 32) | (target + 1);
-      // seq_cst: the fence's read of this slot and our later reads of the
-      // key table are ordered against its key store and our slot store.
-      if (slot.compare_exchange_strong(v, taken, std::memory_order_seq_cst)) return index;
-    }
+    const uint32_t slot = try_begin_access(self, target);
+    if (slot != kNoAccessSlot) return slot;
     __builtin_ia32_pause();  // more threads than slots inside peers' memory: wait for one
   }
 }

@@ -179,6 +179,11 @@ class HostRegistry {
   // once ibv_dereg_mr returns no initiator writes or reads the old range.
   // Accesses of processes that died are not waited for.
   uint32_t begin_access(uint32_t self, uint32_t target);
+  // begin_access without waiting: kNoAccessSlot when every slot of `self` is
+  // taken. For a thread that already holds one (a second process to reach),
+  // which must not wait for slots that threads like it hold.
+  uint32_t try_begin_access(uint32_t self, uint32_t target);
+  static constexpr uint32_t kNoAccessSlot = ~0u;
   void end_access(uint32_t self, uint32_t slot);
   void fence_accesses(uint32_t target) const;
 

@@ -53,6 +53,10 @@ struct Cqe {
 // (meaningless for send completions, reported as 0): polling it frees that
 // slot and every earlier one, as the WQE counter of a ConnectX CQE does.
 inline constexpr uint8_t kCqeSendPosition = 1;
+// A receive completion of an XRC SRQ (it names the XRC_RECV QP, which feeds
+// no CQ): `vendor_err` carries the owner's SRQ id, so that polling it frees
+// the SRQ's slot; reported as 0.
+inline constexpr uint8_t kCqeXrcSrq = 2;
 
 struct alignas(64) CqSlot {
   std::atomic<uint64_t> seq;  // h + 1 once entry h is published
@@ -289,7 +293,7 @@ struct SharedQp {
   std::atomic<uint32_t> min_rnr_timer;
   std::atomic<uint32_t> max_dest_rd_atomic;
   std::atomic<uint32_t> comm_established;  // first message arrived in RTR: COMM_EST raised
-  uint32_t pad;
+  uint32_t xrcd_id;               // XRC_RECV QPs and XRC SRQ records: their XRC domain
   uint64_t rq_offset;             // SharedRq of the QP, 0 when it uses an SRQ
   uint64_t srq_offset;            // SharedRq of its SRQ, or 0
   uint64_t recv_cq_offset;        // SharedCq that receives its receive completions
@@ -299,6 +303,11 @@ struct SharedQp {
   Counters counters;
 
   static constexpr uint32_t kDestroyed = 0xFFFF;
+  // qp_type of the record an XRC SRQ publishes under its SRQ number (which
+  // comes from the QPN space): no QP type, so no message is ever delivered
+  // to it as a QP, and its state stays RESET. srq_offset names the SRQ's
+  // ring, recv_cq_offset its CQ, pd_id its PD, owner_qp_id the owner's SRQ id.
+  static constexpr uint32_t kXrcSrqRecord = 0x5352;
 };
 
 // What an initiator asks a target's owner to do (its progress thread does it).

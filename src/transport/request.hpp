@@ -31,6 +31,8 @@ struct Request {
   uint32_t rkey = 0;
   uint64_t compare_add = 0; // atomics: the compare (CAS) or add (FAA) operand; ATOMIC_WRITE: the value
   uint64_t swap = 0;
+  // XRC only: the SRQ that receives at the responder (the XRCETH's XRCSRQ).
+  uint32_t xrc_srqn = 0;
   // UD only.
   uint32_t qkey = 0;        // the Q_Key the message carries (already resolved from the AH/QP)
   // The requester's side of the data, `length` bytes in all.

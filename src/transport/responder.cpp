@@ -12,6 +12,7 @@ namespace {
 bool operation_allowed(uint32_t qp_type, Operation op) {
   switch (qp_type) {
     case IBV_QPT_RC:
+    case IBV_QPT_XRC_RECV:
       return true;
     case IBV_QPT_UC:
       return op == Operation::kSend || op == Operation::kSendWithImm || op == Operation::kWrite ||
@@ -21,6 +22,24 @@ bool operation_allowed(uint32_t qp_type, Operation op) {
     default:
       return false;
   }
+}
+
+// Whether a message of the requester's transport reaches a QP of this type:
+// the same type, or an XRC INI's message at an XRC TGT.
+bool same_transport(uint32_t qp_type, uint32_t requester_type) {
+  return qp_type == requester_type || (qp_type == IBV_QPT_XRC_RECV && requester_type == IBV_QPT_XRC_SEND);
+}
+
+// Stage "check XRC SRQ" of an XRC TGT: the SRQ the message names must be an
+// XRC SRQ of the QP's domain; its PD stands for the QP's from then on (rkeys
+// and receive lkeys alike). Other QP types pass.
+bool bind_xrc_srq(const Request& req, ResponderPort& port, ResponderQp& qp) {
+  if (qp.type != IBV_QPT_XRC_RECV) return true;
+  const std::optional<uint32_t> pd = port.select_xrc_srq(req.xrc_srqn);
+  if (!pd) return false;
+  qp.pd_id = *pd;
+  qp.receive_pd_id = *pd;
+  return true;
 }
 
 Response silence() { return Response{Syndrome::silence(), 0}; }
@@ -173,11 +192,12 @@ Response accept(const Request& req, ResponderPort& port, bool reliable, MessageI
   m.reset();
   m.op = req.op;
   m.reliable = reliable;
-  const ResponderQp qp = port.qp();
+  ResponderQp qp = port.qp();
   // A message of another transport than the QP's (the BTH opcode's
   // transport bits) or for a QP not ready to receive is dropped.
-  if (qp.type != req.qp_type || !receives_in_state(qp.state)) return silence();
-  if (!operation_allowed(qp.type, req.op)) return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  if (!same_transport(qp.type, req.qp_type) || !receives_in_state(qp.state)) return silence();
+  if (!operation_allowed(qp.type, req.op) || !bind_xrc_srq(req, port, qp))
+    return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
   m.receive_pd_id = qp.receive_pd_id;
   switch (req.op) {
     case Operation::kWrite:
@@ -200,9 +220,9 @@ Response accept(const Request& req, ResponderPort& port, bool reliable, MessageI
 }
 
 Response accept_read(const Request& req, ResponderPort& port, bool reliable, iovec& from) {
-  const ResponderQp qp = port.qp();
-  if (qp.type != req.qp_type || !receives_in_state(qp.state)) return silence();
-  if (!reliable || !operation_allowed(qp.type, req.op) || req.op != Operation::kRead)
+  ResponderQp qp = port.qp();
+  if (!same_transport(qp.type, req.qp_type) || !receives_in_state(qp.state)) return silence();
+  if (!reliable || !operation_allowed(qp.type, req.op) || req.op != Operation::kRead || !bind_xrc_srq(req, port, qp))
     return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
   if (Response r = check_read(req, port, qp, from); !passed(r)) return r;
   port.established();
@@ -210,9 +230,10 @@ Response accept_read(const Request& req, ResponderPort& port, bool reliable, iov
 }
 
 Response recheck_read(const Request& req, ResponderPort& port, iovec& from) {
-  const ResponderQp qp = port.qp();
-  if (qp.type != req.qp_type || !receives_in_state(qp.state) || req.op != Operation::kRead ||
-      qp.max_dest_rd_atomic == 0 || !remote_range(port, qp, req, IBV_ACCESS_REMOTE_READ, req.length, from))
+  ResponderQp qp = port.qp();
+  if (!same_transport(qp.type, req.qp_type) || !receives_in_state(qp.state) || req.op != Operation::kRead ||
+      qp.max_dest_rd_atomic == 0 || !bind_xrc_srq(req, port, qp) ||
+      !remote_range(port, qp, req, IBV_ACCESS_REMOTE_READ, req.length, from))
     return silence();
   return proceed();
 }
@@ -294,9 +315,9 @@ Response finish(MessageInProgress& m, const Request& req, ResponderPort& port) {
 
 Response respond(const Request& req, ResponderPort& port, bool reliable) {
   if (req.op == Operation::kRead || is_atomic(req.op)) {
-    const ResponderQp qp = port.qp();
-    if (qp.type != req.qp_type || !receives_in_state(qp.state)) return silence();
-    if (!operation_allowed(qp.type, req.op))
+    ResponderQp qp = port.qp();
+    if (!same_transport(qp.type, req.qp_type) || !receives_in_state(qp.state)) return silence();
+    if (!operation_allowed(qp.type, req.op) || !bind_xrc_srq(req, port, qp))
       return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
     return req.op == Operation::kRead ? read(req, port, qp) : atomic(req, port, qp);
   }

@@ -68,6 +68,11 @@ class ResponderPort {
   virtual ResponderQp qp() = 0;
   // A key registered by the responder's process, or nothing.
   virtual std::optional<MemoryKey> memory_key(uint32_t key) = 0;
+  // XRC_RECV QPs: binds the port to the SRQ `srqn` that the message names,
+  // if it is an XRC SRQ of the QP's XRC domain that this port can reach;
+  // its PD then. take_receive and complete_receive use that SRQ from here on.
+  // Links that do not carry XRC have none.
+  virtual std::optional<uint32_t> select_xrc_srq(uint32_t /*srqn*/) { return std::nullopt; }
   // Claims the next receive WQE of the QP's RQ or SRQ; false if there is none.
   virtual bool take_receive(ReceiveWqe& out) = 0;
   // Bytes into the responder's memory (`to`) from the requester's (`from`).

@@ -897,7 +897,7 @@ TEST_F(RcPair, BuildErrorsComeBackFromComplete) {
   EXPECT_EQ(ibv_wr_complete(ax), EOPNOTSUPP);
   ibv_wr_start(ax);
   ibv_wr_send(ax);
-  ibv_wr_set_xrc_srqn(ax, 7);
+  ibv_wr_set_xrc_srqn(ax, 7);  // an RC QP names no SRQ
   EXPECT_EQ(ibv_wr_complete(ax), EOPNOTSUPP);
   // Nothing of the above reached the wire.
   expect_empty(cq_a);

@@ -13,6 +13,7 @@
 #include "engine/protection_domain.hpp"
 #include "engine/queue_sizes.hpp"
 #include "engine/shared_receive_queue.hpp"
+#include "engine/xrc_domain.hpp"
 #include "common/settings.hpp"
 
 namespace softhca::engine {
@@ -50,6 +51,7 @@ ibv_wc_opcode wc_opcode_for(uint32_t wr_opcode) {
 bool opcode_allowed(ibv_qp_type type, uint32_t opcode) {
   switch (type) {
     case IBV_QPT_RC:
+    case IBV_QPT_XRC_SEND:
       return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE ||
              opcode == IBV_WR_RDMA_WRITE_WITH_IMM || opcode == IBV_WR_RDMA_READ ||
              opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -65,28 +67,49 @@ bool opcode_allowed(ibv_qp_type type, uint32_t opcode) {
 
 }  // namespace
 
-QueuePair::QueuePair(ProtectionDomain& pd, Context& context, const QpInitAttr& init)
+QueuePair::QueuePair(ProtectionDomain* pd, Context& context, const QpInitAttr& init)
     : pd_(pd), context_(context), node_(context.node()), init_(init) {}
 
 // max_qp is the registry's QPN table: creating one more QP than that anywhere
 // on the host fails in allocate_qpn with not_enough_memory (ENOMEM).
 static_assert(limits::kMaxQp == host::kMaxQpSlots, "max_qp must be what the host registry holds");
 
-Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
-  if (init.type != IBV_QPT_RC && init.type != IBV_QPT_UC && init.type != IBV_QPT_UD)
+Result<QueuePair*> QueuePair::create(Context& context, ProtectionDomain* pd, QpInitAttr& init) {
+  const bool xrc_send = init.type == IBV_QPT_XRC_SEND;
+  const bool xrc_recv = init.type == IBV_QPT_XRC_RECV;
+  if (init.type != IBV_QPT_RC && init.type != IBV_QPT_UC && init.type != IBV_QPT_UD && !xrc_send && !xrc_recv)
     return fail(std::errc::operation_not_supported);
-  if (init.send_cq == nullptr || init.recv_cq == nullptr) return fail(std::errc::invalid_argument);
+  if (xrc_recv) {
+    // A TGT QP: only its domain; it sends nothing and receives into the SRQs
+    // its messages name.
+    if (init.xrcd == nullptr) return fail(std::errc::invalid_argument);
+    pd = nullptr;
+    init.send_cq = init.recv_cq = nullptr;
+    init.srq = nullptr;
+    init.max_send_wr = init.max_recv_wr = init.max_send_sge = init.max_recv_sge = init.max_inline_data = 0;
+  } else {
+    init.xrcd = nullptr;
+    if (pd == nullptr || init.send_cq == nullptr) return fail(std::errc::invalid_argument);
+    if (xrc_send) {
+      // An INI QP receives nothing: no receive queue, CQ or SRQ.
+      init.recv_cq = nullptr;
+      init.srq = nullptr;
+      init.max_recv_wr = init.max_recv_sge = 0;
+    } else if (init.recv_cq == nullptr) {
+      return fail(std::errc::invalid_argument);
+    }
+  }
+  const bool has_rq = init.srq == nullptr && !xrc_send && !xrc_recv;
   if (init.max_send_wr > static_cast<uint32_t>(limits::kMaxQpWr) ||
       init.max_send_sge > static_cast<uint32_t>(limits::kMaxSge) ||
       init.max_inline_data > limits::kMaxInlineData ||
-      (init.srq == nullptr && (init.max_recv_wr > static_cast<uint32_t>(limits::kMaxQpWr) ||
-                               init.max_recv_sge > static_cast<uint32_t>(limits::kMaxSge))))
+      (has_rq && (init.max_recv_wr > static_cast<uint32_t>(limits::kMaxQpWr) ||
+                  init.max_recv_sge > static_cast<uint32_t>(limits::kMaxSge))))
     return fail(std::errc::invalid_argument);
-  Context& context = pd.context();
   Node& node = context.node();
   // What we grant: at least one of each, so a post never meets a zero-sized queue.
-  if (init.max_send_sge == 0) init.max_send_sge = 1;
-  if (init.srq != nullptr) {
+  if (init.max_send_sge == 0 && !xrc_recv) init.max_send_sge = 1;
+  if (!has_rq) {
     init.max_recv_wr = 0;
     init.max_recv_sge = 0;
   } else if (init.max_recv_sge == 0) {
@@ -96,7 +119,8 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
       send_queue_size_for(init.type, init.max_send_wr, init.max_send_sge, init.max_inline_data);
   init.max_send_wr = send_size.max_send_wr;
   init.max_inline_data = send_size.max_inline_data;
-  if (init.srq == nullptr) init.max_recv_wr = recv_queue_size_for(init.max_recv_wr);
+  if (xrc_recv) init.max_send_wr = init.max_inline_data = 0;
+  if (has_rq) init.max_recv_wr = recv_queue_size_for(init.max_recv_wr);
 
   auto* qp = new QueuePair(pd, context, init);
   qp->sq_capacity_ = ring_capacity(init.max_send_wr);
@@ -110,7 +134,7 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
     return fail(std::errc::not_enough_memory);
   }
   qp->shared_ = segment.at<host::SharedQp>(qp->shared_offset_);
-  if (init.srq == nullptr) {
+  if (has_rq) {
     const uint32_t capacity = ring_capacity(init.max_recv_wr);
     qp->rq_bytes_ = host::SharedRq::bytes_for(capacity, init.max_recv_sge);
     qp->rq_offset_ = segment.allocate(qp->rq_bytes_);
@@ -123,7 +147,7 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
     qp->rq_->max_sge = init.max_recv_sge;
     qp->rq_->stride = host::SharedRq::stride_for(init.max_recv_sge);
     qp->rq_->owner_proc = node.proc();
-    qp->rq_->pd_id = pd.id();
+    qp->rq_->pd_id = pd->id();
   }
   auto qpn = node.registry().allocate_qpn(node.proc(), qp->shared_offset_);
   if (!qpn) {
@@ -141,17 +165,19 @@ Result<QueuePair*> QueuePair::create(ProtectionDomain& pd, QpInitAttr& init) {
   shared.qp_type = init.type;
   shared.owner_proc = node.proc();
   shared.owner_qp_id = qp->id_;
-  shared.pd_id = pd.id();
+  shared.pd_id = pd ? pd->id() : 0;
+  shared.xrcd_id = init.xrcd ? init.xrcd->id() : 0;
   shared.rq_offset = qp->rq_offset_;
   shared.srq_offset = init.srq ? init.srq->shared_offset() : 0;
-  shared.recv_cq_offset = init.recv_cq->shared_offset();
+  shared.recv_cq_offset = init.recv_cq ? init.recv_cq->shared_offset() : 0;
   shared.state.store(IBV_QPS_RESET, std::memory_order_release);
   // Only now may initiators find it (shm::resolve): its shared state is whole.
   node.registry().publish_qp(qp->qpn_);
 
-  pd.attach();
-  init.send_cq->attach(qp);
-  if (init.recv_cq != init.send_cq) init.recv_cq->attach(qp);
+  if (pd) pd->attach();
+  if (init.xrcd) init.xrcd->attach();
+  if (init.send_cq) init.send_cq->attach(qp);
+  if (init.recv_cq && init.recv_cq != init.send_cq) init.recv_cq->attach(qp);
   if (init.srq) init.srq->attach();
   qp->attached_ = true;
   return qp;
@@ -182,13 +208,14 @@ QueuePair::~QueuePair() {
   if (attached_) {
     // Receive completions still in the CQ will not find this QP when polled:
     // the SRQ WQEs they hold are given back now.
-    const uint32_t unpolled_receives = init_.recv_cq->detach_counting_receives(this);
-    if (init_.recv_cq != init_.send_cq) init_.send_cq->detach(this);
+    const uint32_t unpolled_receives = init_.recv_cq ? init_.recv_cq->detach_counting_receives(this) : 0;
+    if (init_.send_cq && init_.recv_cq != init_.send_cq) init_.send_cq->detach(this);
     if (init_.srq) {
       init_.srq->retire(unpolled_receives);
       init_.srq->detach();
     }
-    pd_.detach();
+    if (pd_) pd_->detach();
+    if (init_.xrcd) init_.xrcd->detach();
   }
   host::ProcessSegment& segment = node.segment();
   if (rq_offset_) segment.release(rq_offset_, rq_bytes_);
@@ -224,7 +251,9 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   if ((mask & IBV_QP_DEST_QPN) != 0) channel_.reset();
   // A connected QP binds to its peer when it reaches RTR (the shm link takes
   // the peer's incarnation then, so a later QP with the same number is not it).
-  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD) open_channel_locked();
+  // (An XRC TGT QP sends nothing: no channel.)
+  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD && init_.type != IBV_QPT_XRC_RECV)
+    open_channel_locked();
   // A UD QP receives from anyone: peers on other hosts need this process to listen.
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type == IBV_QPT_UD) node_.udp_link().listen();
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR && channel_)
@@ -232,8 +261,8 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
         link::SendConfig{attrs_.sq_psn, attrs_.retry_cnt, attrs_.rnr_retry, attrs_.timeout, attrs_.max_rd_atomic});
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
     reset_queues_locked();
-    const uint32_t purged_receives = init_.recv_cq->purge_qp(qpn_);
-    if (init_.recv_cq != init_.send_cq) init_.send_cq->purge_qp(qpn_);
+    const uint32_t purged_receives = init_.recv_cq ? init_.recv_cq->purge_qp(qpn_) : 0;
+    if (init_.send_cq && init_.recv_cq != init_.send_cq) init_.send_cq->purge_qp(qpn_);
     // An SRQ's WQEs that those receive completions held are free again.
     if (init_.srq) init_.srq->retire(purged_receives);
     shared_->comm_established.store(0, std::memory_order_relaxed);
@@ -320,6 +349,7 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
       wqe->rkey = wr.wr.rdma.rkey;
       break;
   }
+  if (init_.type == IBV_QPT_XRC_SEND) wqe->remote_qpn = wr.qp_type.xrc.remote_srqn;
   if (init_.type == IBV_QPT_UD) {
     wqe->ah = context_.address_handle(wr.wr.ud.ah);
     wqe->remote_qpn = wr.wr.ud.remote_qpn;
@@ -371,7 +401,7 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
 }
 
 int QueuePair::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
-  if (init_.srq != nullptr) {
+  if (rq_ == nullptr) {  // an SRQ's, or an XRC QP's (which has no receive queue)
     *bad_wr = wr;
     return EINVAL;
   }
@@ -639,6 +669,12 @@ void QueuePair::open_channel_locked() {
   // SOFTHCA_LINK=udp asks for packets; any other GID over the udp link.
   const bool force_udp = setting_number(SettingId::kLink) == 1;
   const bool remote = ah.is_global && (force_udp || !is_local_gid(std::span<const uint8_t, 16>(ah.dgid.data(), 16)));
+  if (remote && init_.type == IBV_QPT_XRC_SEND) {
+    // The udp link carries no XRCETH yet: the QP's sends end in RETRY_EXC_ERR.
+    SOFTHCA_WARN("qp 0x%x: XRC between hosts is not supported yet: its peer cannot be reached", qpn_);
+    channel_.reset();
+    return;
+  }
   channel_ = remote ? node_.udp_link().open_channel(config) : node_.shm_link().open_channel(config);
   if (remote && !channel_)
     SOFTHCA_WARN("qp 0x%x: no udp link (UDP port 4791 cannot be bound): its peer cannot be reached", qpn_);

@@ -31,6 +31,7 @@ namespace softhca::engine {
 class CompletionQueue;
 class ProtectionDomain;
 class SharedReceiveQueue;
+class XrcDomain;
 
 struct QpInitAttr {
   ibv_qp_type type;
@@ -46,11 +47,15 @@ struct QpInitAttr {
   // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (UD): the QP's own multicast sends do
   // not come back to it even when it is attached to the group.
   bool block_self_multicast = false;
+  // XRC_RECV (TGT) QPs: their domain. They have no PD, CQs or queues of
+  // their own; each message names the XRC SRQ that receives it.
+  XrcDomain* xrcd = nullptr;
 };
 
 class QueuePair {
  public:
-  static Result<QueuePair*> create(ProtectionDomain& pd, QpInitAttr& init);
+  // `pd` is nullptr only for XRC_RECV QPs.
+  static Result<QueuePair*> create(Context& context, ProtectionDomain* pd, QpInitAttr& init);
   ~QueuePair();
 
   Result<void> modify(const ibv_qp_attr& attr, int mask);
@@ -70,7 +75,7 @@ class QueuePair {
   ibv_qp_type type() const { return init_.type; }
   ibv_qp_state state() const { return static_cast<ibv_qp_state>(shared_->state.load(std::memory_order_acquire)); }
   Context& context() { return context_; }
-  ProtectionDomain& pd() { return pd_; }
+  ProtectionDomain* pd() { return pd_; }
   const QpInitAttr& init_attr() const { return init_; }
   const QpAttributes& attrs() const { return attrs_; }
   uint32_t id() const { return id_; }
@@ -92,7 +97,7 @@ class QueuePair {
   Node& node() { return node_; }
 
  private:
-  QueuePair(ProtectionDomain& pd, Context& context, const QpInitAttr& init);
+  QueuePair(ProtectionDomain* pd, Context& context, const QpInitAttr& init);
   SendWqe* sq_slot(uint32_t index) { return reinterpret_cast<SendWqe*>(sq_.data() + uint64_t{index & (sq_capacity_ - 1)} * sq_stride_); }
   int validate_send(const ibv_send_wr& wr) const;
   void enqueue_send_locked(const ibv_send_wr& wr);
@@ -124,7 +129,7 @@ class QueuePair {
   // This QP's counters and its port's (this process's share of them).
   CounterSink counters() const;
 
-  ProtectionDomain& pd_;
+  ProtectionDomain* pd_;  // nullptr for XRC_RECV
   Context& context_;
   Node& node_;
   QpInitAttr init_;

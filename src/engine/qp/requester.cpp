@@ -97,7 +97,7 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
   } else {
     const uint32_t access = reads_into_local ? IBV_ACCESS_LOCAL_WRITE : 0;
     const ibv_wc_status checked =
-        local_iovecs(node_, pd_.id(), wqe.sge, wqe.num_sge, access, local, &nlocal, &length);
+        local_iovecs(node_, pd_->id(), wqe.sge, wqe.num_sge, access, local, &nlocal, &length);
     if (checked != IBV_WC_SUCCESS) return verdict(Verdict::complete(checked));
   }
   if (length > limits::kMaxMsgSize) return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
@@ -115,6 +115,7 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
   request.rkey = wqe.rkey;
   request.compare_add = wqe.compare_add;
   request.swap = wqe.swap;
+  if (init_.type == IBV_QPT_XRC_SEND) request.xrc_srqn = wqe.remote_qpn;
   request.data = local;
   request.ndata = nlocal;
   request.length = length;
@@ -160,7 +161,7 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
   }
 
   // RC and UC: the connected QP's channel, opened at RTR.
-  const bool reliable = init_.type == IBV_QPT_RC;
+  const bool reliable = init_.type == IBV_QPT_RC || init_.type == IBV_QPT_XRC_SEND;
   if (now_ns == 0 && !channel_) now_ns = monotonic_ns();
   if (!channel_)
     return verdict(reliable ? transport::on_answer(transport::Syndrome::silence(), wqe.retry, attrs_.rnr_retry,

@@ -15,7 +15,7 @@ namespace {
 class ShmChannel final : public link::Channel {
  public:
   ShmChannel(host::Attachment& host, uint32_t qp_type, uint32_t dest_qpn)
-      : host_(host), reliable_(qp_type == IBV_QPT_RC), dest_qpn_(dest_qpn) {
+      : host_(host), reliable_(qp_type == IBV_QPT_RC || qp_type == IBV_QPT_XRC_SEND), dest_qpn_(dest_qpn) {
     // Bind to the peer that has the QPN now; if there is none yet, to the
     // one found at the first send.
     TargetQp peer;

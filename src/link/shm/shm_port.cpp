@@ -44,25 +44,26 @@ const host::MrRecord* ShmResponderPort::KeysInUse::holding(uint64_t addr, uint64
 }
 
 bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
-  if (target_.proc == host_.proc()) return false;  // our own memory: write_to copies directly
+  TargetQp& owner = *data_;
+  if (owner.proc == host_.proc()) return false;  // our own memory: write_to copies directly
   // A dead owner's file is still mapped here, so a copy into it would
   // succeed: only a live owner's memory is reached this way. (Else the
   // process_vm path answers ESRCH and the operation is lost, as with a NIC
   // whose peer went away.)
-  if (!reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running()) return false;
+  if (!reinterpret_cast<const host::SegmentHeader*>(owner.base)->owner_running()) return false;
   for (int i = 0; i < n; ++i) {
     const uint64_t addr = reinterpret_cast<uint64_t>(target[i].iov_base);
     const host::MrRecord* mr = keys_.holding(addr, target[i].iov_len);
     if (mr == nullptr || mr->shared_offset == host::kNotShared) return false;
     const uint64_t offset = mr->shared_offset + (addr - mr->host_addr);
     const uint64_t end = offset + target[i].iov_len;
-    if (target_.backing == nullptr || end > target_.backing_length) {
-      const host::PeerBackings::View view = host_.backing_view(target_.proc, end);
+    if (owner.backing == nullptr || end > owner.backing_length) {
+      const host::PeerBackings::View view = host_.backing_view(owner.proc, end);
       if (view.base == nullptr) return false;
-      target_.backing = view.base;
-      target_.backing_length = view.length;
+      owner.backing = view.base;
+      owner.backing_length = view.length;
     }
-    local[i] = iovec{target_.backing + offset, target[i].iov_len};
+    local[i] = iovec{owner.backing + offset, target[i].iov_len};
   }
   return true;
 }
@@ -83,12 +84,40 @@ transport::ResponderQp ShmResponderPort::qp() {
 
 std::optional<transport::MemoryKey> ShmResponderPort::memory_key(uint32_t key) {
   host::MrRecord mr;
-  if (!host_.registry().lookup_mr(key, mr) || mr.proc != target_.proc) return std::nullopt;
+  if (!host_.registry().lookup_mr(key, mr) || mr.proc != data_->proc) return std::nullopt;
   keys_.add(mr);
   return transport::MemoryKey{mr.key, mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr};
 }
 
+// The SRQ must be published under `srqn` now and belong to the QP's domain;
+// it may live in any process of the host (an XRC domain is shared by file).
+// Its record is read under an access to its process: an SRQ being destroyed
+// releases its number and then waits out that fence, as a QP does.
+std::optional<uint32_t> ShmResponderPort::select_xrc_srq(uint32_t srqn) {
+  if (srqn == 0 || xrc_srq_ != nullptr || !resolve(host_, srqn, xrc_owner_)) return std::nullopt;
+  if (xrc_owner_.proc != target_.proc) {
+    // The SRQ's process too must be announced before its record is read;
+    // without waiting, since this thread already holds a slot (no free one:
+    // the message is not taken now, and the requester sends it again).
+    xrc_access_ = host_.registry().try_begin_access(host_.proc(), xrc_owner_.proc);
+    if (xrc_access_ == host::HostRegistry::kNoAccessSlot) return std::nullopt;
+  }
+  if (!still_there(xrc_owner_)) return std::nullopt;
+  const host::SharedQp& record = *xrc_owner_.qp;
+  if (record.qp_type != host::SharedQp::kXrcSrqRecord || record.xrcd_id == 0 ||
+      record.xrcd_id != target_.qp->xrcd_id)
+    return std::nullopt;
+  xrc_srq_ = &record;
+  data_ = &xrc_owner_;
+  return record.pd_id;
+}
+
+ShmResponderPort::~ShmResponderPort() {
+  if (xrc_access_ != host::HostRegistry::kNoAccessSlot) host_.registry().end_access(host_.proc(), xrc_access_);
+}
+
 host::SharedRq* ShmResponderPort::receive_queue() const {
+  if (xrc_srq_ != nullptr) return reinterpret_cast<host::SharedRq*>(xrc_owner_.base + xrc_srq_->srq_offset);
   const uint64_t offset = target_.qp->srq_offset ? target_.qp->srq_offset : target_.qp->rq_offset;
   return reinterpret_cast<host::SharedRq*>(target_.base + offset);
 }
@@ -108,13 +137,14 @@ bool ShmResponderPort::take_receive(transport::ReceiveWqe& out) {
   uint32_t limit = rq->limit.load(std::memory_order_relaxed);
   if (limit != 0 && remaining < limit && rq->owner_srq_id != 0 &&
       rq->limit.compare_exchange_strong(limit, 0, std::memory_order_acq_rel))
-    host_.notify(target_.proc, target_.pid,
+    host_.notify(data_->proc, data_->pid,
                  host::Event{static_cast<uint32_t>(host::EventKind::kSrqLimit), rq->owner_srq_id, 0, 0});
   return true;
 }
 
 transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from,
                                                     int nfrom, uint64_t length) {
+  const TargetQp& data = *data_;
   // The owner's side seen here: plain copies, no system call.
   iovec view[limits::kMaxSge + 1];
   const iovec* owner = into_target ? to : from;
@@ -129,7 +159,7 @@ transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iove
       copy_iovecs(t, nt, f, nf, bytes);
       return CopyResult::kOk;
     }
-    return (into_target ? write_to : read_from)(target_.pid, t, nt, f, nf, bytes);
+    return (into_target ? write_to : read_from)(data.pid, t, nt, f, nf, bytes);
   };
   if (length <= kFenceChunk) return status_of(copy(to, nto, from, nfrom, length));
   iovec to_part[limits::kMaxSge + 1], from_part[limits::kMaxSge + 1];
@@ -138,7 +168,7 @@ transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iove
     if (offset != 0 && !keys_.still_valid(host_.registry())) return transport::CopyStatus::kFault;
     // Through the owner's file: stop once the owner is gone (its window may
     // be unmapped a while later).
-    if (local && offset != 0 && !reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running())
+    if (local && offset != 0 && !reinterpret_cast<const host::SegmentHeader*>(data.base)->owner_running())
       return transport::CopyStatus::kGone;
     const uint64_t bytes = length - offset < kFenceChunk ? length - offset : kFenceChunk;
     const int nt = slice_iovecs(to, nto, offset, bytes, to_part);
@@ -165,10 +195,11 @@ transport::CopyStatus ShmResponderPort::read(const iovec* to, int nto, const iov
 // side sees half of.
 transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp op, uint64_t compare_add,
                                                uint64_t swap, uint64_t& original) {
+  const TargetQp& owner = *data_;
   const iovec where{word, sizeof(uint64_t)};
   iovec view;
   const bool local = local_views(&where, 1, &view);
-  host::AtomicStripe& stripe = host_.registry().atomic_stripe(target_.pid, reinterpret_cast<uint64_t>(word));
+  host::AtomicStripe& stripe = host_.registry().atomic_stripe(owner.pid, reinterpret_cast<uint64_t>(word));
   while (stripe.locked.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
   CopyResult r = CopyResult::kOk;
   original = 0;
@@ -187,11 +218,11 @@ transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp o
   } else if (op == transport::AtomicOp::kWrite) {
     uint64_t value = compare_add;
     const iovec local_word{&value, sizeof value};
-    r = write_to(target_.pid, &where, 1, &local_word, 1, sizeof value);
+    r = write_to(owner.pid, &where, 1, &local_word, 1, sizeof value);
   } else {
     uint64_t value = 0;
     iovec local_word{&value, sizeof value};
-    r = read_from(target_.pid, &local_word, 1, &where, 1, sizeof value);
+    r = read_from(owner.pid, &local_word, 1, &where, 1, sizeof value);
     if (r == CopyResult::kOk) {
       original = value;
       uint64_t next = value;
@@ -202,7 +233,7 @@ transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp o
       }
       if (next != value) {
         local_word.iov_base = &next;
-        r = write_to(target_.pid, &where, 1, &local_word, 1, sizeof next);
+        r = write_to(owner.pid, &where, 1, &local_word, 1, sizeof next);
       }
     }
   }
@@ -226,16 +257,24 @@ void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
   cqe.wc_flags = c.wc_flags;
   cqe.sl = c.sl;
   cqe.solicited = c.solicited ? 1 : 0;
-  auto* cq = reinterpret_cast<host::SharedCq*>(target_.base + target_.qp->recv_cq_offset);
-  switch (cq->push(target_.base, cqe)) {
+  uint64_t cq_offset = target_.qp->recv_cq_offset;
+  if (xrc_srq_ != nullptr) {
+    cq_offset = xrc_srq_->recv_cq_offset;
+    cqe.flags = host::kCqeXrcSrq;
+    cqe.vendor_err = xrc_srq_->owner_qp_id;
+  }
+  // The CQ lives with the receive queue: an XRC SRQ's in the SRQ's process.
+  const TargetQp& owner = *data_;
+  auto* cq = reinterpret_cast<host::SharedCq*>(owner.base + cq_offset);
+  switch (cq->push(owner.base, cqe)) {
     case host::SharedCq::Push::kOk:
       return;
     case host::SharedCq::Push::kOkNotify:
-      host_.notify(target_.proc, target_.pid,
+      host_.notify(owner.proc, owner.pid,
                    host::Event{static_cast<uint32_t>(host::EventKind::kCqNotify), cq->owner_cq_id, 0, 0});
       return;
     case host::SharedCq::Push::kOverrun:
-      host_.notify(target_.proc, target_.pid,
+      host_.notify(owner.proc, owner.pid,
                    host::Event{static_cast<uint32_t>(host::EventKind::kCqError), cq->owner_cq_id, 0, 0});
       return;
   }

@@ -18,9 +18,13 @@ class ShmResponderPort final : public transport::ResponderPort {
  public:
   // The caller holds a MemoryAccess for `target`, and found it still_there.
   ShmResponderPort(host::Attachment& host, TargetQp& target) : host_(host), target_(target) {}
+  ~ShmResponderPort() override;
+  ShmResponderPort(const ShmResponderPort&) = delete;
+  ShmResponderPort& operator=(const ShmResponderPort&) = delete;
 
   transport::ResponderQp qp() override;
   std::optional<transport::MemoryKey> memory_key(uint32_t key) override;
+  std::optional<uint32_t> select_xrc_srq(uint32_t srqn) override;
   bool take_receive(transport::ReceiveWqe& out) override;
   transport::CopyStatus write(const iovec* to, int nto, const iovec* from, int nfrom, uint64_t length) override;
   transport::CopyStatus read(const iovec* to, int nto, const iovec* from, int nfrom, uint64_t length) override;
@@ -57,8 +61,17 @@ class ShmResponderPort final : public transport::ResponderPort {
                                     uint64_t length);
 
   host::Attachment& host_;
-  TargetQp& target_;
+  TargetQp& target_;  // the QP: its state, its events
+  // Whose memory, receive queue and CQ the message reaches: the QP's
+  // process, or for an XRC_RECV QP the process of the SRQ it names.
+  TargetQp* data_ = &target_;
   KeysInUse keys_;
+  // The XRC SRQ's record (in its owner's segment) a message to an XRC_RECV
+  // QP named, once select_xrc_srq accepted it; the SRQ as a target.
+  const host::SharedQp* xrc_srq_ = nullptr;
+  TargetQp xrc_owner_;
+  // The access to the SRQ's process, when it is not the QP's.
+  uint32_t xrc_access_ = host::HostRegistry::kNoAccessSlot;
 };
 
 }  // namespace softhca::shm
