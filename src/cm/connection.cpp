@@ -572,7 +572,8 @@ Result<QpAttrPlan> init_qp_attr(const Connection& conn, ibv_qp_type qp_type, uin
       a.ah_attr.grh.flow_label = n.path.flow_label;
       a.ah_attr.port_num = port_num;
       plan.mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-      if (qp_type == IBV_QPT_RC) {
+      // Responders: RC and XRC TGT QPs.
+      if (qp_type == IBV_QPT_RC || qp_type == IBV_QPT_XRC_RECV) {
         a.max_dest_rd_atomic = n.responder_resources;
         a.min_rnr_timer = 0;
         plan.mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
@@ -589,7 +590,12 @@ Result<QpAttrPlan> init_qp_attr(const Connection& conn, ibv_qp_type qp_type, uin
       if (!conn.has_cm() || s == ConnState::kIdle || s == ConnState::kReqSent) return fail(std::errc::invalid_argument);
       a.sq_psn = n.local_psn;
       plan.mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-      if (qp_type == IBV_QPT_RC) {
+      if (qp_type == IBV_QPT_XRC_RECV) {
+        a.timeout = n.path.local_ack_timeout;  // all a TGT QP takes (and needs) at RTS
+        plan.mask |= IBV_QP_TIMEOUT;
+      }
+      // Requesters: RC and XRC INI QPs.
+      if (qp_type == IBV_QPT_RC || qp_type == IBV_QPT_XRC_SEND) {
         a.timeout = n.path.local_ack_timeout;
         a.retry_cnt = n.retry_count;
         a.rnr_retry = n.rnr_retry_count;
