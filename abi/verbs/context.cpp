@@ -51,6 +51,7 @@ void fill_ops(ContextHandle& h) {
   v.create_srq_ex = create_srq_ex_op;
   v.get_srq_num = get_srq_num_op;
   v.open_qp = open_qp_op;
+  v.advise_mr = advise_mr_op;
   v.alloc_td = alloc_td_op;
   v.dealloc_td = dealloc_td_op;
   v.alloc_parent_domain = alloc_parent_domain_op;

@@ -121,7 +121,18 @@ void fill_device_attr(ibv_device_attr& d) {
 void fill_device_attr_ex(ibv_device_attr_ex& x) {
   x = ibv_device_attr_ex{};
   fill_device_attr(x.orig_attr);
-  // No ODP, TSO, RSS, WQs, packet pacing, raw packet, tag matching, CQ moderation,
+  // On-demand paging: softhca never pins memory, it reaches registered memory
+  // when an operation runs, so every transport's operations work on ODP MRs,
+  // implicit ones (the whole address space) included.
+  constexpr uint32_t kConnectedOdp = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                                     IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  x.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  x.odp_caps.per_transport_caps.rc_odp_caps = kConnectedOdp;
+  x.odp_caps.per_transport_caps.uc_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
+  x.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  x.xrc_odp_caps = kConnectedOdp & ~uint32_t{IBV_ODP_SUPPORT_RECV};  // XRC receives into SRQs only
+  // No TSO, RSS, WQs, packet pacing, raw packet, tag matching, CQ moderation,
   // device memory or PCI atomics: all zero.
   x.comp_mask = 0;
   // Completion timestamps count the host's monotonic clock in ns: a 1 GHz

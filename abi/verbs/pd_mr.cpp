@@ -40,6 +40,31 @@ ibv_mr* register_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsign
 
 }  // namespace
 
+namespace softhca::abi {
+
+// ibv_advise_mr (verbs_context op): prefetch advice for ranges of on-demand
+// MRs. Checked as a provider checks it; there are no page faults to take
+// ahead, so a valid request needs nothing more, flushed or not.
+int advise_mr_op(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge) {
+  return int_verb([&] {
+    engine::ProtectionDomain* impl = to_pd(pd);
+    if (impl == nullptr || sg_list == nullptr || num_sge == 0) return EINVAL;
+    if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+        advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+      return EOPNOTSUPP;
+    if (flags & ~uint32_t{IBV_ADVISE_MR_FLAG_FLUSH}) return EINVAL;
+    const bool write = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+    for (uint32_t i = 0; i < num_sge; ++i) {
+      if (auto ok = engine::check_advice_range(*impl, sg_list[i].lkey, sg_list[i].addr, sg_list[i].length, write);
+          !ok)
+        return to_errno(ok.error());
+    }
+    return 0;
+  });
+}
+
+}  // namespace softhca::abi
+
 #undef ibv_reg_mr
 #undef ibv_reg_mr_iova
 

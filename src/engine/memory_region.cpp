@@ -8,12 +8,13 @@
 #include "common/limits.hpp"
 #include "engine/protection_domain.hpp"
 #include "host/memory_check.hpp"
+#include "transport/memory_key.hpp"
 
 namespace softhca::engine {
 
 uint32_t supported_access_flags() {
   return IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-         IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED;
+         IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
 }
 
 Result<void> check_access_flags(uint32_t access) {
@@ -22,6 +23,17 @@ Result<void> check_access_flags(uint32_t access) {
   if (mandatory & ~supported_access_flags()) return fail(std::errc::invalid_argument);
   // Remote write or atomic access requires local write (IBTA; rdma-core returns EINVAL).
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
+    return fail(std::errc::invalid_argument);
+  return {};
+}
+
+Result<void> check_advice_range(ProtectionDomain& pd, uint32_t lkey, uint64_t addr, uint64_t length, bool write) {
+  Node& node = pd.context().node();
+  host::MrRecord mr;
+  if (!node.registry().lookup_mr(lkey, mr) || mr.proc != node.proc() || !(mr.access & IBV_ACCESS_ON_DEMAND))
+    return fail(std::errc::invalid_argument);
+  const transport::MemoryKey key{mr.key, mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr};
+  if (!transport::key_allows(key, pd.id(), write ? IBV_ACCESS_LOCAL_WRITE : 0, addr, length))
     return fail(std::errc::invalid_argument);
   return {};
 }
@@ -70,12 +82,24 @@ uint64_t share_pages(Node& node, void* addr, uint64_t length, std::optional<host
 Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,
                                            uint32_t access) {
   if (auto ok = check_access_flags(access); !ok) return fail(ok.error());
-  if (length == 0 || length > limits::kMaxMrSize) return fail(std::errc::invalid_argument);
-  if (addr == nullptr) return fail(std::errc::invalid_argument);
-  if (auto ok = check_memory(addr, length, access); !ok) return fail(ok.error());
+  // Implicit ODP: the whole address space, iova = address; nothing of it is
+  // checked now, every reference through it is when used.
+  const bool implicit = addr == nullptr && length == UINT64_MAX && (access & IBV_ACCESS_ON_DEMAND) != 0;
+  if (implicit) {
+    if (access & IBV_ACCESS_ZERO_BASED) return fail(std::errc::invalid_argument);
+    iova = 0;
+  } else {
+    if (length == 0 || length > limits::kMaxMrSize) return fail(std::errc::invalid_argument);
+    if (addr == nullptr) return fail(std::errc::invalid_argument);
+    if (auto ok = check_memory(addr, length, access); !ok) return fail(ok.error());
+  }
   auto* mr = new MemoryRegion(pd, addr, length, iova, access);
   Node& node = pd.context().node();
-  const uint64_t shared_offset = share_pages(node, addr, length, mr->shared_);
+  // An on-demand MR follows the process's page table (a range unmapped and
+  // mapped again is the new memory): its pages never move into the shared
+  // file, peers reach them by copying.
+  const uint64_t shared_offset =
+      (access & IBV_ACCESS_ON_DEMAND) ? host::kNotShared : share_pages(node, addr, length, mr->shared_);
   auto key = node.registry().allocate_mr(node.proc(), pd.id(), access, iova, length,
                                          reinterpret_cast<uint64_t>(addr), shared_offset);
   if (!key) {
@@ -131,7 +155,12 @@ Result<void> MemoryRegion::rereg(int flags, ProtectionDomain* pd, void* addr, ui
     addr_ = addr;
     length_ = length;
     iova_ = reinterpret_cast<uint64_t>(addr);
-    shared_offset = share_pages(node, addr_, length_, shared_);
+    if (access_ & IBV_ACCESS_ON_DEMAND) {
+      shared_.reset();
+      shared_offset = host::kNotShared;
+    } else {
+      shared_offset = share_pages(node, addr_, length_, shared_);
+    }
   }
   node.registry().update_mr(key_, pd_->id(), access_, iova_, length_, reinterpret_cast<uint64_t>(addr_),
                             shared_offset);

@@ -17,6 +17,11 @@ class ProtectionDomain;
 uint32_t supported_access_flags();
 Result<void> check_access_flags(uint32_t access);
 
+// ibv_advise_mr's check of one range: an on-demand MR of this process and of
+// `pd` must hold it (with local write for a PREFETCH_WRITE). softhca has no
+// page faults to take ahead, so a range that passes needs nothing more.
+Result<void> check_advice_range(ProtectionDomain& pd, uint32_t lkey, uint64_t addr, uint64_t length, bool write);
+
 class MemoryRegion {
  public:
   static Result<MemoryRegion*> create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,

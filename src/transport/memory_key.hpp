@@ -5,6 +5,8 @@
 // without wrapping the address space.
 #pragma once
 
+#include <infiniband/verbs.h>
+
 #include <cstdint>
 
 namespace softhca::transport {
@@ -27,6 +29,13 @@ struct MemoryKey {
 inline bool key_allows(const MemoryKey& mr, uint32_t pd_id, uint32_t access, uint64_t addr, uint64_t length) {
   return mr.pd_id == pd_id && (mr.access & access) == access && addr >= mr.iova && addr + length >= addr &&
          addr + length <= mr.iova + mr.length;
+}
+
+// An implicit on-demand-paging MR (ibv_reg_mr(pd, NULL, SIZE_MAX, ...|ON_DEMAND)):
+// the owner's whole address space, of which nothing was checked at
+// registration, so every reference through it is checked when it is used.
+inline bool is_implicit_odp(const MemoryKey& mr) {
+  return (mr.access & IBV_ACCESS_ON_DEMAND) != 0 && mr.iova == 0 && mr.length == UINT64_MAX;
 }
 
 // The owner's address of `addr` inside `mr` (only after key_allows).

@@ -174,7 +174,14 @@ Response atomic(const Request& req, ResponderPort& port, const ResponderQp& qp) 
                       : req.op == Operation::kFetchAdd ? AtomicOp::kFetchAdd
                                                        : AtomicOp::kCompareSwap;
   uint64_t original = 0;
-  if (port.atomic(word.iov_base, op, req.compare_add, req.swap, original) != CopyStatus::kOk) return silence();
+  switch (port.atomic(word.iov_base, op, req.compare_add, req.swap, original)) {
+    case CopyStatus::kOk:
+      break;
+    case CopyStatus::kGone:
+      return silence();
+    case CopyStatus::kFault:  // the word is not there (an ODP range unmapped): as a WRITE's
+      return fail(port, true, Answer::kNakRemoteAccess, IBV_EVENT_QP_ACCESS_ERR);
+  }
   port.established();
   return Response{Syndrome::ack(), is_write ? 0 : original};
 }

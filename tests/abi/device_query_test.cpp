@@ -231,7 +231,8 @@ TEST_F(DeviceQuery, QueryDeviceEx) {
   EXPECT_EQ(ex.orig_attr.phys_port_cnt, 1);
   EXPECT_EQ(ex.orig_attr.vendor_id, limits::kVendorId);
   EXPECT_EQ(ex.comp_mask, 0u);
-  EXPECT_EQ(ex.odp_caps.general_caps, 0u);
+  // On-demand paging, implicit too (loopback odp_test checks what it does).
+  EXPECT_EQ(ex.odp_caps.general_caps, uint64_t{IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT});
   EXPECT_EQ(ex.tso_caps.max_tso, 0u);
   EXPECT_EQ(ex.rss_caps.supported_qpts, 0u);
   EXPECT_EQ(ex.tm_caps.max_num_tags, 0u);

@@ -11,6 +11,7 @@
 #include "engine/node.hpp"
 #include "engine/protection_domain.hpp"
 #include "engine/qp/queue_pair.hpp"
+#include "host/memory_check.hpp"
 #include "transport/answer_counters.hpp"
 #include "transport/memory_key.hpp"
 #include "wire/ud_grh.hpp"
@@ -55,6 +56,13 @@ ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t
     if (!node.registry().lookup_mr(sge.lkey, mr) || mr.proc != node.proc()) return IBV_WC_LOC_PROT_ERR;
     const transport::MemoryKey key{mr.key, mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr};
     if (!transport::key_allows(key, pd_id, access, sge.addr, sge.length)) return IBV_WC_LOC_PROT_ERR;
+    // Through an implicit ODP MR nothing was checked at registration: the
+    // range must be mapped now, or the copy would fault in this process.
+    if (transport::is_implicit_odp(key) &&
+        !host::check_process_range(reinterpret_cast<const void*>(sge.addr), sge.length,
+                                   (access & IBV_ACCESS_LOCAL_WRITE) ? host::MemoryNeed::kWrite
+                                                                     : host::MemoryNeed::kRead))
+      return IBV_WC_LOC_PROT_ERR;
     out[n++] = iovec{transport::owner_address(key, sge.addr), sge.length};
     sum += sge.length;
   }

@@ -1,5 +1,6 @@
 #include "link/shm/shm_port.hpp"
 
+#include "host/memory_check.hpp"
 #include "link/shm/remote_memory.hpp"
 
 namespace softhca::shm {
@@ -32,6 +33,25 @@ bool ShmResponderPort::KeysInUse::still_valid(host::HostRegistry& registry) cons
         now.host_addr != then.host_addr || now.shared_offset != then.shared_offset)
       return false;
   }
+  return true;
+}
+
+bool ShmResponderPort::KeysInUse::any_implicit_odp() const {
+  for (int i = 0; i < n_; ++i) {
+    const host::MrRecord& r = records_[i];
+    if (transport::is_implicit_odp(transport::MemoryKey{r.key, r.pd_id, r.access, r.iova, r.length, r.host_addr}))
+      return true;
+  }
+  return false;
+}
+
+bool ShmResponderPort::own_ranges_mapped(const iovec* ranges, int n, bool written) {
+  if (data_->proc != host_.proc() || !keys_.any_implicit_odp()) return true;
+  for (int i = 0; i < n; ++i)
+    if (ranges[i].iov_len != 0 &&
+        !host::check_process_range(ranges[i].iov_base, ranges[i].iov_len,
+                                   written ? host::MemoryNeed::kWrite : host::MemoryNeed::kRead))
+      return false;
   return true;
 }
 
@@ -149,6 +169,7 @@ transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iove
   iovec view[limits::kMaxSge + 1];
   const iovec* owner = into_target ? to : from;
   const int nowner = into_target ? nto : nfrom;
+  if (!own_ranges_mapped(owner, nowner, into_target)) return transport::CopyStatus::kFault;
   const bool local = nowner <= limits::kMaxSge + 1 && local_views(owner, nowner, view);
   if (local) {
     if (into_target) to = view;
@@ -197,6 +218,7 @@ transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp o
                                                uint64_t swap, uint64_t& original) {
   const TargetQp& owner = *data_;
   const iovec where{word, sizeof(uint64_t)};
+  if (!own_ranges_mapped(&where, 1, true)) return transport::CopyStatus::kFault;
   iovec view;
   const bool local = local_views(&where, 1, &view);
   host::AtomicStripe& stripe = host_.registry().atomic_stripe(owner.pid, reinterpret_cast<uint64_t>(word));

@@ -43,6 +43,8 @@ class ShmResponderPort final : public transport::ResponderPort {
       if (n_ < kMax) records_[n_++] = record;
     }
     bool still_valid(host::HostRegistry& registry) const;
+    // Whether one of them is an implicit ODP MR (nothing checked at registration).
+    bool any_implicit_odp() const;
     // The validated MR that holds [addr, addr + length) of the owner, or nullptr.
     const host::MrRecord* holding(uint64_t addr, uint64_t length) const;
 
@@ -57,6 +59,10 @@ class ShmResponderPort final : public transport::ResponderPort {
   // The owner's memory `target` (n ranges) as seen here through its backing
   // file, into `local`; false if any range is not in a shared MR.
   bool local_views(const iovec* target, int n, iovec* local);
+  // False if `n` ranges of the owner, reached through an implicit ODP key in
+  // this very process (copied with memcpy, not by the kernel), are not mapped
+  // with the access the copy needs.
+  bool own_ranges_mapped(const iovec* ranges, int n, bool written);
   transport::CopyStatus fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from, int nfrom,
                                     uint64_t length);
 
