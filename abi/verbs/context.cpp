@@ -52,6 +52,9 @@ void fill_ops(ContextHandle& h) {
   v.get_srq_num = get_srq_num_op;
   v.open_qp = open_qp_op;
   v.advise_mr = advise_mr_op;
+  v.alloc_dm = alloc_dm_op;
+  v.free_dm = free_dm_op;
+  v.reg_dm_mr = reg_dm_mr_op;
   v.alloc_td = alloc_td_op;
   v.dealloc_td = dealloc_td_op;
   v.alloc_parent_domain = alloc_parent_domain_op;

@@ -132,8 +132,9 @@ void fill_device_attr_ex(ibv_device_attr_ex& x) {
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
   x.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
   x.xrc_odp_caps = kConnectedOdp & ~uint32_t{IBV_ODP_SUPPORT_RECV};  // XRC receives into SRQs only
-  // No TSO, RSS, WQs, packet pacing, raw packet, tag matching, CQ moderation,
-  // device memory or PCI atomics: all zero.
+  x.max_dm_size = limits::kMaxDmSize;
+  // No TSO, RSS, WQs, packet pacing, raw packet, tag matching, CQ moderation
+  // or PCI atomics: all zero.
   x.comp_mask = 0;
   // Completion timestamps count the host's monotonic clock in ns: a 1 GHz
   // (1,000,000 kHz) clock that does not wrap in practice.

@@ -29,6 +29,7 @@ class QueuePair;
 class SharedReceiveQueue;
 class AddressHandle;
 class XrcDomain;
+class DeviceMemory;
 }  // namespace softhca::engine
 
 namespace softhca::abi {
@@ -70,6 +71,7 @@ struct PdHandle {
 struct MrHandle {
   ibv_mr mr;
   engine::MemoryRegion* impl;
+  engine::DeviceMemory* dm = nullptr;  // ibv_reg_dm_mr: the device memory it holds
 };
 // Every CQ is allocated as an ibv_cq_ex: ibv_cq_ex_to_cq() is a cast, and the
 // ex layout starts with the ibv_cq layout. Every CQ, legacy or not, also
@@ -113,9 +115,14 @@ struct XrcdHandle {
   ibv_xrcd xrcd;
   engine::XrcDomain* impl;
 };
+struct DmHandle {
+  ibv_dm dm;
+  engine::DeviceMemory* impl;
+};
 static_assert(offsetof(PdHandle, pd) == 0 && offsetof(MrHandle, mr) == 0 && offsetof(CqHandle, cq) == 0 &&
               offsetof(ChannelHandle, channel) == 0 && offsetof(QpHandle, qp) == 0 &&
-              offsetof(SrqHandle, srq) == 0 && offsetof(AhHandle, ah) == 0 && offsetof(XrcdHandle, xrcd) == 0);
+              offsetof(SrqHandle, srq) == 0 && offsetof(AhHandle, ah) == 0 && offsetof(XrcdHandle, xrcd) == 0 &&
+              offsetof(DmHandle, dm) == 0);
 static_assert(std::is_standard_layout_v<ContextHandle> && std::is_standard_layout_v<QpHandle>);
 
 inline ContextHandle* to_context_handle(ibv_context* ctx) {
@@ -137,6 +144,7 @@ inline engine::CompletionChannel* to_channel(ibv_comp_channel* ch) {
 }
 inline engine::QueuePair* to_qp(ibv_qp* qp) { return qp ? reinterpret_cast<QpHandle*>(qp)->impl : nullptr; }
 inline engine::SharedReceiveQueue* to_srq(ibv_srq* srq) { return srq ? reinterpret_cast<SrqHandle*>(srq)->impl : nullptr; }
+inline engine::DeviceMemory* to_dm(ibv_dm* dm) { return dm ? reinterpret_cast<DmHandle*>(dm)->impl : nullptr; }
 inline engine::XrcDomain* to_xrcd(ibv_xrcd* xrcd) { return xrcd ? reinterpret_cast<XrcdHandle*>(xrcd)->impl : nullptr; }
 inline engine::AddressHandle* to_ah(ibv_ah* ah) { return ah ? reinterpret_cast<AhHandle*>(ah)->impl : nullptr; }
 

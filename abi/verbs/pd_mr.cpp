@@ -3,6 +3,7 @@
 #include <new>
 
 #include "engine/context.hpp"
+#include "engine/device_memory.hpp"
 #include "engine/memory_region.hpp"
 #include "engine/protection_domain.hpp"
 #include "handles.hpp"
@@ -118,7 +119,9 @@ int ibv_dereg_mr(ibv_mr* mr) {
   return int_verb([&] {
     engine::MemoryRegion* impl = to_mr(mr);
     if (impl == nullptr) return EINVAL;
+    engine::DeviceMemory* dm = reinterpret_cast<MrHandle*>(mr)->dm;
     delete impl;
+    if (dm != nullptr) dm->detach();
     delete reinterpret_cast<MrHandle*>(mr);
     return 0;
   });

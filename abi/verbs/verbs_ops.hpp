@@ -16,6 +16,10 @@ int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 ibv_cq_ex* create_cq_ex_op(ibv_context* context, ibv_cq_init_attr_ex* attr);
 ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr);
 int advise_mr_op(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge);
+// Device memory (device_memory.cpp).
+ibv_dm* alloc_dm_op(ibv_context* context, ibv_alloc_dm_attr* attr);
+int free_dm_op(ibv_dm* dm);
+ibv_mr* reg_dm_mr_op(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length, unsigned int access);
 // XRC (xrc.cpp, srq.cpp).
 ibv_xrcd* open_xrcd_op(ibv_context* context, ibv_xrcd_init_attr* attr);
 int close_xrcd_op(ibv_xrcd* xrcd);

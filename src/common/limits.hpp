@@ -30,6 +30,9 @@ inline constexpr int kMaxSrq = 16384;
 inline constexpr int kMaxSrqWr = 16383;  // 2^n - 1: an SRQ keeps one WQE spare (queue_sizes.hpp)
 inline constexpr int kMaxSrqSge = 32;
 inline constexpr int kMaxAh = 65536;
+// Device memory (ibv_alloc_dm), per process: what a ConnectX's MEMIC offers,
+// doubled. It is ordinary memory of the process, registered like any MR.
+inline constexpr uint32_t kMaxDmSize = 256 * 1024;
 inline constexpr uint32_t kMaxInlineData = 256;  // perftest asks for up to 236
 inline constexpr uint32_t kMaxMsgSize = 1U << 31;
 inline constexpr uint16_t kMaxPkeys = 1;

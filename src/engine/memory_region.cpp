@@ -80,15 +80,16 @@ uint64_t share_pages(Node& node, void* addr, uint64_t length, std::optional<host
 }  // namespace
 
 Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,
-                                           uint32_t access) {
+                                           uint32_t access, bool empty_ok) {
   if (auto ok = check_access_flags(access); !ok) return fail(ok.error());
   // Implicit ODP: the whole address space, iova = address; nothing of it is
   // checked now, every reference through it is when used.
   const bool implicit = addr == nullptr && length == UINT64_MAX && (access & IBV_ACCESS_ON_DEMAND) != 0;
+  const bool empty = empty_ok && length == 0 && addr != nullptr;
   if (implicit) {
     if (access & IBV_ACCESS_ZERO_BASED) return fail(std::errc::invalid_argument);
     iova = 0;
-  } else {
+  } else if (!empty) {
     if (length == 0 || length > limits::kMaxMrSize) return fail(std::errc::invalid_argument);
     if (addr == nullptr) return fail(std::errc::invalid_argument);
     if (auto ok = check_memory(addr, length, access); !ok) return fail(ok.error());
@@ -98,8 +99,9 @@ Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uin
   // An on-demand MR follows the process's page table (a range unmapped and
   // mapped again is the new memory): its pages never move into the shared
   // file, peers reach them by copying.
-  const uint64_t shared_offset =
-      (access & IBV_ACCESS_ON_DEMAND) ? host::kNotShared : share_pages(node, addr, length, mr->shared_);
+  const uint64_t shared_offset = (access & IBV_ACCESS_ON_DEMAND) || empty
+                                      ? host::kNotShared
+                                      : share_pages(node, addr, length, mr->shared_);
   auto key = node.registry().allocate_mr(node.proc(), pd.id(), access, iova, length,
                                          reinterpret_cast<uint64_t>(addr), shared_offset);
   if (!key) {

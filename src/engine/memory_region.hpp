@@ -24,8 +24,10 @@ Result<void> check_advice_range(ProtectionDomain& pd, uint32_t lkey, uint64_t ad
 
 class MemoryRegion {
  public:
+  // `empty_ok`: a length of 0 registers an empty MR (device memory MRs
+  // may be empty, as the kernel allows them); it reaches no memory.
   static Result<MemoryRegion*> create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,
-                                      uint32_t access);
+                                      uint32_t access, bool empty_ok = false);
   ~MemoryRegion();
 
   // IBV_REREG_MR_* flags; a new PD, access or range.

@@ -113,6 +113,7 @@ class Node final : private ProgressThread::Work {
   ObjectQuota& cq_quota() { return cq_quota_; }
   ObjectQuota& srq_quota() { return srq_quota_; }
   ObjectQuota& pd_quota() { return pd_quota_; }
+  ObjectQuota& dm_bytes() { return dm_bytes_; }
 
   // XRC domains of files open in this process, counted by (st_dev, st_ino):
   // O_EXCL refuses a file whose domain is open. false if refused.
@@ -157,6 +158,7 @@ class Node final : private ProgressThread::Work {
   ObjectQuota cq_quota_{limits::kMaxCq};
   ObjectQuota srq_quota_{limits::kMaxSrq};
   ObjectQuota pd_quota_{limits::kMaxPd};
+  ObjectQuota dm_bytes_{limits::kMaxDmSize};
 
   std::mutex xrc_files_mutex_;
   std::map<std::pair<uint64_t, uint64_t>, uint32_t> xrc_files_;

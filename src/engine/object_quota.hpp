@@ -14,16 +14,17 @@ class ObjectQuota {
  public:
   explicit constexpr ObjectQuota(uint32_t max) : max_(max) {}
 
-  // Takes one unit; false when `max` are already taken.
-  bool try_take() {
+  // Takes `n` units (one object, or bytes of a byte quota); false when that
+  // would pass `max`.
+  bool try_take(uint32_t n = 1) {
     uint32_t live = live_.load(std::memory_order_relaxed);
     do {
-      if (live >= max_) return false;
-    } while (!live_.compare_exchange_weak(live, live + 1, std::memory_order_relaxed));
+      if (n > max_ || live > max_ - n) return false;
+    } while (!live_.compare_exchange_weak(live, live + n, std::memory_order_relaxed));
     return true;
   }
-  // Returns a unit taken by try_take().
-  void give_back() { live_.fetch_sub(1, std::memory_order_relaxed); }
+  // Returns units taken by try_take().
+  void give_back(uint32_t n = 1) { live_.fetch_sub(n, std::memory_order_relaxed); }
 
   uint32_t live() const { return live_.load(std::memory_order_relaxed); }
   uint32_t max() const { return max_; }

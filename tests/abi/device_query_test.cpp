@@ -236,7 +236,7 @@ TEST_F(DeviceQuery, QueryDeviceEx) {
   EXPECT_EQ(ex.tso_caps.max_tso, 0u);
   EXPECT_EQ(ex.rss_caps.supported_qpts, 0u);
   EXPECT_EQ(ex.tm_caps.max_num_tags, 0u);
-  EXPECT_EQ(ex.max_dm_size, 0u);
+  EXPECT_EQ(ex.max_dm_size, uint64_t{limits::kMaxDmSize});
   EXPECT_EQ(ex.device_cap_flags_ex & 0xffffffffu, ex.orig_attr.device_cap_flags);
 
   ibv_device_attr plain;

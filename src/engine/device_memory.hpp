@@ -1,0 +1,53 @@
+// Device memory (ibv_alloc_dm): on a NIC, a small memory on the adapter that
+// peers reach without crossing PCIe to the host. softhca has no adapter, so
+// it is memory of the process, handed out from a per-process budget of
+// max_dm_size bytes, read and written with ibv_memcpy_to_dm/from_dm under
+// the device's rules (4-byte granularity, within the allocation), and made
+// reachable by peers through ibv_reg_dm_mr like any registered memory.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/result.hpp"
+
+namespace softhca::engine {
+
+class Context;
+
+class DeviceMemory {
+ public:
+  // `length` bytes aligned to 2^log_align (at most a page); no_memory when
+  // the process's budget is spent.
+  static Result<DeviceMemory*> allocate(Context& context, uint64_t length, uint32_t log_align);
+  ~DeviceMemory();
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  // Copies of whole 4-byte words inside the allocation (invalid_argument otherwise).
+  Result<void> copy_to(uint64_t offset, const void* from, uint64_t length);
+  Result<void> copy_from(void* to, uint64_t offset, uint64_t length) const;
+  // [offset, offset + length) lies inside the allocation.
+  bool holds(uint64_t offset, uint64_t length) const {
+    return offset <= length_ && length <= length_ - offset;
+  }
+
+  void* base() const { return base_; }
+  uint64_t length() const { return length_; }
+  // MRs registered over it: ibv_free_dm refuses (EBUSY) while any.
+  void attach() { users_.fetch_add(1, std::memory_order_relaxed); }
+  void detach() { users_.fetch_sub(1, std::memory_order_relaxed); }
+  bool in_use() const { return users_.load(std::memory_order_relaxed) != 0; }
+
+ private:
+  DeviceMemory(Context& context, void* base, uint64_t length, uint64_t mapped)
+      : context_(context), base_(base), length_(length), mapped_(mapped) {}
+
+  Context& context_;
+  void* base_;
+  uint64_t length_;
+  uint64_t mapped_;  // whole pages
+  std::atomic<uint32_t> users_{0};
+};
+
+}  // namespace softhca::engine
