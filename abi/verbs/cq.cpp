@@ -38,7 +38,8 @@ ibv_cq_ex* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv
   }
   auto h = std::make_unique<CqHandle>();  // before the engine CQ: nothing to undo if this throws
   auto cq = engine::CompletionQueue::create(*ctx, cqe, to_channel(channel),
-                                            (wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) != 0);
+                                            (wc_flags & (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+                                                         IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)) != 0);
   if (!cq) {
     errno = to_errno(cq.error());
     return nullptr;

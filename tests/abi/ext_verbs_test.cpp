@@ -269,8 +269,7 @@ TEST_F(CqEx, EachStandardWcFlagAndSingleThreaded) {
 }
 
 TEST_F(CqEx, UnsupportedFlagsAreEopnotsupp) {
-  for (uint64_t flag : {IBV_WC_EX_WITH_CVLAN, IBV_WC_EX_WITH_FLOW_TAG, IBV_WC_EX_WITH_TM_INFO,
-                        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK}) {
+  for (uint64_t flag : {IBV_WC_EX_WITH_CVLAN, IBV_WC_EX_WITH_FLOW_TAG, IBV_WC_EX_WITH_TM_INFO}) {
     errno = 0;
     EXPECT_EQ(create_cq_ex(dev.ctx, flag), nullptr) << "wc flag " << flag;
     EXPECT_EQ(errno, EOPNOTSUPP) << "wc flag " << flag;
@@ -1065,6 +1064,45 @@ TEST_F(RcPairTimestamped, CompletionsCarryTheDeviceClock) {
   EXPECT_LT(values.raw_clock.tv_nsec, 1'000'000'000L);
   values.comp_mask = 1u << 5;  // not a value the device knows
   EXPECT_EQ(ibv_query_rt_values_ex(dev.ctx, &values), EINVAL);
+}
+
+class RcPairWallclock : public RcPair {
+ protected:
+  uint64_t wc_flags() const override {
+    return uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK};
+  }
+};
+
+uint64_t realtime_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The wall-clock stamp is CLOCK_REALTIME at the completion: between the
+// clock before the post and after the poll (a 100 ms margin for an NTP step).
+TEST_F(RcPairWallclock, CompletionsCarryTheWallClock) {
+  connect();
+  const uint64_t before = realtime_ns();
+  ibv_wr_start(ax);
+  ax->wr_id = 9;
+  ax->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(ax, mr_b->rkey, addr_b(0));
+  ibv_wr_set_sge(ax, mr_a->lkey, addr_a(0), 16);
+  ASSERT_EQ(ibv_wr_complete(ax), 0);
+  ibv_poll_cq_attr attr{};
+  const auto deadline = Clock::now() + kDeadline;
+  int rc;
+  while ((rc = ibv_start_poll(cq_a, &attr)) == ENOENT && Clock::now() < deadline) {
+  }
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(cq_a->wr_id, 9u);
+  const uint64_t wall = ibv_wc_read_completion_wallclock_ns(cq_a);
+  ibv_end_poll(cq_a);
+  const uint64_t after = realtime_ns();
+  constexpr uint64_t kMargin = 100'000'000;
+  EXPECT_GE(wall + kMargin, before);
+  EXPECT_LE(wall, after + kMargin);
 }
 
 TEST_F(RcPair, CompletionsWithoutTheTimestampFlagCarryNone) {
