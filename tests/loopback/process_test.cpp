@@ -5,6 +5,7 @@
 //
 // The child never uses gtest: it reports through its exit status (0 = good,
 // otherwise the number of the step that failed) and through the pipes.
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "loopback.hpp"
+#include "xrc.hpp"
 
 namespace loopback {
 namespace {
@@ -711,6 +713,119 @@ TEST(TwoHosts, AProcessInAnotherNetworkNamespaceIsAnotherHost) {
     EXPECT_EQ(ibv_destroy_cq(cq), 0);
   }
   if (skipped) GTEST_SKIP() << "unshare(CLONE_NEWNET) is not permitted here";
+}
+
+// ---------------------------------------------------------------------------
+// XRC across processes: this process's TGT QP delivers into an SRQ of a child
+// that opened the same XRC domain file (the SRQ's memory, ring and CQ are the
+// child's), until the child destroys the SRQ while a thread here keeps
+// sending to it. Once ibv_destroy_srq returned, nothing may land in the
+// child's receive buffers (they stay registered), and the sender's next
+// message finds no SRQ: REM_INV_REQ_ERR.
+
+constexpr uint32_t kXrcRecvs = 64;
+constexpr uint32_t kXrcMsg = 32 * 1024;  // long copies: a stale sender would be caught in one
+
+int xrc_srq_child(int rfd, int wfd, const std::string& domain_file) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  const int fd = ::open(domain_file.c_str(), O_RDONLY);
+  if (fd < 0) return 11;
+  ibv_xrcd* xrcd = xrc::open_xrcd(dev.ctx, fd, O_CREAT);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 2 * kXrcRecvs, nullptr, nullptr, 0);
+  if (xrcd == nullptr || cq == nullptr) return 12;
+  ibv_srq* srq = xrc::create_xrc_srq(dev.ctx, dev.pd, xrcd, cq, kXrcRecvs);
+  if (srq == nullptr) return 13;
+  Buffer buf(dev.pd, kXrcRecvs * kXrcMsg, Buffer::kAllAccess, 0);
+  for (uint32_t i = 0; i < kXrcRecvs; ++i) {
+    ibv_sge sge = buf.sge(i * kXrcMsg, kXrcMsg);
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_srq_recv(srq, &wr, &bad) != 0) return 14;
+  }
+  uint32_t srqn = 0;
+  if (ibv_get_srq_num(srq, &srqn) != 0 || !write_all(wfd, &srqn, sizeof srqn)) return 15;
+  // Phase 1: eight messages arrive, in order, whole.
+  const auto wcs = poll_n(cq, 8, kChildDeadline);
+  if (wcs.size() != 8) return 20;
+  for (uint32_t i = 0; i < 8; ++i) {
+    if (wcs[i].status != IBV_WC_SUCCESS || wcs[i].wr_id != i || wcs[i].byte_len != kXrcMsg) return 21;
+    if (first_not(buf.span(i * kXrcMsg, kXrcMsg), kWritten) != -1) return 22;
+  }
+  if (!write_all(wfd, "1", 1)) return 23;
+  // Phase 2: the parent's sender runs; the SRQ goes under it.
+  char go = 0;
+  if (!read_all(rfd, &go, 1, kChildDeadline) || go != 'G') return 30;
+  if (ibv_destroy_srq(srq) != 0) return 31;
+  std::memset(buf.data(), kReused, buf.size());
+  if (!write_all(wfd, "D", 1)) return 32;
+  char quit = 0;
+  if (!read_all(rfd, &quit, 1, kChildDeadline) || quit != 'Q') return 40;
+  if (first_not(buf.span(0, buf.size()), kReused) != -1) return 41;  // a message landed after destroy
+  ibv_destroy_cq(cq);
+  ibv_close_xrcd(xrcd);
+  ::close(fd);
+  return 0;
+}
+
+TEST(XrcAcrossProcesses, TgtQpDeliversIntoAnotherProcessesSrqUntilItIsDestroyed) {
+  char path[] = "/tmp/softhca-xrc-domain-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string domain_file = path;
+  Child child([&](int r, int w) { return xrc_srq_child(r, w, domain_file); });
+  ASSERT_TRUE(child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_xrcd* xrcd = xrc::open_xrcd(dev.ctx, fd, O_CREAT);
+  ASSERT_NE(xrcd, nullptr);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* tgt = xrc::create_tgt(dev.ctx, xrcd);
+  ibv_qp* ini = xrc::create_ini(dev.ctx, dev.pd, cq);
+  ASSERT_TRUE(tgt != nullptr && ini != nullptr);
+  ASSERT_EQ(xrc::to_init(tgt, 0), 0);
+  ASSERT_EQ(xrc::to_init(ini, 0), 0);
+  ASSERT_EQ(xrc::to_rtr(tgt, ini->qp_num, dev.gid, true), 0);
+  ASSERT_EQ(xrc::to_rtr(ini, tgt->qp_num, dev.gid, false), 0);
+  ASSERT_EQ(xrc::ini_to_rts(ini), 0);
+  uint32_t srqn = 0;
+  ASSERT_TRUE(read_all(child.rfd, &srqn, sizeof srqn, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  {
+    Buffer src(dev.pd, kXrcMsg, Buffer::kAllAccess, kWritten);
+    ibv_sge sge = src.sge(0, kXrcMsg);
+    ibv_send_wr wr = make_wr(0, IBV_WR_SEND, &sge, 1);
+    wr.qp_type.xrc.remote_srqn = srqn;
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_EQ(post_send(ini, wr), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_one(cq, &wc));
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    }
+    char phase = 0;
+    ASSERT_TRUE(read_all(child.rfd, &phase, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+    ASSERT_EQ(phase, '1');
+    PostingThread sender(ini, cq, wr);
+    ASSERT_TRUE(sender.got_going()) << "the sender did not get going";
+    ASSERT_TRUE(write_all(child.wfd, "G", 1));
+    char destroyed = 0;
+    ASSERT_TRUE(read_all(child.rfd, &destroyed, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+    ASSERT_EQ(destroyed, 'D');
+    sender.join();
+    EXPECT_EQ(sender.last_status.load(), IBV_WC_REM_INV_REQ_ERR) << "the sender's first SEND after the SRQ went";
+  }
+  ASSERT_TRUE(write_all(child.wfd, "Q", 1));
+  EXPECT_EQ(child.wait_exit(kDeadline), 0) << "41: a message landed after ibv_destroy_srq returned";
+  drain_async_events(dev.ctx);
+  EXPECT_EQ(ibv_destroy_qp(ini), 0);
+  EXPECT_EQ(ibv_destroy_qp(tgt), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
+  ::close(fd);
+  ::unlink(path);
 }
 
 // ---------------------------------------------------------------------------
