@@ -28,7 +28,7 @@ namespace softhca::link {
 // What a connected QP's channel is opened with (at RTR).
 struct ChannelConfig {
   uint32_t local_qpn = 0;
-  uint32_t qp_type = 0;          // IBV_QPT_RC or IBV_QPT_UC
+  uint32_t qp_type = 0;          // IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_XRC_SEND or IBV_QPT_XRC_RECV
   uint32_t dest_qpn = 0;
   uint8_t sgid[16] = {};
   uint8_t dgid[16] = {};

@@ -186,6 +186,15 @@ void RequesterFlow::sent_through(uint32_t psn_after) {
   if (psn_diff(psn_after, sent_end_) > 0) sent_end_ = psn_after;
 }
 
+void RequesterFlow::send_packet(wire::Headers& h, const OutgoingMessage& m, PacketSink& out, const iovec* payload,
+                                int npayload, uint32_t length) const {
+  if (config_.xrc) {
+    h.bth.opcode = wire::xrc_twin(h.bth.opcode);
+    h.xrceth = wire::Xrceth{m.xrc_srqn & wire::kMax24};
+  }
+  out.send(h, payload, npayload, length);
+}
+
 void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now_ns, PacketSink& out) {
   transmitted(now_ns);
   const OutgoingMessage& m = o.message;
@@ -211,7 +220,7 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
       o.read_asked = o.read_next;
       o.read_asked_end = psn_add(o.read_next, packets);
       o.responses_since_ask = 0;
-      out.send(h, nullptr, 0, 0);
+      send_packet(h, m, out, nullptr, 0, 0);
       return;
     }
     case Operation::kCompareSwap:
@@ -222,7 +231,7 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
       h.bth.ack_req = true;
       h.atomic_eth = wire::AtomicEth{m.remote_addr, m.rkey, m.op == Operation::kFetchAdd ? m.compare_add : m.swap,
                                      m.op == Operation::kFetchAdd ? 0 : m.compare_add};
-      out.send(h, nullptr, 0, 0);
+      send_packet(h, m, out, nullptr, 0, 0);
       return;
     }
     case Operation::kAtomicWrite: {
@@ -230,7 +239,7 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
       h.bth.psn = o.first_psn;
       h.bth.ack_req = true;
       h.reth = wire::Reth{m.remote_addr, m.rkey, 8};
-      out.send(h, m.local, m.nlocal, 8);
+      send_packet(h, m, out, m.local, m.nlocal, 8);
       return;
     }
     default:
@@ -256,7 +265,7 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
   const uint64_t bytes = m.length - offset < config_.mtu ? m.length - offset : config_.mtu;
   iovec part[limits::kMaxSge + 1];
   const int n = slice_iovecs(m.local, m.nlocal, offset, bytes, part);
-  out.send(h, part, n, static_cast<uint32_t>(bytes));
+  send_packet(h, m, out, part, n, static_cast<uint32_t>(bytes));
 }
 
 void RequesterFlow::retransmit_from(uint32_t psn, uint64_t now_ns, PacketSink& out) {

@@ -35,6 +35,7 @@ struct OutgoingMessage {
   uint32_t rkey = 0;
   uint64_t compare_add = 0;
   uint64_t swap = 0;
+  uint32_t xrc_srqn = 0;  // XRC: the responder's SRQ, in every packet's XRCETH
   // The local buffers: the payload of a SEND or WRITE, where a READ's data
   // or an atomic's original value goes. They stay valid until completion.
   iovec local[limits::kMaxSge + 1] = {};
@@ -46,6 +47,7 @@ struct RequesterConfig {
   uint32_t dest_qpn = 0;
   uint32_t mtu = 1024;
   bool reliable = true;      // RC; UC completes each message once it is sent
+  bool xrc = false;          // an XRC INI QP: RC's protocol with XRC opcodes and an XRCETH
   uint32_t start_psn = 0;    // sq_psn
   uint8_t retry_cnt = 7;
   uint8_t rnr_retry = 7;
@@ -105,6 +107,10 @@ class RequesterFlow {
   // Whether a READ response packet of `segment` may stand at `psn` of `read`.
   static bool starts_and_ends_right(const Outstanding& read, uint32_t psn, wire::Segment segment);
   // Sends packet `index` of `o` (a READ or atomic: its one request).
+  // Hands one request packet to `out`: as built (RC, UC), or for an XRC QP
+  // with the XRC twin of its opcode and the message's XRCETH.
+  void send_packet(wire::Headers& h, const OutgoingMessage& m, PacketSink& out, const iovec* payload, int npayload,
+                   uint32_t length) const;
   void transmit_packet(Outstanding& o, uint32_t index, uint64_t now_ns, PacketSink& out);
   // Sends what the window allows, from send_psn_ on.
   void pump(uint64_t now_ns, PacketSink& out);

@@ -25,6 +25,8 @@ uint32_t qp_type_of(wire::Transport t) {
       return IBV_QPT_UC;
     case wire::Transport::kUd:
       return IBV_QPT_UD;
+    case wire::Transport::kXrc:
+      return IBV_QPT_XRC_SEND;  // the requester's side of XRC
     case wire::Transport::kRd:
       break;
   }
@@ -64,6 +66,7 @@ Request ResponderFlow::request_of(const wire::ParsedPacket& packet, Operation op
   // whose transport is not the QP's.
   r.qp_type = qp_type_of(packet.info.transport);
   r.src_qpn = config_.peer_qpn;
+  if (h.xrceth) r.xrc_srqn = h.xrceth->srqn;
   r.solicited = h.bth.solicited;
   if (h.immdt) r.imm_data = htonl(h.immdt->imm);
   if (h.reth) {
@@ -89,7 +92,7 @@ void ResponderFlow::answer(const Syndrome& syndrome, uint32_t psn, PacketSink& o
   if (!config_.reliable || syndrome.answer == Answer::kSilence) return;
   count_sent_answer(config_.counters, syndrome.answer);
   wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAcknowledge);
+  h.bth.opcode = response_opcode(wire::Opcode::kRcAcknowledge);
   h.bth.dest_qpn = config_.peer_qpn;
   h.bth.psn = psn;
   h.aeth = wire::Aeth{to_wire(syndrome), msn_};
@@ -120,16 +123,16 @@ void ResponderFlow::send_read_response(const ReadOrAtomic& read, const iovec& fr
     wire::Headers h;
     switch (segment) {
       case wire::Segment::kFirst:
-        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseFirst);
+        h.bth.opcode = response_opcode(wire::Opcode::kRcRdmaReadResponseFirst);
         break;
       case wire::Segment::kMiddle:
-        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseMiddle);
+        h.bth.opcode = response_opcode(wire::Opcode::kRcRdmaReadResponseMiddle);
         break;
       case wire::Segment::kLast:
-        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseLast);
+        h.bth.opcode = response_opcode(wire::Opcode::kRcRdmaReadResponseLast);
         break;
       case wire::Segment::kOnly:
-        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadResponseOnly);
+        h.bth.opcode = response_opcode(wire::Opcode::kRcRdmaReadResponseOnly);
         break;
     }
     h.bth.dest_qpn = config_.peer_qpn;
@@ -149,7 +152,7 @@ void ResponderFlow::send_read_response(const ReadOrAtomic& read, const iovec& fr
 
 void ResponderFlow::send_atomic_ack(const ReadOrAtomic& atomic, PacketSink& out) {
   wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcAtomicAcknowledge);
+  h.bth.opcode = response_opcode(wire::Opcode::kRcAtomicAcknowledge);
   h.bth.dest_qpn = config_.peer_qpn;
   h.bth.psn = atomic.psn;
   h.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), msn_};
@@ -320,10 +323,17 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
   // An opcode of another transport (UC at an RC QP, RC at a UC one) is
   // dropped and counted before its PSN means anything (as rxe's
   // check_type_psn): taken as the QP's own it was received, and ACKed.
-  if (packet.info.transport != (config_.reliable ? wire::Transport::kRc : wire::Transport::kUc)) {
+  const wire::Transport expected =
+      config_.xrc ? wire::Transport::kXrc : config_.reliable ? wire::Transport::kRc : wire::Transport::kUc;
+  if (packet.info.transport != expected) {
     config_.counters.add(Counter::kMalformedDrops);
     return;
   }
+  // XRC: every request packet names its SRQ; the port reaches it for this
+  // packet's stages (a middle or last packet's too: the message's receive
+  // WQE and CQ are that SRQ's). One that names none it can reach is taken
+  // up by the stages (accept NAKs it).
+  if (config_.xrc && packet.headers.xrceth) (void)port.select_xrc_srq(packet.headers.xrceth->srqn);
   const uint32_t psn = packet.headers.bth.psn;
   const int32_t d = psn_diff(psn, epsn_);
   if (config_.reliable) {

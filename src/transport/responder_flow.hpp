@@ -24,6 +24,7 @@ struct ResponderConfig {
   uint32_t peer_qpn = 0;  // the requester: where answers go, and the source QPN receives report
   uint32_t mtu = 1024;
   bool reliable = true;
+  bool xrc = false;        // an XRC TGT QP: XRC opcodes in, their responses out
   uint32_t start_psn = 0;  // rq_psn
   uint32_t resources = 16;  // max_dest_rd_atomic: READ/atomic requests kept for replay
   CounterSink counters;     // duplicates, out-of-sequence requests, NAKs sent
@@ -39,6 +40,12 @@ class ResponderFlow {
   uint32_t expected_psn() const { return epsn_; }
 
  private:
+  // A response opcode: RC's, or for an XRC TGT QP its XRC twin.
+  uint8_t response_opcode(wire::Opcode rc) const {
+    const auto code = static_cast<uint8_t>(rc);
+    return config_.xrc ? wire::xrc_twin(code) : code;
+  }
+
   struct ReadOrAtomic {
     uint32_t psn = 0;
     uint32_t npsn = 1;

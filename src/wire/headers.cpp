@@ -107,4 +107,12 @@ Deth decode_deth(std::span<const uint8_t, kDethSize> in) {
   return Deth{.qkey = load_be32(in.data()), .src_qpn = load_be24(in.data() + 5)};
 }
 
+// XRCETH: one reserved byte, then the 24-bit XRC SRQ number.
+void encode_xrceth(const Xrceth& h, std::span<uint8_t, kXrcethSize> out) {
+  out[0] = 0;
+  store_be24(out.data() + 1, h.srqn & kMax24);
+}
+
+Xrceth decode_xrceth(std::span<const uint8_t, kXrcethSize> in) { return Xrceth{.srqn = load_be24(in.data() + 1)}; }
+
 }  // namespace softhca::wire

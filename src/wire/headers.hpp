@@ -24,6 +24,7 @@ inline constexpr std::size_t kAtomicAckEthSize = 8;
 inline constexpr std::size_t kImmDtSize = 4;
 inline constexpr std::size_t kIethSize = 4;
 inline constexpr std::size_t kDethSize = 8;
+inline constexpr std::size_t kXrcethSize = 4;
 
 // QPNs, PSNs and MSNs are 24-bit numbers on the wire.
 inline constexpr uint32_t kMax24 = 0xFF'FFFF;
@@ -146,6 +147,13 @@ struct Deth {
   friend constexpr bool operator==(const Deth&, const Deth&) = default;
 };
 
+// XRC Extended Transport Header: in every XRC request packet, right after
+// the BTH; the SRQ at the responder that the message is for.
+struct Xrceth {
+  uint32_t srqn = 0;  // 24 bits
+  friend constexpr bool operator==(const Xrceth&, const Xrceth&) = default;
+};
+
 void encode_bth(const Bth& h, std::span<uint8_t, kBthSize> out);
 Bth decode_bth(std::span<const uint8_t, kBthSize> in);
 void encode_reth(const Reth& h, std::span<uint8_t, kRethSize> out);
@@ -162,5 +170,7 @@ void encode_ieth(const Ieth& h, std::span<uint8_t, kIethSize> out);
 Ieth decode_ieth(std::span<const uint8_t, kIethSize> in);
 void encode_deth(const Deth& h, std::span<uint8_t, kDethSize> out);
 Deth decode_deth(std::span<const uint8_t, kDethSize> in);
+void encode_xrceth(const Xrceth& h, std::span<uint8_t, kXrcethSize> out);
+Xrceth decode_xrceth(std::span<const uint8_t, kXrcethSize> in);
 
 }  // namespace softhca::wire

@@ -11,7 +11,7 @@ namespace softhca::wire {
 namespace {
 
 constexpr std::size_t header_size_of(ExtHeaders h) {
-  return kBthSize + (h.deth ? kDethSize : 0) + (h.reth ? kRethSize : 0) + (h.atomic_eth ? kAtomicEthSize : 0) +
+  return kBthSize + (h.deth ? kDethSize : 0) + (h.xrceth ? kXrcethSize : 0) + (h.reth ? kRethSize : 0) + (h.atomic_eth ? kAtomicEthSize : 0) +
          (h.aeth ? kAethSize : 0) + (h.atomic_ack_eth ? kAtomicAckEthSize : 0) + (h.immdt ? kImmDtSize : 0) +
          (h.ieth ? kIethSize : 0);
 }
@@ -89,6 +89,48 @@ constexpr std::array kTable = {
     entry(Opcode::kUdSendOnly, "UD_SEND_ONLY", kSend, kOnly, ExtHeaders{.deth = true}, kData),
     entry(Opcode::kUdSendOnlyWithImm, "UD_SEND_ONLY_WITH_IMMEDIATE", kSend, kOnly,
           ExtHeaders{.deth = true, .immdt = true}, kData),
+
+    // XRC: RC's requests with an XRCETH, RC's responses as they are.
+    entry(Opcode::kXrcSendFirst, "XRC_SEND_FIRST", kSend, kFirst, ExtHeaders{.xrceth = true}, kData),
+    entry(Opcode::kXrcSendMiddle, "XRC_SEND_MIDDLE", kSend, kMiddle, ExtHeaders{.xrceth = true}, kData),
+    entry(Opcode::kXrcSendLast, "XRC_SEND_LAST", kSend, kLast, ExtHeaders{.xrceth = true}, kData),
+    entry(Opcode::kXrcSendLastWithImm, "XRC_SEND_LAST_WITH_IMMEDIATE", kSend, kLast,
+          ExtHeaders{.xrceth = true, .immdt = true}, kData),
+    entry(Opcode::kXrcSendOnly, "XRC_SEND_ONLY", kSend, kOnly, ExtHeaders{.xrceth = true}, kData),
+    entry(Opcode::kXrcSendOnlyWithImm, "XRC_SEND_ONLY_WITH_IMMEDIATE", kSend, kOnly,
+          ExtHeaders{.xrceth = true, .immdt = true}, kData),
+    entry(Opcode::kXrcRdmaWriteFirst, "XRC_RDMA_WRITE_FIRST", kRdmaWrite, kFirst,
+          ExtHeaders{.xrceth = true, .reth = true}, kData),
+    entry(Opcode::kXrcRdmaWriteMiddle, "XRC_RDMA_WRITE_MIDDLE", kRdmaWrite, kMiddle, ExtHeaders{.xrceth = true},
+          kData),
+    entry(Opcode::kXrcRdmaWriteLast, "XRC_RDMA_WRITE_LAST", kRdmaWrite, kLast, ExtHeaders{.xrceth = true}, kData),
+    entry(Opcode::kXrcRdmaWriteLastWithImm, "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE", kRdmaWrite, kLast,
+          ExtHeaders{.xrceth = true, .immdt = true}, kData),
+    entry(Opcode::kXrcRdmaWriteOnly, "XRC_RDMA_WRITE_ONLY", kRdmaWrite, kOnly,
+          ExtHeaders{.xrceth = true, .reth = true}, kData),
+    entry(Opcode::kXrcRdmaWriteOnlyWithImm, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", kRdmaWrite, kOnly,
+          ExtHeaders{.xrceth = true, .reth = true, .immdt = true}, kData),
+    entry(Opcode::kXrcRdmaReadRequest, "XRC_RDMA_READ_REQUEST", kRdmaReadRequest, kOnly,
+          ExtHeaders{.xrceth = true, .reth = true}, kNone),
+    entry(Opcode::kXrcRdmaReadResponseFirst, "XRC_RDMA_READ_RESPONSE_FIRST", kRdmaReadResponse, kFirst, kAethOnly,
+          kData),
+    entry(Opcode::kXrcRdmaReadResponseMiddle, "XRC_RDMA_READ_RESPONSE_MIDDLE", kRdmaReadResponse, kMiddle, kNoExt,
+          kData),
+    entry(Opcode::kXrcRdmaReadResponseLast, "XRC_RDMA_READ_RESPONSE_LAST", kRdmaReadResponse, kLast, kAethOnly,
+          kData),
+    entry(Opcode::kXrcRdmaReadResponseOnly, "XRC_RDMA_READ_RESPONSE_ONLY", kRdmaReadResponse, kOnly, kAethOnly,
+          kData),
+    entry(Opcode::kXrcAcknowledge, "XRC_ACKNOWLEDGE", kAcknowledge, kOnly, kAethOnly, kNone),
+    entry(Opcode::kXrcAtomicAcknowledge, "XRC_ATOMIC_ACKNOWLEDGE", kAtomicAcknowledge, kOnly,
+          ExtHeaders{.aeth = true, .atomic_ack_eth = true}, kNone),
+    entry(Opcode::kXrcCompareSwap, "XRC_COMPARE_SWAP", kCompareSwap, kOnly,
+          ExtHeaders{.xrceth = true, .atomic_eth = true}, kNone),
+    entry(Opcode::kXrcFetchAdd, "XRC_FETCH_ADD", kFetchAdd, kOnly, ExtHeaders{.xrceth = true, .atomic_eth = true},
+          kNone),
+    entry(Opcode::kXrcSendLastWithInvalidate, "XRC_SEND_LAST_WITH_INVALIDATE", kSend, kLast,
+          ExtHeaders{.xrceth = true, .ieth = true}, kData),
+    entry(Opcode::kXrcSendOnlyWithInvalidate, "XRC_SEND_ONLY_WITH_INVALIDATE", kSend, kOnly,
+          ExtHeaders{.xrceth = true, .ieth = true}, kData),
 };
 
 // Opcode byte -> position in kTable, or -1: a constant-time lookup for the
@@ -101,6 +143,7 @@ constexpr auto kIndex = [] {
 }();
 
 static_assert(kTable.size() < 128);
+static_assert(header_size_of(ExtHeaders{.xrceth = true, .reth = true, .immdt = true}) == 36);
 static_assert(header_size_of(ExtHeaders{.reth = true, .immdt = true}) == 32);
 static_assert(header_size_of(ExtHeaders{.aeth = true, .atomic_ack_eth = true}) == 24);
 static_assert(header_size_of(ExtHeaders{.atomic_eth = true}) == 40);

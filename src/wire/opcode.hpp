@@ -19,7 +19,7 @@
 namespace softhca::wire {
 
 // The top three opcode bits name the transport service.
-enum class Transport : uint8_t { kRc = 0, kUc = 1, kRd = 2, kUd = 3 };
+enum class Transport : uint8_t { kRc = 0, kUc = 1, kRd = 2, kUd = 3, kXrc = 5 };
 
 enum class Opcode : uint8_t {
   kRcSendFirst = 0x00,
@@ -62,7 +62,39 @@ enum class Opcode : uint8_t {
 
   kUdSendOnly = 0x64,
   kUdSendOnlyWithImm = 0x65,
+
+  // XRC: RC's operations with the transport bits 101. Requests carry an
+  // XRCETH after the BTH; responses are RC's, renamed.
+  kXrcSendFirst = 0xA0,
+  kXrcSendMiddle = 0xA1,
+  kXrcSendLast = 0xA2,
+  kXrcSendLastWithImm = 0xA3,
+  kXrcSendOnly = 0xA4,
+  kXrcSendOnlyWithImm = 0xA5,
+  kXrcRdmaWriteFirst = 0xA6,
+  kXrcRdmaWriteMiddle = 0xA7,
+  kXrcRdmaWriteLast = 0xA8,
+  kXrcRdmaWriteLastWithImm = 0xA9,
+  kXrcRdmaWriteOnly = 0xAA,
+  kXrcRdmaWriteOnlyWithImm = 0xAB,
+  kXrcRdmaReadRequest = 0xAC,
+  kXrcRdmaReadResponseFirst = 0xAD,
+  kXrcRdmaReadResponseMiddle = 0xAE,
+  kXrcRdmaReadResponseLast = 0xAF,
+  kXrcRdmaReadResponseOnly = 0xB0,
+  kXrcAcknowledge = 0xB1,
+  kXrcAtomicAcknowledge = 0xB2,
+  kXrcCompareSwap = 0xB3,
+  kXrcFetchAdd = 0xB4,
+  kXrcSendLastWithInvalidate = 0xB6,
+  kXrcSendOnlyWithInvalidate = 0xB7,
 };
+
+// An XRC opcode's RC twin and back: the low five bits name the operation.
+constexpr uint8_t kTransportBits = 0xE0;
+constexpr uint8_t kXrcTransportBits = 0xA0;
+constexpr uint8_t rc_twin(uint8_t xrc_opcode) { return static_cast<uint8_t>(xrc_opcode & ~kTransportBits); }
+constexpr uint8_t xrc_twin(uint8_t rc_opcode) { return static_cast<uint8_t>(rc_opcode | kXrcTransportBits); }
 
 // What the packet asks of its receiver, independent of segmentation.
 enum class Operation : uint8_t {
@@ -81,10 +113,11 @@ enum class Operation : uint8_t {
 enum class Segment : uint8_t { kFirst, kMiddle, kLast, kOnly };
 
 // Which extended transport headers follow the BTH. The wire order is fixed
-// and is the order of the members: DETH, RETH, AtomicETH, AETH, AtomicAckETH,
-// ImmDt, IETH (no opcode carries a pair whose order differs).
+// and is the order of the members: DETH, XRCETH, RETH, AtomicETH, AETH,
+// AtomicAckETH, ImmDt, IETH (no opcode carries a pair whose order differs).
 struct ExtHeaders {
   bool deth = false;
+  bool xrceth = false;
   bool reth = false;
   bool atomic_eth = false;
   bool aeth = false;

@@ -43,6 +43,7 @@ bool fields_in_range(const Headers& h) {
   if (h.bth.tver > 0xF || h.bth.dest_qpn > kMax24 || h.bth.psn > kMax24) return false;
   if (h.aeth && h.aeth->msn > kMax24) return false;
   if (h.deth && h.deth->src_qpn > kMax24) return false;
+  if (h.xrceth && h.xrceth->srqn > kMax24) return false;
   return true;
 }
 
@@ -52,6 +53,7 @@ constexpr std::size_t pad_for(std::size_t payload_size) { return (4 - payload_si
 
 ExtHeaders present_headers(const Headers& h) {
   return ExtHeaders{.deth = h.deth.has_value(),
+                    .xrceth = h.xrceth.has_value(),
                     .reth = h.reth.has_value(),
                     .atomic_eth = h.atomic_eth.has_value(),
                     .aeth = h.aeth.has_value(),
@@ -128,6 +130,7 @@ std::expected<ParsedPacket, ParseError> parse(std::span<const uint8_t> ip_udp_he
   HeaderReader r(udp_payload.subspan(kBthSize, info->header_size - kBthSize));
   const ExtHeaders& ext = info->headers;
   if (ext.deth) p.headers.deth = decode_deth(r.take<kDethSize>());
+  if (ext.xrceth) p.headers.xrceth = decode_xrceth(r.take<kXrcethSize>());
   if (ext.reth) p.headers.reth = decode_reth(r.take<kRethSize>());
   if (ext.atomic_eth) p.headers.atomic_eth = decode_atomic_eth(r.take<kAtomicEthSize>());
   if (ext.aeth) p.headers.aeth = decode_aeth(r.take<kAethSize>());
@@ -162,6 +165,7 @@ Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_
   encode_bth(bth, out.first<kBthSize>());
   HeaderWriter w(out.subspan(kBthSize, info->header_size - kBthSize));
   if (h.deth) encode_deth(*h.deth, w.take<kDethSize>());
+  if (h.xrceth) encode_xrceth(*h.xrceth, w.take<kXrcethSize>());
   if (h.reth) encode_reth(*h.reth, w.take<kRethSize>());
   if (h.atomic_eth) encode_atomic_eth(*h.atomic_eth, w.take<kAtomicEthSize>());
   if (h.aeth) encode_aeth(*h.aeth, w.take<kAethSize>());

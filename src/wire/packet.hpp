@@ -31,6 +31,7 @@ inline constexpr std::size_t kMaxPayload = 4096;
 struct Headers {
   Bth bth;
   std::optional<Deth> deth;
+  std::optional<Xrceth> xrceth;
   std::optional<Reth> reth;
   std::optional<AtomicEth> atomic_eth;
   std::optional<Aeth> aeth;
@@ -61,7 +62,7 @@ enum class ParseError : uint8_t {
   kTruncated,            // shorter than a BTH and an ICRC, or than its opcode's headers
   kBadIcrc,              // the ICRC does not match: corrupted on the way
   kBadTransportVersion,  // BTH TVer is not 0
-  kUnknownOpcode,        // not RC, UC or UD, or reserved (opcode.hpp)
+  kUnknownOpcode,        // not RC, UC, UD or XRC, or reserved (opcode.hpp)
   kUnalignedLength,      // payload and pad do not make a multiple of four bytes
   kBadPadCount,          // more pad than bytes after the headers
   kUnexpectedPayload,    // data after the headers of an opcode that carries none

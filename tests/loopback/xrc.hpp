@@ -75,8 +75,8 @@ inline int to_rtr(ibv_qp* qp, uint32_t dest_qpn, const ibv_gid& gid, bool respon
 inline int ini_to_rts(ibv_qp* qp) {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTS;
-  attr.timeout = 10;
-  attr.retry_cnt = 1;
+  attr.timeout = 14;  // 67 ms, retried 7 times: a loaded machine over the udp link too
+  attr.retry_cnt = 7;
   attr.rnr_retry = 7;
   attr.max_rd_atomic = 4;
   return ibv_modify_qp(qp, &attr,

@@ -126,6 +126,20 @@ TEST(WireDeth, GoldenBytesWithReservedByte) {
   EXPECT_EQ(decode_deth(reserved_set), d);
 }
 
+TEST(WireXrceth, GoldenBytesWithReservedByte) {
+  const Xrceth x{.srqn = 0x123456};
+  const Bytes<4> expected = {0x00, 0x12, 0x34, 0x56};
+  Bytes<4> out{};
+  out.fill(0x55);
+  encode_xrceth(x, out);
+  EXPECT_EQ(out, expected);
+  EXPECT_EQ(decode_xrceth(expected), x);
+  // The reserved byte before the SRQ number is ignored on receive.
+  Bytes<4> reserved_set = expected;
+  reserved_set[0] = 0xFF;
+  EXPECT_EQ(decode_xrceth(reserved_set), x);
+}
+
 TEST(WireAeth, GoldenBytes) {
   const Aeth a{.syndrome = Syndrome::rnr_nak(14), .msn = 0x010203};
   const Bytes<4> expected = {0x2E, 0x01, 0x02, 0x03};

@@ -63,6 +63,30 @@ constexpr Expected kSpec[] = {
     {0x2B, "RETH+ImmDt", kData, kRdmaWrite, kOnly},
     {0x64, "DETH", kData, kSend, kOnly},
     {0x65, "DETH+ImmDt", kData, kSend, kOnly},
+    // XRC: every request carries an XRCETH right after the BTH; responses do not.
+    {0xA0, "XRCETH", kData, kSend, kFirst},
+    {0xA1, "XRCETH", kData, kSend, kMiddle},
+    {0xA2, "XRCETH", kData, kSend, kLast},
+    {0xA3, "XRCETH+ImmDt", kData, kSend, kLast},
+    {0xA4, "XRCETH", kData, kSend, kOnly},
+    {0xA5, "XRCETH+ImmDt", kData, kSend, kOnly},
+    {0xA6, "XRCETH+RETH", kData, kRdmaWrite, kFirst},
+    {0xA7, "XRCETH", kData, kRdmaWrite, kMiddle},
+    {0xA8, "XRCETH", kData, kRdmaWrite, kLast},
+    {0xA9, "XRCETH+ImmDt", kData, kRdmaWrite, kLast},
+    {0xAA, "XRCETH+RETH", kData, kRdmaWrite, kOnly},
+    {0xAB, "XRCETH+RETH+ImmDt", kData, kRdmaWrite, kOnly},
+    {0xAC, "XRCETH+RETH", kNone, kRdmaReadRequest, kOnly},
+    {0xAD, "AETH", kData, kRdmaReadResponse, kFirst},
+    {0xAE, "", kData, kRdmaReadResponse, kMiddle},
+    {0xAF, "AETH", kData, kRdmaReadResponse, kLast},
+    {0xB0, "AETH", kData, kRdmaReadResponse, kOnly},
+    {0xB1, "AETH", kNone, kAcknowledge, kOnly},
+    {0xB2, "AETH+AtomicAckETH", kNone, kAtomicAcknowledge, kOnly},
+    {0xB3, "XRCETH+AtomicETH", kNone, kCompareSwap, kOnly},
+    {0xB4, "XRCETH+AtomicETH", kNone, kFetchAdd, kOnly},
+    {0xB6, "XRCETH+IETH", kData, kSend, kLast},
+    {0xB7, "XRCETH+IETH", kData, kSend, kOnly},
 };
 
 std::string describe(const ExtHeaders& h) {
@@ -73,6 +97,7 @@ std::string describe(const ExtHeaders& h) {
     s += name;
   };
   add(h.deth, "DETH");
+  add(h.xrceth, "XRCETH");
   add(h.reth, "RETH");
   add(h.atomic_eth, "AtomicETH");
   add(h.aeth, "AETH");
@@ -83,7 +108,7 @@ std::string describe(const ExtHeaders& h) {
 }
 
 std::size_t size_of(const ExtHeaders& h) {
-  return kBthSize + (h.deth ? 8 : 0) + (h.reth ? 16 : 0) + (h.atomic_eth ? 28 : 0) + (h.aeth ? 4 : 0) +
+  return kBthSize + (h.deth ? 8 : 0) + (h.xrceth ? 4 : 0) + (h.reth ? 16 : 0) + (h.atomic_eth ? 28 : 0) + (h.aeth ? 4 : 0) +
          (h.atomic_ack_eth ? 8 : 0) + (h.immdt ? 4 : 0) + (h.ieth ? 4 : 0);
 }
 
@@ -107,9 +132,10 @@ TEST(WireOpcode, NamesAreUniqueAndStartWithTheTransport) {
   std::set<std::string_view> names;
   for (const OpcodeInfo& info : all_opcodes()) {
     EXPECT_TRUE(names.insert(info.name).second) << info.name;
-    const std::string_view prefix = info.transport == Transport::kRc   ? "RC_"
-                                    : info.transport == Transport::kUc ? "UC_"
-                                                                       : "UD_";
+    const std::string_view prefix = info.transport == Transport::kRc    ? "RC_"
+                                    : info.transport == Transport::kUc  ? "UC_"
+                                    : info.transport == Transport::kXrc ? "XRC_"
+                                                                        : "UD_";
     EXPECT_TRUE(info.name.starts_with(prefix)) << info.name;
   }
 }
@@ -123,8 +149,9 @@ TEST(WireOpcode, EverythingElseIsUnknown) {
     }
   }
   // The ones a peer might actually send: reserved RC codes, FLUSH (needs the
-  // FETH), RD, UD codes other than SEND ONLY, and RoCEv2's CNP.
-  for (int op : {0x15, 0x18, 0x1C, 0x1E, 0x1F, 0x2C, 0x40, 0x44, 0x60, 0x63, 0x66, 0x81, 0xFF}) {
+  // FETH), RD, UD codes other than SEND ONLY, RoCEv2's CNP, XRC's reserved
+  // and its ATOMIC WRITE (not offered on XRC QPs).
+  for (int op : {0x15, 0x18, 0x1C, 0x1E, 0x1F, 0x2C, 0x40, 0x44, 0x60, 0x63, 0x66, 0x81, 0xB5, 0xBD, 0xFF}) {
     EXPECT_FALSE(opcode_info(static_cast<uint8_t>(op)).has_value()) << op;
   }
 }
@@ -134,6 +161,9 @@ TEST(WireOpcode, TransportIsTheTopThreeBits) {
   EXPECT_EQ(transport_of(0x2A), Transport::kUc);
   EXPECT_EQ(transport_of(0x4C), Transport::kRd);
   EXPECT_EQ(transport_of(0x64), Transport::kUd);
+  EXPECT_EQ(transport_of(0xA4), Transport::kXrc);
+  EXPECT_EQ(rc_twin(0xB1), 0x11);
+  EXPECT_EQ(xrc_twin(0x0A), 0xAA);
 }
 
 }  // namespace

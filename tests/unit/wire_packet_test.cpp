@@ -438,6 +438,7 @@ TEST(WirePacketRoundTrip, EveryOpcodeAndPayloadSize) {
         h.bth.pad_count = static_cast<uint8_t>((4 - size % 4) % 4);
         const ExtHeaders& e = info.headers;
         if (e.deth) h.deth = Deth{.qkey = r32(), .src_qpn = r24()};
+        if (e.xrceth) h.xrceth = Xrceth{.srqn = r24()};
         if (e.reth) h.reth = Reth{.va = rng(), .rkey = r32(), .dma_length = r32()};
         if (e.atomic_eth) h.atomic_eth = AtomicEth{.va = rng(), .rkey = r32(), .swap_add = rng(), .compare = rng()};
         if (e.aeth) h.aeth = Aeth{.syndrome = Syndrome::from_byte(static_cast<uint8_t>(rng())), .msn = r24()};

@@ -251,9 +251,7 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   if ((mask & IBV_QP_DEST_QPN) != 0) channel_.reset();
   // A connected QP binds to its peer when it reaches RTR (the shm link takes
   // the peer's incarnation then, so a later QP with the same number is not it).
-  // (An XRC TGT QP sends nothing: no channel.)
-  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD && init_.type != IBV_QPT_XRC_RECV)
-    open_channel_locked();
+  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD) open_channel_locked();
   // A UD QP receives from anyone: peers on other hosts need this process to listen.
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type == IBV_QPT_UD) node_.udp_link().listen();
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR && channel_)
@@ -669,9 +667,10 @@ void QueuePair::open_channel_locked() {
   // SOFTHCA_LINK=udp asks for packets; any other GID over the udp link.
   const bool force_udp = setting_number(SettingId::kLink) == 1;
   const bool remote = ah.is_global && (force_udp || !is_local_gid(std::span<const uint8_t, 16>(ah.dgid.data(), 16)));
-  if (remote && init_.type == IBV_QPT_XRC_SEND) {
-    // The udp link carries no XRCETH yet: the QP's sends end in RETRY_EXC_ERR.
-    SOFTHCA_WARN("qp 0x%x: XRC between hosts is not supported yet: its peer cannot be reached", qpn_);
+  // An XRC TGT QP sends nothing: on this host the initiator reaches it
+  // directly and it needs no channel; from another host it receives
+  // through the udp link's channel (its responder flow).
+  if (!remote && init_.type == IBV_QPT_XRC_RECV) {
     channel_.reset();
     return;
   }

@@ -114,7 +114,11 @@ std::optional<transport::MemoryKey> ShmResponderPort::memory_key(uint32_t key) {
 // Its record is read under an access to its process: an SRQ being destroyed
 // releases its number and then waits out that fence, as a QP does.
 std::optional<uint32_t> ShmResponderPort::select_xrc_srq(uint32_t srqn) {
-  if (srqn == 0 || xrc_srq_ != nullptr || !resolve(host_, srqn, xrc_owner_)) return std::nullopt;
+  if (xrc_srq_ != nullptr) {
+    if (srqn == xrc_srqn_) return xrc_srq_->pd_id;  // bound already (the udp link binds each packet first)
+    return std::nullopt;
+  }
+  if (srqn == 0 || target_.qp->qp_type != IBV_QPT_XRC_RECV || !resolve(host_, srqn, xrc_owner_)) return std::nullopt;
   if (xrc_owner_.proc != target_.proc) {
     // The SRQ's process too must be announced before its record is read;
     // without waiting, since this thread already holds a slot (no free one:
@@ -128,6 +132,7 @@ std::optional<uint32_t> ShmResponderPort::select_xrc_srq(uint32_t srqn) {
       record.xrcd_id != target_.qp->xrcd_id)
     return std::nullopt;
   xrc_srq_ = &record;
+  xrc_srqn_ = srqn;
   data_ = &xrc_owner_;
   return record.pd_id;
 }
@@ -143,6 +148,8 @@ host::SharedRq* ShmResponderPort::receive_queue() const {
 }
 
 bool ShmResponderPort::take_receive(transport::ReceiveWqe& out) {
+  // An XRC TGT QP has no queue of its own: only the SRQ a message named.
+  if (target_.qp->qp_type == IBV_QPT_XRC_RECV && xrc_srq_ == nullptr) return false;
   static_assert(sizeof(host::RecvSge) == sizeof(transport::ReceiveSge));
   alignas(16) unsigned char storage[sizeof(host::RecvWqe) + limits::kMaxSge * sizeof(host::RecvSge)];
   auto* wqe = reinterpret_cast<host::RecvWqe*>(storage);
@@ -264,6 +271,8 @@ transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp o
 }
 
 void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
+  // ... and no CQ: a completion without its SRQ has nowhere to go.
+  if (target_.qp->qp_type == IBV_QPT_XRC_RECV && xrc_srq_ == nullptr) return;
   if (c.status == IBV_WC_SUCCESS) {
     target_.qp->counters.add(Counter::kRdmaRecvs);
     host_.registry().process_counters(target_.proc).add(Counter::kRdmaRecvs);

@@ -75,6 +75,7 @@ class ShmResponderPort final : public transport::ResponderPort {
   // The XRC SRQ's record (in its owner's segment) a message to an XRC_RECV
   // QP named, once select_xrc_srq accepted it; the SRQ as a target.
   const host::SharedQp* xrc_srq_ = nullptr;
+  uint32_t xrc_srqn_ = 0;
   TargetQp xrc_owner_;
   // The access to the SRQ's process, when it is not the QP's.
   uint32_t xrc_access_ = host::HostRegistry::kNoAccessSlot;

@@ -164,8 +164,9 @@ struct ChannelState {
   CounterSink counters;  // the QP's and the port's
   ChannelState(const link::ChannelConfig& c, Counters* port)
       : config(c),
-        responder(transport::ResponderConfig{c.dest_qpn, c.mtu, c.qp_type == IBV_QPT_RC, c.rq_psn,
-                                             c.max_dest_rd_atomic, CounterSink(c.qp_counters, port)}),
+        responder(transport::ResponderConfig{c.dest_qpn, c.mtu, c.qp_type != IBV_QPT_UC,
+                                             c.qp_type == IBV_QPT_XRC_RECV, c.rq_psn, c.max_dest_rd_atomic,
+                                             CounterSink(c.qp_counters, port)}),
         counters(c.qp_counters, port) {}
 };
 
@@ -505,6 +506,7 @@ class UdpChannel final : public link::Channel {
     m.rkey = request.rkey;
     m.compare_add = request.compare_add;
     m.swap = request.swap;
+    m.xrc_srqn = request.xrc_srqn;
     m.nlocal = request.ndata < limits::kMaxSge + 1 ? request.ndata : limits::kMaxSge + 1;
     for (int i = 0; i < m.nlocal; ++i) m.local[i] = request.data[i];
     m.length = request.length;
@@ -512,7 +514,7 @@ class UdpChannel final : public link::Channel {
                   state_->config.traffic_class, state_->config.hop_limit, state_->counters);
     const bool had_deadline = state_->requester->deadline() != 0;
     state_->requester->post(m, monotonic_ns(), sink);
-    if (state_->config.qp_type != IBV_QPT_RC) {
+    if (state_->config.qp_type == IBV_QPT_UC) {
       // UC: done once sent.
       transport::RequesterCompletion done;
       while (state_->requester->pop_completion(done)) {
@@ -530,7 +532,8 @@ class UdpChannel final : public link::Channel {
     transport::RequesterConfig c;
     c.dest_qpn = state_->config.dest_qpn;
     c.mtu = state_->config.mtu;
-    c.reliable = state_->config.qp_type == IBV_QPT_RC;
+    c.reliable = state_->config.qp_type != IBV_QPT_UC;  // RC, and XRC's INI QPs
+    c.xrc = state_->config.qp_type == IBV_QPT_XRC_SEND;
     c.start_psn = send.sq_psn;
     c.retry_cnt = send.retry_cnt;
     c.rnr_retry = send.rnr_retry;
