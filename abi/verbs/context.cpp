@@ -66,6 +66,27 @@ void fill_ops(ContextHandle& h) {
   v.sz = sizeof(verbs_context);
 }
 
+// The application's context onto an engine context (opened or imported).
+ibv_context* make_context_handle(ibv_device* device, engine::Context* impl) {
+  auto* h = new ContextHandle{};
+  h->impl = impl;
+  h->impl->set_ah_translator(address_handle_of);
+  fill_ops(*h);
+  ibv_context& c = h->vctx.context;
+  c.device = device;
+  c.cmd_fd = h->impl->cmd_fd();
+  c.async_fd = h->impl->async_fd();
+  c.num_comp_vectors = limits::kNumCompVectors;
+  pthread_mutex_init(&c.mutex, nullptr);
+  c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  // Our librdmacm finds the engine behind the context here (rdma-core
+  // keeps libibverbs' own private state in this field; ours has none):
+  // the CM sends and receives its MADs through this context's udp link,
+  // the one link of the process (abi/rdmacm/device.cpp).
+  h->vctx.priv = reinterpret_cast<verbs_ex_private*>(h->impl);
+  return &c;
+}
+
 }  // namespace
 }  // namespace softhca::abi
 
@@ -85,23 +106,20 @@ ibv_context* ibv_open_device(ibv_device* device) {
       errno = to_errno(ctx.error());
       return nullptr;
     }
-    auto* h = new ContextHandle{};
-    h->impl = *ctx;
-    h->impl->set_ah_translator(address_handle_of);
-    fill_ops(*h);
-    ibv_context& c = h->vctx.context;
-    c.device = device;
-    c.cmd_fd = h->impl->cmd_fd();
-    c.async_fd = h->impl->async_fd();
-    c.num_comp_vectors = limits::kNumCompVectors;
-    pthread_mutex_init(&c.mutex, nullptr);
-    c.abi_compat = __VERBS_ABI_IS_EXTENDED;
-    // Our librdmacm finds the engine behind the context here (rdma-core
-    // keeps libibverbs' own private state in this field; ours has none):
-    // the CM sends and receives its MADs through this context's udp link,
-    // the one link of the process (abi/rdmacm/device.cpp).
-    h->vctx.priv = reinterpret_cast<verbs_ex_private*>(h->impl);
-    return &c;
+    return make_context_handle(device, *ctx);
+  });
+}
+
+// Another context onto the same device context (in this process: a dup of
+// its cmd_fd), sharing its objects: ibv_import_pd / _mr / _dm find them.
+ibv_context* ibv_import_device(int cmd_fd) {
+  return pointer_verb([&]() -> ibv_context* {
+    auto ctx = engine::Context::import(cmd_fd);
+    if (!ctx) {
+      errno = to_errno(ctx.error());
+      return nullptr;
+    }
+    return make_context_handle(&device_handle().device, *ctx);
   });
 }
 
@@ -110,7 +128,7 @@ int ibv_close_device(ibv_context* context) {
     ContextHandle* h = to_context_handle(context);
     if (h == nullptr) return EINVAL;
     pthread_mutex_destroy(&h->vctx.context.mutex);
-    delete h->impl;
+    h->impl->release();  // the context lives on while an importer holds it
     delete h;
     return 0;
   });

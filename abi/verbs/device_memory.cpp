@@ -1,6 +1,6 @@
 // Device memory: ibv_alloc_dm, ibv_free_dm, ibv_reg_dm_mr and the copy
 // functions that ibv_memcpy_to_dm / ibv_memcpy_from_dm call through struct
-// ibv_dm. Sharing a DM through ibv_import_dm is not offered (unsupported.cpp).
+// ibv_dm, and ibv_import_dm.
 #include <cerrno>
 
 #include "engine/context.hpp"
@@ -30,6 +30,16 @@ int memcpy_from_dm(void* host_addr, ibv_dm* dm, uint64_t dm_offset, size_t lengt
   });
 }
 
+ibv_dm* make_dm_handle(ibv_context* context, engine::DeviceMemory* impl) {
+  auto* h = new DmHandle{};
+  h->impl = impl;
+  h->dm.context = context;
+  h->dm.memcpy_to_dm = memcpy_to_dm;
+  h->dm.memcpy_from_dm = memcpy_from_dm;
+  h->dm.handle = impl->handle();
+  return &h->dm;
+}
+
 }  // namespace
 
 ibv_dm* alloc_dm_op(ibv_context* context, ibv_alloc_dm_attr* attr) {
@@ -45,12 +55,7 @@ ibv_dm* alloc_dm_op(ibv_context* context, ibv_alloc_dm_attr* attr) {
       errno = to_errno(dm.error());
       return nullptr;
     }
-    auto* h = new DmHandle{};
-    h->impl = *dm;
-    h->dm.context = context;
-    h->dm.memcpy_to_dm = memcpy_to_dm;
-    h->dm.memcpy_from_dm = memcpy_from_dm;
-    return &h->dm;
+    return make_dm_handle(context, *dm);
   });
 }
 
@@ -98,3 +103,24 @@ ibv_mr* reg_dm_mr_op(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length, 
 }
 
 }  // namespace softhca::abi
+
+using namespace softhca::abi;
+
+extern "C" {
+
+// Another handle onto a DM of the same device context (ibv_import_device).
+ibv_dm* ibv_import_dm(ibv_context* context, uint32_t dm_handle) {
+  return pointer_verb([&]() -> ibv_dm* {
+    softhca::engine::Context* ctx = to_context(context);
+    softhca::engine::DeviceMemory* impl = ctx ? ctx->find_dm(dm_handle) : nullptr;
+    if (impl == nullptr) {
+      errno = EINVAL;  // as the kernel answers a handle it does not know
+      return nullptr;
+    }
+    return make_dm_handle(context, impl);
+  });
+}
+
+void ibv_unimport_dm(ibv_dm* dm) { delete reinterpret_cast<DmHandle*>(dm); }
+
+}  // extern "C"

@@ -103,6 +103,51 @@ int ibv_dealloc_pd(ibv_pd* pd) {
   });
 }
 
+// --- importing: another handle onto an object of the same device context
+// (ibv_import_device). Unimporting frees that handle only; destroying
+// through it destroys the object, as the verbs man pages say.
+
+ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
+  return pointer_verb([&]() -> ibv_pd* {
+    engine::Context* ctx = to_context(context);
+    engine::ProtectionDomain* impl = ctx ? ctx->find_pd(pd_handle) : nullptr;
+    if (impl == nullptr) {
+      errno = EINVAL;  // as the kernel answers a handle it does not know
+      return nullptr;
+    }
+    auto* h = new PdHandle{};
+    h->impl = impl;
+    h->pd.context = context;
+    h->pd.handle = pd_handle;
+    return &h->pd;
+  });
+}
+
+void ibv_unimport_pd(ibv_pd* pd) { delete reinterpret_cast<PdHandle*>(pd); }
+
+ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
+  return pointer_verb([&]() -> ibv_mr* {
+    engine::ProtectionDomain* impl_pd = to_pd(pd);
+    engine::MemoryRegion* impl = impl_pd ? impl_pd->context().find_mr(mr_handle) : nullptr;
+    if (impl == nullptr || &impl->pd() != impl_pd) {
+      errno = EINVAL;  // as the kernel answers a handle it does not know
+      return nullptr;
+    }
+    auto* h = new MrHandle{};
+    h->impl = impl;
+    h->mr.context = pd->context;
+    h->mr.pd = pd;
+    h->mr.addr = nullptr;  // as rdma-core's import: the kernel does not say where the range is
+    h->mr.length = impl->length();
+    h->mr.handle = mr_handle;
+    h->mr.lkey = impl->key();
+    h->mr.rkey = impl->key();
+    return &h->mr;
+  });
+}
+
+void ibv_unimport_mr(ibv_mr* mr) { delete reinterpret_cast<MrHandle*>(mr); }
+
 ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
   return register_mr(pd, addr, length, reinterpret_cast<uint64_t>(addr), static_cast<unsigned>(access));
 }

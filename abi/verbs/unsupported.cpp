@@ -3,7 +3,6 @@
 // take their "not supported" path instead of crashing:
 //   pointer verbs -> nullptr, errno = EOPNOTSUPP
 //   int verbs     -> EOPNOTSUPP (errno set as well, as rdma-core's ECE code does)
-//   unimport      -> nothing to undo, since no import ever succeeds
 #include <infiniband/verbs.h>
 
 #include <cerrno>
@@ -25,20 +24,6 @@ int fail_int() {
 }  // namespace
 
 extern "C" {
-
-// --- sharing objects across processes through a dup'ed cmd_fd (IBVERBS_1.10/1.13).
-// pyverbs' shared-PD tests skip on EOPNOTSUPP.
-struct ibv_context* ibv_import_device(int /*cmd_fd*/) { return fail_pointer<ibv_context>(); }
-struct ibv_pd* ibv_import_pd(struct ibv_context* /*context*/, uint32_t /*pd_handle*/) {
-  return fail_pointer<ibv_pd>();
-}
-struct ibv_mr* ibv_import_mr(struct ibv_pd* /*pd*/, uint32_t /*mr_handle*/) { return fail_pointer<ibv_mr>(); }
-struct ibv_dm* ibv_import_dm(struct ibv_context* /*context*/, uint32_t /*dm_handle*/) {
-  return fail_pointer<ibv_dm>();
-}
-void ibv_unimport_pd(struct ibv_pd* /*pd*/) {}
-void ibv_unimport_mr(struct ibv_mr* /*mr*/) {}
-void ibv_unimport_dm(struct ibv_dm* /*dm*/) {}
 
 // --- dma-buf memory (IBVERBS_1.12): there is no device to share a dma-buf with.
 struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd* /*pd*/, uint64_t /*offset*/, size_t /*length*/, uint64_t /*iova*/,

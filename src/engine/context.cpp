@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,16 +17,37 @@ Result<Context*> Context::open() {
   ctx->node_ = *node;
   // EFD_SEMAPHORE: one read per event, so the fd stays readable while any is pending.
   ctx->async_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
-  ctx->cmd_fd_ = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (ctx->async_fd_ < 0 || ctx->cmd_fd_ < 0) {
+  // A file of its own (its inode names this context), so that a dup of it
+  // can be handed to ibv_import_device.
+  ctx->cmd_fd_ = ::memfd_create("softhca-context", MFD_CLOEXEC);
+  struct stat st {};
+  if (ctx->async_fd_ < 0 || ctx->cmd_fd_ < 0 || ::fstat(ctx->cmd_fd_, &st) != 0) {
     const int err = errno;
     delete ctx;
     return fail(static_cast<std::errc>(err));
   }
+  ctx->cmd_inode_ = st.st_ino;
+  ctx->node_->add_context(ctx, ctx->cmd_inode_);
   return ctx;
 }
 
+Result<Context*> Context::import(int fd) {
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0) return fail(std::errc::bad_file_descriptor);
+  auto node = Node::acquire();
+  if (!node) return fail(node.error());
+  Context* found = (*node)->hold_context(st.st_ino);
+  Node::release();
+  if (found == nullptr) return fail(std::errc::no_such_device_or_address);
+  return found;
+}
+
+void Context::release() {
+  if (holders_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
 Context::~Context() {
+  if (node_ != nullptr && cmd_inode_ != 0) node_->remove_context(this);
   if (async_fd_ >= 0) ::close(async_fd_);
   if (cmd_fd_ >= 0) ::close(cmd_fd_);
   if (node_ != nullptr) Node::release();

@@ -4,9 +4,12 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <mutex>
+#include <unordered_map>
 
 #include "common/result.hpp"
 #include "engine/node.hpp"
@@ -52,6 +55,9 @@ class EventCounters {
 };
 
 class AddressHandle;
+class DeviceMemory;
+class MemoryRegion;
+class ProtectionDomain;
 
 class Context {
  public:
@@ -62,9 +68,35 @@ class Context {
   AddressHandle* address_handle(ibv_ah* ah) const { return ah_translator_ ? ah_translator_(ah) : nullptr; }
 
   static Result<Context*> open();
-  ~Context();
+  // ibv_import_device: the context of this process whose cmd_fd `fd` is (a
+  // dup of), held once more; no_such_device_or_address for any other fd
+  // (objects of other processes cannot be imported).
+  static Result<Context*> import(int fd);
+  // ibv_close_device of the opener or of an importer: the last one deletes.
+  void release();
+  // One more holder, unless the last one is already gone (then false).
+  bool try_hold() {
+    uint32_t n = holders_.load(std::memory_order_relaxed);
+    while (n != 0)
+      if (holders_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) return true;
+    return false;
+  }
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
+
+  // What ibv_import_pd / _mr / _dm find by the handle numbers the
+  // application sees: the objects made in this context, while they live.
+  void publish(ProtectionDomain* pd, uint32_t handle) { publish_in(pds_, handle, pd); }
+  void withdraw(ProtectionDomain* pd, uint32_t handle) { withdraw_from(pds_, handle, pd); }
+  ProtectionDomain* find_pd(uint32_t handle) { return find_in(pds_, handle); }
+  void publish(MemoryRegion* mr, uint32_t handle) { publish_in(mrs_, handle, mr); }
+  void withdraw(MemoryRegion* mr, uint32_t handle) { withdraw_from(mrs_, handle, mr); }
+  MemoryRegion* find_mr(uint32_t handle) { return find_in(mrs_, handle); }
+  void publish(DeviceMemory* dm, uint32_t handle) { publish_in(dms_, handle, dm); }
+  void withdraw(DeviceMemory* dm, uint32_t handle) { withdraw_from(dms_, handle, dm); }
+  DeviceMemory* find_dm(uint32_t handle) { return find_in(dms_, handle); }
+  // A handle number for objects that have none of their own (device memory).
+  uint32_t next_handle() { return next_handle_.fetch_add(1, std::memory_order_relaxed); }
 
   Node& node() { return *node_; }
   int async_fd() const { return async_fd_; }
@@ -79,7 +111,32 @@ class Context {
 
  private:
   Context() = default;
+  ~Context();
+  template <typename T>
+  void publish_in(std::unordered_map<uint32_t, T*>& map, uint32_t handle, T* object) {
+    std::lock_guard guard(objects_mutex_);
+    map[handle] = object;
+  }
+  template <typename T>
+  void withdraw_from(std::unordered_map<uint32_t, T*>& map, uint32_t handle, T* object) {
+    std::lock_guard guard(objects_mutex_);
+    if (auto it = map.find(handle); it != map.end() && it->second == object) map.erase(it);
+  }
+  template <typename T>
+  T* find_in(std::unordered_map<uint32_t, T*>& map, uint32_t handle) {
+    std::lock_guard guard(objects_mutex_);
+    auto it = map.find(handle);
+    return it == map.end() ? nullptr : it->second;
+  }
+
   Node* node_ = nullptr;
+  std::atomic<uint32_t> holders_{1};  // the opener and each importer
+  uint64_t cmd_inode_ = 0;
+  std::mutex objects_mutex_;
+  std::unordered_map<uint32_t, ProtectionDomain*> pds_;
+  std::unordered_map<uint32_t, MemoryRegion*> mrs_;
+  std::unordered_map<uint32_t, DeviceMemory*> dms_;
+  std::atomic<uint32_t> next_handle_{1};
   AhTranslator ah_translator_ = nullptr;
   int async_fd_ = -1;
   int cmd_fd_ = -1;

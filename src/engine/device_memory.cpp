@@ -31,10 +31,13 @@ Result<DeviceMemory*> DeviceMemory::allocate(Context& context, uint64_t length, 
     node.dm_bytes().give_back(static_cast<uint32_t>(length));
     return fail(std::errc::not_enough_memory);
   }
-  return new DeviceMemory(context, base, length, mapped);
+  auto* dm = new DeviceMemory(context, base, length, mapped, context.next_handle());
+  context.publish(dm, dm->handle());  // for ibv_import_dm
+  return dm;
 }
 
 DeviceMemory::~DeviceMemory() {
+  context_.withdraw(this, handle_);
   munmap(base_, mapped_);
   context_.node().dm_bytes().give_back(static_cast<uint32_t>(length_));
 }

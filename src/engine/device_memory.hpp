@@ -33,6 +33,8 @@ class DeviceMemory {
   }
 
   void* base() const { return base_; }
+  // The handle ibv_import_dm names it by (unique in its context).
+  uint32_t handle() const { return handle_; }
   uint64_t length() const { return length_; }
   // MRs registered over it: ibv_free_dm refuses (EBUSY) while any.
   void attach() { users_.fetch_add(1, std::memory_order_relaxed); }
@@ -40,13 +42,14 @@ class DeviceMemory {
   bool in_use() const { return users_.load(std::memory_order_relaxed) != 0; }
 
  private:
-  DeviceMemory(Context& context, void* base, uint64_t length, uint64_t mapped)
-      : context_(context), base_(base), length_(length), mapped_(mapped) {}
+  DeviceMemory(Context& context, void* base, uint64_t length, uint64_t mapped, uint32_t handle)
+      : context_(context), base_(base), length_(length), mapped_(mapped), handle_(handle) {}
 
   Context& context_;
   void* base_;
   uint64_t length_;
   uint64_t mapped_;  // whole pages
+  uint32_t handle_;
   std::atomic<uint32_t> users_{0};
 };
 

@@ -111,11 +111,13 @@ Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uin
   }
   mr->key_ = *key;
   pd.attach();
+  pd.context().publish(mr, mr->key_);  // for ibv_import_mr
   return mr;
 }
 
 MemoryRegion::~MemoryRegion() {
   if (key_ != 0) {
+    pd_->context().withdraw(this, key_);
     Node& node = pd_->context().node();
     node.registry().release_mr(key_);
     // Once ibv_dereg_mr returns, no initiator touches the range: wait out the

@@ -1,5 +1,7 @@
 #include "engine/node.hpp"
 
+#include "engine/context.hpp"
+
 #include <pthread.h>
 
 #include "engine/completion_queue.hpp"
@@ -42,6 +44,13 @@ Result<Node*> Node::acquire() {
   }
   ++g_node_users;
   return g_node;
+}
+
+Context* Node::hold_context(uint64_t cmd_inode) {
+  std::lock_guard guard(contexts_mutex_);
+  auto it = contexts_.find(cmd_inode);
+  if (it == contexts_.end() || !it->second->try_hold()) return nullptr;
+  return it->second;
 }
 
 void Node::release() {

@@ -66,6 +66,8 @@ class ObjectTable {
   std::vector<uint32_t> free_;
 };
 
+class Context;
+
 class Node final : private ProgressThread::Work {
  public:
   // The node of this process, created on first use; every acquire() is paired with release().
@@ -115,6 +117,18 @@ class Node final : private ProgressThread::Work {
   ObjectQuota& pd_quota() { return pd_quota_; }
   ObjectQuota& dm_bytes() { return dm_bytes_; }
 
+  // The open contexts by the inode of their cmd_fd, for ibv_import_device.
+  void add_context(Context* context, uint64_t cmd_inode) {
+    std::lock_guard guard(contexts_mutex_);
+    contexts_[cmd_inode] = context;
+  }
+  void remove_context(Context* context) {
+    std::lock_guard guard(contexts_mutex_);
+    std::erase_if(contexts_, [&](const auto& entry) { return entry.second == context; });
+  }
+  // The context with that cmd_fd inode, held once more (Context::release), or nullptr.
+  Context* hold_context(uint64_t cmd_inode);
+
   // XRC domains of files open in this process, counted by (st_dev, st_ino):
   // O_EXCL refuses a file whose domain is open. false if refused.
   bool open_xrc_file(uint64_t dev, uint64_t ino, bool exclusive) {
@@ -160,6 +174,8 @@ class Node final : private ProgressThread::Work {
   ObjectQuota pd_quota_{limits::kMaxPd};
   ObjectQuota dm_bytes_{limits::kMaxDmSize};
 
+  std::mutex contexts_mutex_;
+  std::map<uint64_t, Context*> contexts_;
   std::mutex xrc_files_mutex_;
   std::map<std::pair<uint64_t, uint64_t>, uint32_t> xrc_files_;
 

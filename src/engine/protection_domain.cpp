@@ -7,9 +7,14 @@ namespace softhca::engine {
 Result<ProtectionDomain*> ProtectionDomain::create(Context& context) {
   Node& node = context.node();
   if (!node.pd_quota().try_take()) return fail(std::errc::not_enough_memory);
-  return new ProtectionDomain(context, node.registry().allocate_pd_id());
+  auto* pd = new ProtectionDomain(context, node.registry().allocate_pd_id());
+  context.publish(pd, pd->id());  // for ibv_import_pd
+  return pd;
 }
 
-ProtectionDomain::~ProtectionDomain() { context_.node().pd_quota().give_back(); }
+ProtectionDomain::~ProtectionDomain() {
+  context_.withdraw(this, id_);
+  context_.node().pd_quota().give_back();
+}
 
 }  // namespace softhca::engine

@@ -49,7 +49,7 @@ TEST(CqResize, AReservedButUnpublishedSlotIsDroppedNotCopiedStale) {
     ASSERT_EQ(cq->poll(8, wc), 1);
     EXPECT_EQ(wc[0].wr_id, 201u);
     delete cq;
-    delete *context;
+    (*context)->release();
   }
   ::unsetenv("SOFTHCA_RUNTIME_DIR");
   EXPECT_EQ(std::system((std::string("rm -rf ") + dir).c_str()), 0);
