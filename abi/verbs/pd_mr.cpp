@@ -93,6 +93,7 @@ int ibv_dereg_mr(ibv_mr* mr) {
   return int_verb([&] {
     engine::MemoryRegion* impl = to_mr(mr);
     if (impl == nullptr) return EINVAL;
+    if (auto ok = impl->deregister(); !ok) return to_errno(ok.error());
     delete impl;
     delete reinterpret_cast<MrHandle*>(mr);
     return 0;

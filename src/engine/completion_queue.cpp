@@ -79,6 +79,14 @@ void CompletionQueue::detach_locked(QueuePair* qp) {
 }
 
 void CompletionQueue::retire_locked(host::Cqe& cqe) {
+  if (cqe.wc_flags & IBV_WC_WITH_INV) {
+    // A SEND WITH INVALIDATE invalidated one of our windows, in whichever
+    // process ran the responder, before this completion was written. The
+    // application learns it here: an access that validated the key before
+    // it went must be over first, as after ibv_dereg_mr.
+    Node& node = context_.node();
+    node.registry().fence_accesses(node.proc());
+  }
   const bool send = (cqe.flags & host::kCqeSendPosition) != 0;
   const uint32_t position = cqe.src_qp;
   if (send) cqe.src_qp = 0;  // not a field of send completions

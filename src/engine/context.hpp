@@ -52,6 +52,8 @@ class EventCounters {
 };
 
 class AddressHandle;
+class MemoryRegion;
+class MemoryWindow;
 
 class Context {
  public:
@@ -60,6 +62,15 @@ class Context {
   using AhTranslator = AddressHandle* (*)(ibv_ah*);
   void set_ah_translator(AhTranslator translator) { ah_translator_ = translator; }
   AddressHandle* address_handle(ibv_ah* ah) const { return ah_translator_ ? ah_translator_(ah) : nullptr; }
+  // Likewise the window and the MR a bind WR names (nullptr for nullptr).
+  using MwTranslator = MemoryWindow* (*)(ibv_mw*);
+  using MrTranslator = MemoryRegion* (*)(ibv_mr*);
+  void set_window_translators(MwTranslator mw, MrTranslator mr) {
+    mw_translator_ = mw;
+    mr_translator_ = mr;
+  }
+  MemoryWindow* memory_window(ibv_mw* mw) const { return mw_translator_ && mw ? mw_translator_(mw) : nullptr; }
+  MemoryRegion* memory_region(ibv_mr* mr) const { return mr_translator_ && mr ? mr_translator_(mr) : nullptr; }
 
   static Result<Context*> open();
   ~Context();
@@ -81,6 +92,8 @@ class Context {
   Context() = default;
   Node* node_ = nullptr;
   AhTranslator ah_translator_ = nullptr;
+  MwTranslator mw_translator_ = nullptr;
+  MrTranslator mr_translator_ = nullptr;
   int async_fd_ = -1;
   int cmd_fd_ = -1;
   std::mutex mutex_;
