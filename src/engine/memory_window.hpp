@@ -60,8 +60,10 @@ class MemoryWindow {
   // The key as allocated or last bound.
   uint32_t key() const { return key_.load(std::memory_order_acquire); }
 
-  // Executes a bind WR of QP `qpn` (PD `qp_pd_id`) on the send queue.
-  // Thread: the QP's send queue (its lock held).
+  // Executes a bind WR of QP `qpn` (PD `qp_pd_id`), from its send queue.
+  // Binds of one window come from the send queues the application posted
+  // them on, in its order; the registry's mutex orders them against
+  // invalidations from elsewhere.
   ibv_wc_status bind(const BindRequest& bind, uint32_t qpn, uint32_t qp_pd_id);
 
  private:

@@ -323,7 +323,10 @@ Result<void> HostRegistry::bind_window(uint32_t key, uint32_t proc, const MrReco
   MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
   const uint32_t kind = slot.kind.load(std::memory_order_relaxed);
   if (slot.key.load(std::memory_order_relaxed) != key || slot.proc.load(std::memory_order_relaxed) != proc ||
-      kind == kKeyRegion || (b.new_key >> 8) != (key >> 8)) {
+      kind == kKeyRegion || (b.new_key >> 8) != (key >> 8) ||
+      // A type 2 window binds only while free: checked here too, against a
+      // bind of the same window from another send queue meanwhile.
+      (kind == kKeyWindow2 && slot.length.load(std::memory_order_relaxed) != 0)) {
     unlock();
     return fail(std::errc::invalid_argument);
   }

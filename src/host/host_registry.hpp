@@ -198,7 +198,8 @@ class HostRegistry {
   // Binds window `key` of `proc` as `binding` says, to the MR `mr` as the
   // caller validated it (with length 0: unbinds it). invalid_argument, and
   // nothing changes, if the window's key or the MR changed since (the MR
-  // was deregistered, or rereg'd). The window's key becomes binding.new_key.
+  // was deregistered, or rereg'd), or if it is a type 2 window that is bound
+  // already. The window's key becomes binding.new_key.
   Result<void> bind_window(uint32_t key, uint32_t proc, const MrRecord& mr, const WindowBinding& binding);
   // Invalidates the bound type 2 window `key` of process `proc` whose PD is
   // `pd_id` (LOCAL_INV, SEND_WITH_INV): it keeps its key and grants nothing.

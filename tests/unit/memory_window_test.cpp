@@ -206,6 +206,7 @@ TEST_F(RegistryWindows, BindInvalidateRelease) {
   b.qpn = 0x99;
   ASSERT_TRUE(registry_->bind_window(*w, proc_, mr, b).has_value());
   EXPECT_FALSE(registry_->lookup_mr(*w, rec)) << "the old key went";
+  EXPECT_FALSE(registry_->bind_window(b.new_key, proc_, mr, b).has_value()) << "a bound type 2 window";
   ASSERT_TRUE(registry_->lookup_mr(b.new_key, rec));
   EXPECT_EQ(rec.length, 0x100u);
   EXPECT_EQ(rec.qpn, 0x99u);
