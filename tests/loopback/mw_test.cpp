@@ -303,6 +303,43 @@ TEST(MemoryWindow, Type1ServesEveryQpOfItsPd) {
   EXPECT_EQ(ibv_dealloc_mw(mw), 0);
 }
 
+// A bind posted behind operations still in flight (the udp link sends
+// asynchronously) executes after them, and the completions come in order.
+TEST(MemoryWindow, BindWaitsForTheOperationsPostedBeforeIt) {
+  WindowSetup s;
+  ASSERT_TRUE(s.ok());
+  Buffer remote(s.dev.pd, 64 * 1024);
+  Buffer big(s.dev.pd, 64 * 1024, Buffer::kAllAccess, 0x31);
+  ibv_mw* mw = ibv_alloc_mw(s.dev.pd, IBV_MW_TYPE_2);
+  ASSERT_NE(mw, nullptr);
+  // On b's send queue: a 64 KiB WRITE to a, then the bind, then another WRITE.
+  ibv_sge sge = big.sge(0, 64 * 1024);
+  ibv_send_wr first = make_wr(1, IBV_WR_RDMA_WRITE, &sge, 1);
+  first.wr.rdma.remote_addr = remote.addr();
+  first.wr.rdma.rkey = remote.rkey();
+  ibv_send_wr bind_wr = make_wr(2, IBV_WR_BIND_MW, nullptr, 0);
+  bind_wr.bind_mw.mw = mw;
+  bind_wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+  bind_wr.bind_mw.bind_info = ibv_mw_bind_info{s.target.mr(), s.target.addr(), 4096, kRemoteRw};
+  ibv_send_wr second = first;
+  second.wr_id = 3;
+  first.next = &bind_wr;
+  bind_wr.next = &second;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(s.pair.b, &first, &bad), 0);
+  auto wcs = poll_n(s.pair.b_send_cq, 3);
+  ASSERT_EQ(wcs.size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(wcs[i].wr_id, i + 1);
+    EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS) << wc_str(wcs[i]);
+  }
+  EXPECT_EQ(wcs[1].opcode, IBV_WC_BIND_MW);
+  EXPECT_EQ(first_not(remote.span(0, 64 * 1024), 0x31), -1);
+  EXPECT_EQ(rdma(s.pair.a, s.pair.a_send_cq, IBV_WR_RDMA_WRITE, s.src, 4096, s.target.addr(), bind_wr.bind_mw.rkey),
+            IBV_WC_SUCCESS);
+  EXPECT_EQ(ibv_dealloc_mw(mw), 0);
+}
+
 // Zero based: the peer addresses the window from 0, wherever it starts in the MR.
 TEST(MemoryWindow, Type2ZeroBased) {
   WindowSetup s;
