@@ -41,6 +41,9 @@ void fill_ops(ContextHandle& h) {
   ops.post_send = post_send_op;
   ops.post_recv = post_recv_op;
   ops.post_srq_recv = post_srq_recv_op;
+  ops.alloc_mw = alloc_mw_op;
+  ops.bind_mw = bind_mw_op;
+  ops.dealloc_mw = dealloc_mw_op;
   v.query_port = query_port_op;
   v.query_device_ex = query_device_ex_op;
   v.query_rt_values = query_rt_values_op;
@@ -71,6 +74,7 @@ ibv_context* make_context_handle(ibv_device* device, engine::Context* impl) {
   auto* h = new ContextHandle{};
   h->impl = impl;
   h->impl->set_ah_translator(address_handle_of);
+  h->impl->set_window_translators(memory_window_of, memory_region_of);
   fill_ops(*h);
   ibv_context& c = h->vctx.context;
   c.device = device;

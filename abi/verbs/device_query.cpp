@@ -36,11 +36,13 @@ static_assert(sizeof(ibv_port_attr) == 52 && sizeof(ibv_device_attr_ex) == 400 &
 
 // What the device supports. TODO(lead): move to engine/limits.hpp beside the
 // numeric limits once the MW / XRC / SRQ-resize paths are in place.
-// Only what works today: memory windows and growing an SRQ are not
-// implemented, and advertising them would make applications try. XRC works
-// between processes of one host.
+// Only what works today: growing an SRQ is not implemented, and advertising
+// it would make applications try. XRC works on one host and between hosts.
+// Memory windows of type 1 and 2B (a type 2 window serves the one QP it was
+// bound through, and that QP's PD), as rxe reports them.
 constexpr unsigned kDeviceCapFlags = IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID |
-                                     IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_XRC;
+                                     IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_XRC |
+                                     IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
 
 constexpr uint32_t kPortCapFlags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;  // what a RoCE port reports
 constexpr uint8_t kActiveWidth4x = 2;                                         // IBV_WIDTH_4X
@@ -101,7 +103,7 @@ void fill_device_attr(ibv_device_attr& d) {
   d.atomic_cap = IBV_ATOMIC_HCA;
   d.max_ee = 0;
   d.max_rdd = 0;
-  d.max_mw = 0;  // memory windows are not implemented yet
+  d.max_mw = limits::kMaxMw;
   d.max_raw_ipv6_qp = 0;
   d.max_raw_ethy_qp = 0;
   d.max_mcast_grp = limits::kMaxMcastGrp;

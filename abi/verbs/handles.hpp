@@ -23,6 +23,7 @@ namespace softhca::engine {
 class Context;
 class ProtectionDomain;
 class MemoryRegion;
+class MemoryWindow;
 class CompletionQueue;
 class CompletionChannel;
 class QueuePair;
@@ -73,6 +74,11 @@ struct MrHandle {
   engine::MemoryRegion* impl;
   engine::DeviceMemory* dm = nullptr;  // ibv_reg_dm_mr: the device memory it holds
 };
+struct MwHandle {
+  ibv_mw mw;
+  engine::MemoryWindow* impl;
+};
+static_assert(offsetof(MwHandle, mw) == 0);
 // Every CQ is allocated as an ibv_cq_ex: ibv_cq_ex_to_cq() is a cast, and the
 // ex layout starts with the ibv_cq layout. Every CQ, legacy or not, also
 // answers the extended poll API (cq_ex.cpp): start_poll takes `poll_lock`
@@ -137,6 +143,7 @@ inline engine::Context* to_context(ibv_context* ctx) {
 inline engine::ProtectionDomain* to_pd(ibv_pd* pd) { return pd ? reinterpret_cast<PdHandle*>(pd)->impl : nullptr; }
 inline bool is_parent_domain(ibv_pd* pd) { return pd != nullptr && reinterpret_cast<PdHandle*>(pd)->parent_domain; }
 inline engine::MemoryRegion* to_mr(ibv_mr* mr) { return mr ? reinterpret_cast<MrHandle*>(mr)->impl : nullptr; }
+inline engine::MemoryWindow* to_mw(ibv_mw* mw) { return mw ? reinterpret_cast<MwHandle*>(mw)->impl : nullptr; }
 inline engine::CompletionQueue* to_cq(ibv_cq* cq) { return cq ? reinterpret_cast<CqHandle*>(cq)->impl : nullptr; }
 inline engine::CompletionQueue* to_cq(ibv_cq_ex* cq) { return cq ? reinterpret_cast<CqHandle*>(cq)->impl : nullptr; }
 inline engine::CompletionChannel* to_channel(ibv_comp_channel* ch) {

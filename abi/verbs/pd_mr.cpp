@@ -164,6 +164,7 @@ int ibv_dereg_mr(ibv_mr* mr) {
   return int_verb([&] {
     engine::MemoryRegion* impl = to_mr(mr);
     if (impl == nullptr) return EINVAL;
+    if (auto ok = impl->deregister(); !ok) return to_errno(ok.error());
     engine::DeviceMemory* dm = reinterpret_cast<MrHandle*>(mr)->dm;
     delete impl;
     if (dm != nullptr) dm->detach();

@@ -22,10 +22,10 @@
 // middle of a chain, the WRs before it are posted (ibv_post_send semantics).
 //
 // Operations offered: SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM,
-// RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD (per QP type as the
-// engine allows them). BIND_MW, LOCAL_INV, SEND_WITH_INV, TSO, ATOMIC_WRITE
-// and FLUSH (1 << 11, newer headers) are refused at creation with EOPNOTSUPP
-// (pyverbs skips on that);
+// RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD, ATOMIC_WRITE,
+// SEND_WITH_INV, BIND_MW and LOCAL_INV (per QP type as the engine allows
+// them). TSO and FLUSH (1 << 11, newer headers) are refused at creation with
+// EOPNOTSUPP (pyverbs skips on that);
 // their ops are still installed and make wr_complete return EOPNOTSUPP.
 // wr_set_xrc_srqn names the receiving SRQ of an XRC INI QP's WR.
 #include <atomic>
@@ -69,9 +69,10 @@ namespace {
 constexpr uint64_t kRcSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
                                 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
                                 IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
-                                IBV_QP_EX_WITH_ATOMIC_WRITE;
-constexpr uint64_t kUcSendOps =
-    IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+                                IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_BIND_MW |
+                                IBV_QP_EX_WITH_LOCAL_INV;
+constexpr uint64_t kUcSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
+                                IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
 constexpr uint64_t kUdSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
 
 QpHandle& handle_of(ibv_qp_ex* qpx) { return *reinterpret_cast<QpHandle*>(qpx); }
@@ -164,10 +165,30 @@ void wr_set_xrc_srqn(ibv_qp_ex* qpx, uint32_t remote_srqn) {
   if (ibv_send_wr* wr = current(qpx)) wr->qp_type.xrc.remote_srqn = remote_srqn;
 }
 
+// SEND WITH INVALIDATE: its SGEs or inline data follow as for wr_send.
+void wr_send_inv(ibv_qp_ex* qpx, uint32_t invalidate_rkey) {
+  if (ibv_send_wr* wr = append(qpx, IBV_WR_SEND_WITH_INV)) wr->invalidate_rkey = invalidate_rkey;
+}
+
+// A bind carries no SGE: the MR and range are in `bind_info`, taken now.
+void wr_bind_mw(ibv_qp_ex* qpx, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* bind_info) {
+  if (mw == nullptr || bind_info == nullptr) {
+    QpExBatch& b = *handle_of(qpx).batch;
+    if (b.open) fail(b, EINVAL);
+    return;
+  }
+  if (ibv_send_wr* wr = append(qpx, IBV_WR_BIND_MW)) {
+    wr->bind_mw.mw = mw;
+    wr->bind_mw.rkey = rkey;
+    wr->bind_mw.bind_info = *bind_info;
+  }
+}
+
+void wr_local_inv(ibv_qp_ex* qpx, uint32_t invalidate_rkey) {
+  if (ibv_send_wr* wr = append(qpx, IBV_WR_LOCAL_INV)) wr->invalidate_rkey = invalidate_rkey;
+}
+
 // Not offered (refused at creation too): wr_complete returns EOPNOTSUPP.
-void wr_send_inv(ibv_qp_ex* qpx, uint32_t) { refuse(qpx); }
-void wr_bind_mw(ibv_qp_ex* qpx, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { refuse(qpx); }
-void wr_local_inv(ibv_qp_ex* qpx, uint32_t) { refuse(qpx); }
 void wr_send_tso(ibv_qp_ex* qpx, void*, uint16_t, uint16_t) { refuse(qpx); }
 
 // --- setters ---

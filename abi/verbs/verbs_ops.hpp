@@ -34,5 +34,11 @@ ibv_pd* alloc_parent_domain_op(ibv_context* context, ibv_parent_domain_init_attr
 int dealloc_parent_domain(ibv_pd* pd);
 // Given to the engine context so UD work requests can name their ibv_ah.
 engine::AddressHandle* address_handle_of(ibv_ah* ah);
+// Memory windows (mw.cpp); the engine finds a bind WR's window and MR with the translators.
+ibv_mw* alloc_mw_op(ibv_pd* pd, ibv_mw_type type);
+int dealloc_mw_op(ibv_mw* mw);
+int bind_mw_op(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mw_bind);
+engine::MemoryWindow* memory_window_of(ibv_mw* mw);
+engine::MemoryRegion* memory_region_of(ibv_mr* mr);
 
 }  // namespace softhca::abi

@@ -22,6 +22,9 @@ inline constexpr int kMaxSgeRd = 32;
 inline constexpr int kMaxCq = 16384;
 inline constexpr int kMaxCqe = (1 << 20) - 1;
 inline constexpr int kMaxMr = 65536;
+// Memory windows take keys from the MR table, host-wide (one of the two
+// runs out first: max_mr and max_mw both say 65536).
+inline constexpr int kMaxMw = kMaxMr;
 inline constexpr int kMaxPd = 65536;
 inline constexpr int kMaxQpRdAtom = 16;
 inline constexpr int kMaxQpInitRdAtom = 16;

@@ -90,6 +90,14 @@ void CompletionQueue::detach_xrc_srq(SharedReceiveQueue* srq) {
 }
 
 void CompletionQueue::retire_locked(host::Cqe& cqe) {
+  if (cqe.wc_flags & IBV_WC_WITH_INV) {
+    // A SEND WITH INVALIDATE invalidated one of our windows, in whichever
+    // process ran the responder, before this completion was written. The
+    // application learns it here: an access that validated the key before
+    // it went must be over first, as after ibv_dereg_mr.
+    Node& node = context_.node();
+    node.registry().fence_accesses(node.proc());
+  }
   if (cqe.flags & host::kCqeXrcSrq) {
     const uint32_t srq_id = cqe.vendor_err;
     cqe.vendor_err = 0;

@@ -57,6 +57,7 @@ class EventCounters {
 class AddressHandle;
 class DeviceMemory;
 class MemoryRegion;
+class MemoryWindow;
 class ProtectionDomain;
 
 class Context {
@@ -66,6 +67,15 @@ class Context {
   using AhTranslator = AddressHandle* (*)(ibv_ah*);
   void set_ah_translator(AhTranslator translator) { ah_translator_ = translator; }
   AddressHandle* address_handle(ibv_ah* ah) const { return ah_translator_ ? ah_translator_(ah) : nullptr; }
+  // Likewise the window and the MR a bind WR names (nullptr for nullptr).
+  using MwTranslator = MemoryWindow* (*)(ibv_mw*);
+  using MrTranslator = MemoryRegion* (*)(ibv_mr*);
+  void set_window_translators(MwTranslator mw, MrTranslator mr) {
+    mw_translator_ = mw;
+    mr_translator_ = mr;
+  }
+  MemoryWindow* memory_window(ibv_mw* mw) const { return mw_translator_ && mw ? mw_translator_(mw) : nullptr; }
+  MemoryRegion* memory_region(ibv_mr* mr) const { return mr_translator_ && mr ? mr_translator_(mr) : nullptr; }
 
   static Result<Context*> open();
   // ibv_import_device: the context of this process whose cmd_fd `fd` is (a
@@ -138,6 +148,8 @@ class Context {
   std::unordered_map<uint32_t, DeviceMemory*> dms_;
   std::atomic<uint32_t> next_handle_{1};
   AhTranslator ah_translator_ = nullptr;
+  MwTranslator mw_translator_ = nullptr;
+  MrTranslator mr_translator_ = nullptr;
   int async_fd_ = -1;
   int cmd_fd_ = -1;
   std::mutex mutex_;

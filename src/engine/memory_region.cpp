@@ -115,16 +115,28 @@ Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uin
   return mr;
 }
 
+Result<void> MemoryRegion::deregister() {
+  if (key_ == 0) return {};
+  Node& node = pd_->context().node();
+  if (!node.registry().release_mr(key_)) {
+    SOFTHCA_INFO("dereg_mr: key 0x%x has memory windows bound to it", key_);
+    return fail(std::errc::invalid_argument);
+  }
+  pd_->context().withdraw(this, key_);  // no more ibv_import_mr of it
+  key_ = 0;
+  // Once ibv_dereg_mr returns, no initiator touches the range: wait out the
+  // accesses to our memory that may have validated the key before it went.
+  node.registry().fence_accesses(node.proc());
+  if (shared_) host::MemoryBacking::process().unshare(*shared_);
+  pd_->detach();
+  return {};
+}
+
 MemoryRegion::~MemoryRegion() {
-  if (key_ != 0) {
-    pd_->context().withdraw(this, key_);
-    Node& node = pd_->context().node();
-    node.registry().release_mr(key_);
-    // Once ibv_dereg_mr returns, no initiator touches the range: wait out the
-    // accesses to our memory that may have validated the key before it went.
-    node.registry().fence_accesses(node.proc());
-    if (shared_) host::MemoryBacking::process().unshare(*shared_);
-    pd_->detach();
+  if (key_ != 0 && !deregister()) {
+    // Windows still bound (only a context torn down with them): the key stays
+    // until the process ends rather than leave them pointing at freed pages.
+    SOFTHCA_WARN("mr 0x%x destroyed with memory windows bound; its key stays registered", key_);
   }
 }
 
@@ -137,6 +149,8 @@ Result<void> MemoryRegion::rereg(int flags, ProtectionDomain* pd, void* addr, ui
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (addr == nullptr || length == 0 || length > limits::kMaxMrSize))
     return fail(std::errc::invalid_argument);
   if ((flags & IBV_REREG_MR_CHANGE_PD) && pd == nullptr) return fail(std::errc::invalid_argument);
+  // A bound window describes the MR's pages, rights and PD as they are.
+  if (pd_->context().node().registry().windows_bound(key_)) return fail(std::errc::invalid_argument);
   // A new range, or new access that may need writable pages, is checked as a
   // registration is, before anything changes.
   if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS)) {

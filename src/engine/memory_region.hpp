@@ -28,6 +28,10 @@ class MemoryRegion {
   // may be empty, as the kernel allows them); it reaches no memory.
   static Result<MemoryRegion*> create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,
                                       uint32_t access, bool empty_ok = false);
+  // ibv_dereg_mr: invalid_argument while a memory window is bound to the MR
+  // (rxe refuses so; IBA 10.6.7.2.6), the MR unchanged. Once it succeeds no
+  // initiator touches the range; delete the object then.
+  Result<void> deregister();
   ~MemoryRegion();
 
   // IBV_REREG_MR_* flags; a new PD, access or range.

@@ -18,10 +18,11 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 8;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
+constexpr uint32_t kVersion = 9;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
                                   // 6: shared registered memory; 7: counters by writer, QP
                                   // destruction fenced by the access slots; 8: QP slots
-                                  // carry the incarnation
+                                  // carry the incarnation; 9: memory windows in the MR
+                                  // table (kind, parent, qpn, windows)
 
 uint64_t now_ns() {
   timespec ts;
@@ -240,13 +241,16 @@ const QpSlot* HostRegistry::find_qp(uint32_t qpn) const {
   return slot.qpn.load(std::memory_order_acquire) == qpn ? &slot : nullptr;
 }
 
-Result<uint32_t> HostRegistry::allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova,
-                                           uint64_t length, uint64_t host_addr, uint64_t shared_offset) {
-  lock();
+Result<uint32_t> HostRegistry::allocate_key_locked(uint32_t proc, uint32_t pd_id, uint32_t kind, uint32_t access,
+                                                   uint64_t iova, uint64_t length, uint64_t host_addr,
+                                                   uint64_t shared_offset) {
   for (uint32_t n = 0; n < kMaxMrSlots; ++n) {
     const uint32_t index = (layout_->mr_cursor + n) % kMaxMrSlots;
     MrSlot& slot = layout_->mrs[index];
     if (slot.key.load(std::memory_order_relaxed) != 0) continue;
+    // A window's consumer chooses its key byte (ibv_inc_rkey), 0 included:
+    // in slot 0 that would make key 0, which means "free".
+    if (index == 0 && kind != kKeyRegion) continue;
     layout_->mr_cursor = index + 1;
     // Key = slot index in the upper 24 bits, a varying 8-bit tag below (never
     // zero), as hardware keys are; the tag makes a stale key fail validation.
@@ -262,24 +266,130 @@ Result<uint32_t> HostRegistry::allocate_mr(uint32_t proc, uint32_t pd_id, uint32
     slot.length.store(length, std::memory_order_relaxed);
     slot.host_addr.store(host_addr, std::memory_order_relaxed);
     slot.shared_offset.store(shared_offset, std::memory_order_relaxed);
+    slot.kind.store(kind, std::memory_order_relaxed);
+    slot.parent.store(0, std::memory_order_relaxed);
+    slot.qpn.store(0, std::memory_order_relaxed);
+    slot.windows.store(0, std::memory_order_relaxed);
     slot.key.store(key, std::memory_order_release);
     slot.seq.fetch_add(1, std::memory_order_release);
-    unlock();
     return key;
   }
-  unlock();
   return fail(std::errc::not_enough_memory);
 }
 
-void HostRegistry::release_mr(uint32_t key) {
+Result<uint32_t> HostRegistry::allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova,
+                                           uint64_t length, uint64_t host_addr, uint64_t shared_offset) {
+  lock();
+  auto key = allocate_key_locked(proc, pd_id, kKeyRegion, access, iova, length, host_addr, shared_offset);
+  unlock();
+  return key;
+}
+
+Result<uint32_t> HostRegistry::allocate_window(uint32_t proc, uint32_t pd_id, uint32_t kind) {
+  lock();
+  auto key = allocate_key_locked(proc, pd_id, kind, 0, 0, 0, 0, kNotShared);
+  unlock();
+  return key;
+}
+
+void HostRegistry::unbind_locked(MrSlot& window) {
+  const uint32_t parent = window.parent.load(std::memory_order_relaxed);
+  if (parent == 0) return;
+  MrSlot& mr = layout_->mrs[(parent >> 8) % kMaxMrSlots];
+  if (mr.key.load(std::memory_order_relaxed) == parent) mr.windows.fetch_sub(1, std::memory_order_relaxed);
+  window.parent.store(0, std::memory_order_relaxed);
+}
+
+bool HostRegistry::release_mr(uint32_t key) {
   lock();
   MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
+  bool released = true;
   if (slot.key.load(std::memory_order_relaxed) == key) {
-    slot.seq.fetch_add(1, std::memory_order_acq_rel);
-    slot.key.store(0, std::memory_order_seq_cst);  // see begin_access
-    slot.seq.fetch_add(1, std::memory_order_seq_cst);
+    if (slot.kind.load(std::memory_order_relaxed) == kKeyRegion && slot.windows.load(std::memory_order_relaxed) != 0) {
+      released = false;
+    } else {
+      slot.seq.fetch_add(1, std::memory_order_acq_rel);
+      unbind_locked(slot);
+      slot.key.store(0, std::memory_order_seq_cst);  // see begin_access
+      slot.seq.fetch_add(1, std::memory_order_seq_cst);
+    }
   }
   unlock();
+  return released;
+}
+
+Result<void> HostRegistry::bind_window(uint32_t key, uint32_t proc, const MrRecord& mr, const WindowBinding& b) {
+  lock();
+  MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
+  const uint32_t kind = slot.kind.load(std::memory_order_relaxed);
+  if (slot.key.load(std::memory_order_relaxed) != key || slot.proc.load(std::memory_order_relaxed) != proc ||
+      kind == kKeyRegion || (b.new_key >> 8) != (key >> 8) ||
+      // A type 2 window binds only while free: checked here too, against a
+      // bind of the same window from another send queue meanwhile.
+      (kind == kKeyWindow2 && slot.length.load(std::memory_order_relaxed) != 0)) {
+    unlock();
+    return fail(std::errc::invalid_argument);
+  }
+  MrSlot* parent = nullptr;
+  if (b.length != 0) {
+    parent = &layout_->mrs[(mr.key >> 8) % kMaxMrSlots];
+    // The MR as the caller checked it: still registered, unchanged.
+    if (parent->key.load(std::memory_order_relaxed) != mr.key ||
+        parent->kind.load(std::memory_order_relaxed) != kKeyRegion ||
+        parent->proc.load(std::memory_order_relaxed) != mr.proc ||
+        parent->pd_id.load(std::memory_order_relaxed) != mr.pd_id ||
+        parent->access.load(std::memory_order_relaxed) != mr.access ||
+        parent->iova.load(std::memory_order_relaxed) != mr.iova ||
+        parent->length.load(std::memory_order_relaxed) != mr.length ||
+        parent->host_addr.load(std::memory_order_relaxed) != mr.host_addr) {
+      unlock();
+      return fail(std::errc::invalid_argument);
+    }
+  }
+  slot.seq.fetch_add(1, std::memory_order_acq_rel);
+  unbind_locked(slot);
+  slot.access.store(b.length != 0 ? b.access : 0, std::memory_order_relaxed);
+  slot.iova.store(b.length != 0 ? b.iova : 0, std::memory_order_relaxed);
+  slot.length.store(b.length, std::memory_order_relaxed);
+  slot.host_addr.store(b.length != 0 ? b.host_addr : 0, std::memory_order_relaxed);
+  slot.shared_offset.store(b.length != 0 ? b.shared_offset : kNotShared, std::memory_order_relaxed);
+  slot.qpn.store(b.length != 0 ? b.qpn : 0, std::memory_order_relaxed);
+  if (parent != nullptr) {
+    parent->windows.fetch_add(1, std::memory_order_relaxed);
+    slot.parent.store(mr.key, std::memory_order_relaxed);
+  }
+  // The old key goes (seq_cst, as release_mr: see begin_access).
+  slot.key.store(b.new_key, std::memory_order_seq_cst);
+  slot.seq.fetch_add(1, std::memory_order_seq_cst);
+  unlock();
+  return {};
+}
+
+Result<void> HostRegistry::invalidate_window(uint32_t key, uint32_t proc, uint32_t pd_id) {
+  lock();
+  MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
+  if (key == 0 || slot.key.load(std::memory_order_relaxed) != key || slot.proc.load(std::memory_order_relaxed) != proc ||
+      slot.kind.load(std::memory_order_relaxed) != kKeyWindow2 ||
+      slot.pd_id.load(std::memory_order_relaxed) != pd_id || slot.length.load(std::memory_order_relaxed) == 0) {
+    unlock();
+    return fail(std::errc::invalid_argument);
+  }
+  slot.seq.fetch_add(1, std::memory_order_acq_rel);
+  unbind_locked(slot);
+  slot.access.store(0, std::memory_order_relaxed);
+  slot.iova.store(0, std::memory_order_relaxed);
+  slot.length.store(0, std::memory_order_seq_cst);  // see begin_access
+  slot.host_addr.store(0, std::memory_order_relaxed);
+  slot.shared_offset.store(kNotShared, std::memory_order_relaxed);
+  slot.qpn.store(0, std::memory_order_relaxed);
+  slot.seq.fetch_add(1, std::memory_order_seq_cst);
+  unlock();
+  return {};
+}
+
+bool HostRegistry::windows_bound(uint32_t key) const {
+  const MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
+  return slot.key.load(std::memory_order_acquire) == key && slot.windows.load(std::memory_order_acquire) != 0;
 }
 
 void HostRegistry::update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
@@ -317,6 +427,10 @@ bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
     out.length = slot.length.load(std::memory_order_acquire);
     out.host_addr = slot.host_addr.load(std::memory_order_acquire);
     out.shared_offset = slot.shared_offset.load(std::memory_order_acquire);
+    out.kind = slot.kind.load(std::memory_order_acquire);
+    out.parent = slot.parent.load(std::memory_order_acquire);
+    out.qpn = slot.qpn.load(std::memory_order_acquire);
+    out.windows = slot.windows.load(std::memory_order_acquire);
     if (slot.seq.load(std::memory_order_acquire) == before) return key != 0 && out.key == key;
   }
 }

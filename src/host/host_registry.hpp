@@ -57,6 +57,13 @@ struct QpSlot {
   std::atomic<uint64_t> incarnation;
 };
 
+// What a key of the MR table names: a memory region, or a memory window of
+// type 1 or 2 (a window's slot describes the part of its MR it grants, with
+// the window's own access, so that an rkey resolves alike whatever it names).
+inline constexpr uint32_t kKeyRegion = 0;
+inline constexpr uint32_t kKeyWindow1 = 1;
+inline constexpr uint32_t kKeyWindow2 = 2;
+
 // Written under the registry mutex as a seqlock (seq odd while changing), read
 // lock-free by initiators; fields are relaxed atomics so readers never race.
 struct MrSlot {
@@ -66,9 +73,13 @@ struct MrSlot {
   std::atomic<uint32_t> pd_id;
   std::atomic<uint32_t> access;      // IBV_ACCESS_* flags
   std::atomic<uint64_t> iova;        // the address remote peers use
-  std::atomic<uint64_t> length;
+  std::atomic<uint64_t> length;      // a window: 0 while unbound (invalid)
   std::atomic<uint64_t> host_addr;   // where iova maps in the owner's address space
   std::atomic<uint64_t> shared_offset;  // of host_addr in the owner's backing file, or kNotShared
+  std::atomic<uint32_t> kind;        // kKeyRegion, kKeyWindow1, kKeyWindow2
+  std::atomic<uint32_t> parent;      // a bound window: its MR's key (0 unbound)
+  std::atomic<uint32_t> qpn;         // a bound type 2 window: the one QP it serves
+  std::atomic<uint32_t> windows;     // an MR: the windows bound to it now
 };
 
 // A plain copy of an MrSlot (no initializers: arrays of them are filled
@@ -77,6 +88,16 @@ struct MrRecord {
   uint32_t key, proc, pd_id, access;
   uint64_t iova, length, host_addr;
   uint64_t shared_offset;
+  uint32_t kind, parent, qpn, windows;
+};
+
+// A window's new binding (HostRegistry::bind_window): the part of its MR it
+// grants, as the window's slot will describe it. length 0 unbinds.
+struct WindowBinding {
+  uint32_t new_key;
+  uint32_t access;
+  uint64_t iova, length, host_addr, shared_offset;
+  uint32_t qpn;  // type 2: the QP it is bound to
 };
 
 // A multicast group: its MGID and the UD QPs attached to it. Changed under the
@@ -160,7 +181,9 @@ class HostRegistry {
 
   Result<uint32_t> allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
                                uint64_t host_addr, uint64_t shared_offset = kNotShared);
-  void release_mr(uint32_t key);
+  // Releases key `key` (an MR or a window; an MR only while no window is
+  // bound to it: false, and nothing changes, otherwise).
+  bool release_mr(uint32_t key);
   // Updates a registered MR in place (rereg); the key stays the same.
   void update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length, uint64_t host_addr,
                  uint64_t shared_offset = kNotShared);
@@ -168,6 +191,22 @@ class HostRegistry {
   void publish_backing(uint32_t proc, uint32_t fd, uint64_t inode);
   // A consistent copy of the MR for `key`, or false if the key is not registered.
   bool lookup_mr(uint32_t key, MrRecord& out) const;
+
+  // Memory windows (type kKeyWindow1 or kKeyWindow2), in the MR table: an
+  // unbound window has a key and grants nothing (length 0).
+  Result<uint32_t> allocate_window(uint32_t proc, uint32_t pd_id, uint32_t kind);
+  // Binds window `key` of `proc` as `binding` says, to the MR `mr` as the
+  // caller validated it (with length 0: unbinds it). invalid_argument, and
+  // nothing changes, if the window's key or the MR changed since (the MR
+  // was deregistered, or rereg'd), or if it is a type 2 window that is bound
+  // already. The window's key becomes binding.new_key.
+  Result<void> bind_window(uint32_t key, uint32_t proc, const MrRecord& mr, const WindowBinding& binding);
+  // Invalidates the bound type 2 window `key` of process `proc` whose PD is
+  // `pd_id` (LOCAL_INV, SEND_WITH_INV): it keeps its key and grants nothing.
+  // invalid_argument if there is no such window, or it is of type 1, or not bound.
+  Result<void> invalidate_window(uint32_t key, uint32_t proc, uint32_t pd_id);
+  // Whether MR `key` has windows bound to it (lock-free; rereg asks).
+  bool windows_bound(uint32_t key) const;
 
   uint32_t allocate_pd_id();
 
@@ -226,6 +265,10 @@ class HostRegistry {
   void lock();
   void unlock();
   void reclaim_dead_locked();
+  Result<uint32_t> allocate_key_locked(uint32_t proc, uint32_t pd_id, uint32_t kind, uint32_t access, uint64_t iova,
+                                       uint64_t length, uint64_t host_addr, uint64_t shared_offset);
+  // A window's MR no longer counts it as bound.
+  void unbind_locked(MrSlot& window);
   void release_process_objects_locked(uint32_t proc);
   // Whether the process in slot `proc` is still the one that made an access.
   bool accessor_alive(uint32_t proc) const;

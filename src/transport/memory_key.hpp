@@ -11,7 +11,12 @@
 
 namespace softhca::transport {
 
-// A registered key as the owner's registry records it.
+// What a key names: a memory region, or a memory window (an rkey only).
+enum class KeyKind : uint32_t { kRegion = 0, kWindow1 = 1, kWindow2 = 2 };
+
+// A registered key as the owner's registry records it. A window's key
+// describes the part of its MR that it grants, with the window's access; an
+// unbound (invalidated) window has length 0.
 struct MemoryKey {
   uint32_t key = 0;
   uint32_t pd_id = 0;
@@ -19,6 +24,8 @@ struct MemoryKey {
   uint64_t iova = 0;       // the address peers use
   uint64_t length = 0;
   uint64_t host_addr = 0;  // where iova maps in the owner's address space
+  KeyKind kind = KeyKind::kRegion;
+  uint32_t qpn = 0;        // a bound type 2 window: the QP it is bound to
   bool operator==(const MemoryKey&) const = default;
 };
 
@@ -36,6 +43,19 @@ inline bool key_allows(const MemoryKey& mr, uint32_t pd_id, uint32_t access, uin
 // registration, so every reference through it is checked when it is used.
 inline bool is_implicit_odp(const MemoryKey& mr) {
   return (mr.access & IBV_ACCESS_ON_DEMAND) != 0 && mr.iova == 0 && mr.length == UINT64_MAX;
+}
+
+// An lkey (a local SGE, a receive WQE's SGE) names an MR, never a window.
+inline bool local_key_allows(const MemoryKey& mr, uint32_t pd_id, uint32_t access, uint64_t addr, uint64_t length) {
+  return mr.kind == KeyKind::kRegion && key_allows(mr, pd_id, access, addr, length);
+}
+
+// An rkey arriving at QP `qpn`: an MR, a type 1 window of the QP's PD, or a
+// type 2 window bound to that very QP (IBTA 10.6.7.2, rxe's lookup of a window).
+inline bool remote_key_allows(const MemoryKey& mr, uint32_t pd_id, uint32_t qpn, uint32_t access, uint64_t addr,
+                              uint64_t length) {
+  if (mr.kind == KeyKind::kWindow2 && mr.qpn != qpn) return false;
+  return key_allows(mr, pd_id, access, addr, length);
 }
 
 // The owner's address of `addr` inside `mr` (only after key_allows).

@@ -19,6 +19,7 @@ enum class Operation : uint8_t {
   kCompareSwap,
   kFetchAdd,
   kAtomicWrite,
+  kSendWithInv,  // a SEND whose responder invalidates `invalidate_rkey` (RC only)
 };
 
 struct Request {
@@ -27,6 +28,7 @@ struct Request {
   uint32_t src_qpn = 0;     // reported in the receiver's completion
   bool solicited = false;
   uint32_t imm_data = 0;    // network byte order, as ibv_wc carries it
+  uint32_t invalidate_rkey = 0;  // kSendWithInv
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0; // atomics: the compare (CAS) or add (FAA) operand; ATOMIC_WRITE: the value
@@ -44,8 +46,9 @@ struct Request {
 inline bool is_atomic(Operation op) {
   return op == Operation::kCompareSwap || op == Operation::kFetchAdd || op == Operation::kAtomicWrite;
 }
-inline bool consumes_receive(Operation op) {
-  return op == Operation::kSend || op == Operation::kSendWithImm || op == Operation::kWriteWithImm;
+inline bool is_send(Operation op) {
+  return op == Operation::kSend || op == Operation::kSendWithImm || op == Operation::kSendWithInv;
 }
+inline bool consumes_receive(Operation op) { return is_send(op) || op == Operation::kWriteWithImm; }
 
 }  // namespace softhca::transport

@@ -50,7 +50,6 @@ constexpr uint64_t kAskAgainAfterNs = 100'000;
 // timeout.
 constexpr uint64_t kTailProbeNs = 1'000'000;
 
-bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
 bool has_imm(Operation op) { return op == Operation::kSendWithImm || op == Operation::kWriteWithImm; }
 
 }  // namespace
@@ -251,6 +250,12 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
   const wire::Segment segment = segment_of(i, o.npsn);
   const bool last = segment == wire::Segment::kLast || segment == wire::Segment::kOnly;
   h.bth.opcode = request_opcode(unreliable, send, last && has_imm(m.op), segment);
+  if (last && m.op == Operation::kSendWithInv) {
+    // RC only (the QP refused it otherwise): the IETH names the rkey.
+    h.bth.opcode = static_cast<uint8_t>(segment == wire::Segment::kOnly ? wire::Opcode::kRcSendOnlyWithInvalidate
+                                                                         : wire::Opcode::kRcSendLastWithInvalidate);
+    h.ieth = wire::Ieth{m.invalidate_rkey};
+  }
   h.bth.psn = psn_add(o.first_psn, i);
   h.bth.solicited = last && m.solicited;
   // Ask for an ACK at the end of each message, every 32 packets inside a

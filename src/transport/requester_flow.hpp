@@ -31,6 +31,7 @@ struct OutgoingMessage {
   Operation op = Operation::kSend;
   bool solicited = false;
   uint32_t imm_data = 0;  // network byte order
+  uint32_t invalidate_rkey = 0;  // kSendWithInv: goes in the last packet's IETH
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0;

@@ -16,7 +16,7 @@ bool operation_allowed(uint32_t qp_type, Operation op) {
       return true;
     case IBV_QPT_UC:
       return op == Operation::kSend || op == Operation::kSendWithImm || op == Operation::kWrite ||
-             op == Operation::kWriteWithImm;
+             op == Operation::kWriteWithImm;  // no READ, atomics or SEND WITH INVALIDATE
     case IBV_QPT_UD:
       return op == Operation::kSend || op == Operation::kSendWithImm;
     default:
@@ -62,7 +62,8 @@ Response not_ready(ResponderPort& port, bool reliable, uint32_t min_rnr_timer) {
 }
 
 // Stage "check rkey": the QP's own access flags, then the key's PD, access
-// and range; the responder's address of the range on success.
+// and range (a window's: and, type 2, that it is bound to this QP); the
+// responder's address of the range on success.
 bool remote_range(ResponderPort& port, const ResponderQp& qp, const Request& req, uint32_t access, uint64_t length,
                   iovec& out, MessageInProgress* record = nullptr) {
   if ((qp.access & access) != access) return false;
@@ -71,7 +72,7 @@ bool remote_range(ResponderPort& port, const ResponderQp& qp, const Request& req
     return true;
   }
   const std::optional<MemoryKey> mr = port.memory_key(req.rkey);
-  if (!mr || !key_allows(*mr, qp.pd_id, access, req.remote_addr, length)) return false;
+  if (!mr || !remote_key_allows(*mr, qp.pd_id, qp.qpn, access, req.remote_addr, length)) return false;
   out = iovec{owner_address(*mr, req.remote_addr), static_cast<size_t>(length)};
   if (record != nullptr && record->nkeys < limits::kMaxSge + 1) record->keys[record->nkeys++] = *mr;
   return true;
@@ -98,6 +99,9 @@ ReceiveCompletion completion_for(const ReceiveWqe& wqe, ibv_wc_status status, ib
   if (req.op == Operation::kSendWithImm || req.op == Operation::kWriteWithImm) {
     c.wc_flags = IBV_WC_WITH_IMM;
     c.imm_data = req.imm_data;
+  } else if (req.op == Operation::kSendWithInv) {
+    c.wc_flags = IBV_WC_WITH_INV;
+    c.imm_data = req.invalidate_rkey;  // ibv_wc's invalidated_rkey shares the field
   }
   return c;
 }
@@ -115,7 +119,7 @@ ibv_wc_status scatter_next(MessageInProgress& m, uint64_t length, ResponderPort&
     if (m.cursor_sge >= m.nvalidated) {
       if (sge.length != 0) {
         const std::optional<MemoryKey> mr = port.memory_key(sge.lkey);
-        if (!mr || !key_allows(*mr, m.receive_pd_id, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
+        if (!mr || !local_key_allows(*mr, m.receive_pd_id, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
           return IBV_WC_LOC_PROT_ERR;
         m.validated[m.cursor_sge] = owner_address(*mr, sge.addr);
         if (m.nkeys < limits::kMaxSge + 1) m.keys[m.nkeys++] = *mr;
@@ -214,6 +218,7 @@ Response accept(const Request& req, ResponderPort& port, bool reliable, MessageI
       return proceed();
     case Operation::kSend:
     case Operation::kSendWithImm:
+    case Operation::kSendWithInv:
       if (preclaimed != nullptr) {
         m.wqe = *preclaimed;
       } else if (!port.take_receive(m.wqe)) {
@@ -311,10 +316,21 @@ Response place(MessageInProgress& m, const iovec* data, int ndata, uint64_t leng
 }
 
 Response finish(MessageInProgress& m, const Request& req, ResponderPort& port) {
+  if (req.op == Operation::kSendWithInv && !port.invalidate(req.invalidate_rkey)) {
+    // Not a bound type 2 window of the QP's PD (an MR, a type 1 window, a
+    // stale key): the receive WQE completes in error, the QP goes to ERROR
+    // and the requester gets NAK invalid request, as rxe answers.
+    if (!m.reliable || port.gone()) return silence();
+    Request about = req;
+    about.op = Operation::kSend;
+    port.complete_receive(completion_for(m.wqe, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, m.placed, about));
+    port.fail_qp(IBV_EVENT_QP_REQ_ERR);
+    return Response{Syndrome::nak(Answer::kNakInvalidRequest), 0};
+  }
   port.established();
   if (m.op == Operation::kWriteWithImm) {
     port.complete_receive(completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, m.placed, req));
-  } else if (m.op == Operation::kSend || m.op == Operation::kSendWithImm) {
+  } else if (is_send(m.op)) {
     port.complete_receive(completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_RECV, m.placed, req));
   }
   return Response{Syndrome::ack(), 0};

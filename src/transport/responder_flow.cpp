@@ -14,7 +14,6 @@ namespace {
 
 bool is_last(wire::Segment s) { return s == wire::Segment::kLast || s == wire::Segment::kOnly; }
 bool is_first(wire::Segment s) { return s == wire::Segment::kFirst || s == wire::Segment::kOnly; }
-bool is_send(Operation op) { return op == Operation::kSend || op == Operation::kSendWithImm; }
 
 // The transport an opcode belongs to, as an ibv_qp_type (0, no type, for RD).
 uint32_t qp_type_of(wire::Transport t) {
@@ -228,6 +227,10 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
     return;
   }
   Request last = request_of(packet, message_.op);
+  if (is_last(segment) && h.ieth) {
+    last.op = Operation::kSendWithInv;
+    last.invalidate_rkey = h.ieth->rkey;
+  }
   if (is_last(segment) && h.immdt) {
     const Operation before = message_.op;
     message_.op = send ? Operation::kSendWithImm : Operation::kWriteWithImm;
@@ -255,6 +258,11 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
   if (is_last(segment)) {
     r = finish(message_, last, port);
     in_message_ = false;
+    if (r.syndrome.answer != Answer::kAck) {
+      // SEND WITH INVALIDATE of a key that cannot be invalidated.
+      answer(r.syndrome, psn, out);
+      return;
+    }
     msn_ = psn_add(msn_, 1);
   }
   epsn_ = psn_add(psn, 1);

@@ -26,6 +26,7 @@ struct ResponderQp {
   uint32_t qkey = 0;              // UD
   uint32_t min_rnr_timer = 0;
   uint32_t max_dest_rd_atomic = 0;
+  uint32_t qpn = 0;               // a type 2 window serves only the QP it is bound to
 };
 
 struct ReceiveSge {
@@ -83,6 +84,10 @@ class ResponderPort {
   // other atomic the device executes; `original` gets the value it replaced.
   virtual CopyStatus atomic(void* word, AtomicOp op, uint64_t compare_add, uint64_t swap, uint64_t& original) = 0;
   virtual void complete_receive(const ReceiveCompletion& completion) = 0;
+  // SEND WITH INVALIDATE: invalidates the responder's type 2 window `rkey`
+  // of the QP's PD; false if there is no such bound window (a type 1 window
+  // or an MR cannot be invalidated so).
+  virtual bool invalidate(uint32_t rkey) = 0;
   // The QP detected an error as responder: it goes to ERROR and its owner
   // gets `event` (QP_ACCESS_ERR, QP_REQ_ERR or QP_FATAL).
   virtual void fail_qp(ibv_event_type event) = 0;

@@ -81,6 +81,7 @@ class CheckedPort final : public transport::ResponderPort {
     if (!completed_.insert(c.wr_id).second) broken("a receive WQE completes once");
     fake_.complete_receive(c);
   }
+  bool invalidate(uint32_t rkey) override { return fake_.invalidate(rkey); }
   void fail_qp(ibv_event_type event) override { fake_.fail_qp(event); }
   void established() override { fake_.established(); }
   bool gone() override { return fake_.gone(); }

@@ -390,6 +390,143 @@ TEST_P(DeregFence, NoWriteLandsAfterDeregReturns) {
 
 INSTANTIATE_TEST_SUITE_P(Runs, DeregFence, ::testing::Range(0, 3));
 
+// The same fence for a memory window, across processes: the child writes
+// 16 KiB WRITEs one at a time through a type 2 window of the parent until
+// one fails; the parent invalidates the window (LOCAL_INV, or deallocates
+// it) while they land, and reuses the memory as soon as that returned. No
+// byte of the child's may land after, and its first WRITE after fails with
+// REM_ACCESS_ERR.
+
+constexpr size_t kWindowLen = 16 * 1024;
+
+int window_writer_child(int rfd, int wfd) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  QpConfig cfg;
+  cfg.retry_cnt = 1;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  if (!cq) return 11;
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  if (!qp) return 12;
+  Buffer src(dev.pd, kWindowLen, Buffer::kAllAccess, kWritten);
+  if (!src.mr()) return 13;
+  const Endpoint mine{qp->qp_num, src.rkey(), src.addr()};
+  Endpoint peer{};
+  if (!write_all(wfd, &mine, sizeof mine) || !read_all(rfd, &peer, sizeof peer, kChildDeadline)) return 16;
+  if (bring_up(qp, peer.qpn, dev.gid, cfg) != 0) return 17;
+  char go = 0;
+  if (!read_all(rfd, &go, 1, kChildDeadline) || go != 'G') return 18;
+  ibv_sge sge = src.sge(0, static_cast<uint32_t>(kWindowLen));
+  ibv_send_wr wr = make_wr(1, IBV_WR_RDMA_WRITE, &sge, 1);
+  wr.wr.rdma.remote_addr = peer.addr;
+  wr.wr.rdma.rkey = peer.rkey;
+  int32_t status = IBV_WC_SUCCESS;
+  for (int i = 0; i < 1000000 && status == IBV_WC_SUCCESS; ++i) {
+    if (post_send(qp, wr) != 0) return 19;
+    ibv_wc wc{};
+    if (!poll_one(cq, &wc, kChildDeadline)) return 20;
+    status = wc.status;
+    // The cue that WRITEs land (the parent must not read the memory they
+    // land in to see it: over the udp link its own thread writes there).
+    if (i == 9 && status == IBV_WC_SUCCESS && !write_all(wfd, "W", 1)) return 22;
+  }
+  if (!write_all(wfd, &status, sizeof status)) return 21;
+  char quit = 0;
+  if (!read_all(rfd, &quit, 1, kChildDeadline) || quit != 'Q') return 40;
+  ibv_destroy_qp(qp);
+  ibv_destroy_cq(cq);
+  return 0;
+}
+
+enum class WindowRevoke { kLocalInvalidate, kDealloc, kSendWithInvalidate };
+
+class WindowFenceProcesses : public ::testing::TestWithParam<WindowRevoke> {};
+
+TEST_P(WindowFenceProcesses, NoWriteLandsAfterTheWindowWent) {
+  const WindowRevoke how = GetParam();
+  Child child(window_writer_child);
+  ASSERT_TRUE(child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_NE(qp, nullptr);
+  std::vector<uint8_t> target(kWindowLen, 0);
+  ibv_mr* mr = ibv_reg_mr(dev.pd, target.data(), target.size(), Buffer::kAllAccess | IBV_ACCESS_MW_BIND);
+  ASSERT_NE(mr, nullptr);
+  ibv_mw* mw = ibv_alloc_mw(dev.pd, IBV_MW_TYPE_2);
+  ASSERT_NE(mw, nullptr);
+  Endpoint peer{};
+  ASSERT_TRUE(read_all(child.rfd, &peer, sizeof peer, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  ASSERT_EQ(bring_up(qp, peer.qpn, dev.gid, cfg), 0);
+  ibv_send_wr bind = make_wr(7, IBV_WR_BIND_MW, nullptr, 0);
+  bind.bind_mw.mw = mw;
+  bind.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+  bind.bind_mw.bind_info = ibv_mw_bind_info{mr, reinterpret_cast<uint64_t>(target.data()), kWindowLen,
+                                            IBV_ACCESS_REMOTE_WRITE};
+  ASSERT_EQ(post_send(qp, bind), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(cq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  const Endpoint mine{qp->qp_num, bind.bind_mw.rkey, reinterpret_cast<uint64_t>(target.data())};
+  ASSERT_TRUE(write_all(child.wfd, &mine, sizeof mine));
+  ASSERT_TRUE(write_all(child.wfd, "G", 1));
+  char landing = 0;
+  ASSERT_TRUE(read_all(child.rfd, &landing, 1, kChildDeadline)) << "the WRITEs never started";
+  ASSERT_EQ(landing, 'W');
+  // A pair of this process's own, for the SEND WITH INVALIDATE: its
+  // responder runs here, and the poll of its receive completion fences.
+  QpPair own(dev, QpConfig{});
+  ASSERT_TRUE(own.ok());
+  if (how == WindowRevoke::kDealloc) {
+    ASSERT_EQ(ibv_dealloc_mw(mw), 0);
+    mw = nullptr;
+  } else if (how == WindowRevoke::kSendWithInvalidate) {
+    ibv_sge none{};
+    ASSERT_EQ(post_recv(own.b, 9, &none, 0), 0);
+    ibv_send_wr send = make_wr(9, IBV_WR_SEND_WITH_INV, nullptr, 0);
+    send.invalidate_rkey = bind.bind_mw.rkey;
+    ASSERT_EQ(post_send(own.a, send), 0);
+    ASSERT_TRUE(poll_one(own.b_recv_cq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    ASSERT_TRUE(wc.wc_flags & IBV_WC_WITH_INV);
+  } else {
+    ibv_send_wr inv = make_wr(8, IBV_WR_LOCAL_INV, nullptr, 0);
+    inv.invalidate_rkey = bind.bind_mw.rkey;
+    ASSERT_EQ(post_send(qp, inv), 0);
+    ASSERT_TRUE(poll_one(cq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  }
+  std::memset(target.data(), kReused, target.size());
+  int32_t status = -1;
+  ASSERT_TRUE(read_all(child.rfd, &status, sizeof status, kChildDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  EXPECT_EQ(status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(static_cast<ibv_wc_status>(status));
+  EXPECT_EQ(first_not(target, kReused), -1) << "a WRITE landed through the window after it went";
+  ASSERT_TRUE(write_all(child.wfd, "Q", 1));
+  EXPECT_EQ(child.wait_exit(kChildDeadline), 0);
+  drain_async_events(dev.ctx);
+  if (mw != nullptr) {
+    EXPECT_EQ(ibv_dealloc_mw(mw), 0);
+  }
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Revoke, WindowFenceProcesses,
+                         ::testing::Values(WindowRevoke::kLocalInvalidate, WindowRevoke::kDealloc,
+                                           WindowRevoke::kSendWithInvalidate),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case WindowRevoke::kLocalInvalidate: return "LocalInvalidate";
+                             case WindowRevoke::kDealloc: return "Dealloc";
+                             case WindowRevoke::kSendWithInvalidate: return "SendWithInvalidate";
+                           }
+                           return "?";
+                         });
+
 // The same race inside one process: a thread keeps writing 64 KiB WRITEs into
 // an MR while the main thread deregisters it and reuses the memory. Under
 // TSan a write landing after dereg would also be reported as a data race

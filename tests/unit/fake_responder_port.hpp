@@ -71,6 +71,17 @@ class FakePort final : public ResponderPort {
     return CopyStatus::kOk;
   }
   void complete_receive(const ReceiveCompletion& c) override { completions.push_back(c); }
+  // A type 2 window of the QP's PD that is bound: unbound (length 0), as the registry does.
+  bool invalidate(uint32_t rkey) override {
+    auto it = keys.find(rkey);
+    if (it == keys.end() || it->second.kind != KeyKind::kWindow2 || it->second.pd_id != qp_.pd_id ||
+        it->second.length == 0)
+      return false;
+    it->second.length = 0;
+    it->second.access = 0;
+    invalidated.push_back(rkey);
+    return true;
+  }
   void fail_qp(ibv_event_type event) override {
     events.push_back(event);
     qp_.state = IBV_QPS_ERR;
@@ -92,6 +103,7 @@ class FakePort final : public ResponderPort {
   std::map<uint32_t, MemoryKey> keys;
   std::deque<ReceiveWqe> receives;
   std::vector<ReceiveCompletion> completions;
+  std::vector<uint32_t> invalidated;
   std::vector<ibv_event_type> events;
   int established_count = 0;
   bool is_gone = false;

@@ -1120,3 +1120,51 @@ TEST_F(PacketFlow, AtomicsSurviveTwentyPercentLossOnManySeeds) {
 
 }  // namespace
 }  // namespace softhca::transport
+
+namespace softhca::transport {
+namespace {
+
+// SEND WITH INVALIDATE as packets: the IETH rides on the last packet only,
+// and the responder invalidates when the message completes.
+TEST_F(PacketFlow, SendWithInvalidateInvalidatesAtTheLastPacket) {
+  start();
+  constexpr uint32_t kWindow = 0x4242;
+  port_.keys[kWindow] = MemoryKey{kWindow, kPd, IBV_ACCESS_REMOTE_WRITE, 0, 64, reinterpret_cast<uint64_t>(port_.at(kIova)),
+                                  KeyKind::kWindow2, 0};
+  auto data = pattern(3 * kMtu + 5, 2);
+  port_.post_receive(6, kIova + 4096, 16 * 1024);
+  OutgoingMessage m = message(41, Operation::kSendWithInv, data);
+  m.invalidate_rkey = kWindow;
+  requester_->post(m, now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  ASSERT_EQ(port_.invalidated.size(), 1u);
+  EXPECT_EQ(port_.invalidated[0], kWindow);
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].wc_flags, static_cast<uint32_t>(IBV_WC_WITH_INV));
+  EXPECT_EQ(port_.completions[0].imm_data, kWindow);
+  EXPECT_EQ(port_.completions[0].byte_len, data.size());
+  EXPECT_EQ(std::memcmp(port_.at(kIova + 4096), data.data(), data.size()), 0);
+  EXPECT_EQ(to_responder_.sent(), 4u);
+}
+
+TEST_F(PacketFlow, SendWithInvalidateOfAnMrIsAnInvalidRequest) {
+  start();
+  auto data = pattern(100, 3);
+  port_.post_receive(7, kIova + 4096, 1024);
+  OutgoingMessage m = message(42, Operation::kSendWithInv, data);
+  m.invalidate_rkey = kKey;
+  requester_->post(m, now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_TRUE(port_.invalidated.empty());
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].status, IBV_WC_REM_INV_REQ_ERR);
+  ASSERT_EQ(port_.events.size(), 1u);
+  EXPECT_EQ(port_.events[0], IBV_EVENT_QP_REQ_ERR);
+}
+
+}  // namespace
+}  // namespace softhca::transport

@@ -10,6 +10,8 @@
 #include "engine/completion_queue.hpp"
 #include "engine/device/device_info.hpp"
 #include "common/limits.hpp"
+#include "engine/memory_region.hpp"
+#include "engine/memory_window.hpp"
 #include "engine/protection_domain.hpp"
 #include "engine/queue_sizes.hpp"
 #include "engine/shared_receive_queue.hpp"
@@ -43,6 +45,10 @@ ibv_wc_opcode wc_opcode_for(uint32_t wr_opcode) {
       return IBV_WC_FETCH_ADD;
     case IBV_WR_ATOMIC_WRITE:
       return IBV_WC_ATOMIC_WRITE;
+    case IBV_WR_BIND_MW:
+      return IBV_WC_BIND_MW;
+    case IBV_WR_LOCAL_INV:
+      return IBV_WC_LOCAL_INV;
     default:
       return IBV_WC_SEND;
   }
@@ -54,10 +60,12 @@ bool opcode_allowed(ibv_qp_type type, uint32_t opcode) {
     case IBV_QPT_XRC_SEND:
       return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE ||
              opcode == IBV_WR_RDMA_WRITE_WITH_IMM || opcode == IBV_WR_RDMA_READ ||
-             opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+             opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+             opcode == IBV_WR_SEND_WITH_INV || opcode == IBV_WR_BIND_MW || opcode == IBV_WR_LOCAL_INV;
     case IBV_QPT_UC:
+      // Memory windows bind and invalidate on UC too; SEND WITH INVALIDATE is RC's.
       return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE ||
-             opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+             opcode == IBV_WR_RDMA_WRITE_WITH_IMM || opcode == IBV_WR_BIND_MW || opcode == IBV_WR_LOCAL_INV;
     case IBV_QPT_UD:
       return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM;
     default:
@@ -309,6 +317,14 @@ int QueuePair::validate_send(const ibv_send_wr& wr) const {
                ? 0
                : EINVAL;
   if (!opcode_allowed(init_.type, wr.opcode)) return EINVAL;
+  if (wr.opcode == IBV_WR_BIND_MW) {
+    // The window must be this context's; its MR is checked when the bind executes.
+    MemoryWindow* mw = context_.memory_window(wr.bind_mw.mw);
+    if (mw == nullptr || &mw->pd().context() != &context_) return EINVAL;
+    if (wr.bind_mw.bind_info.length != 0 && context_.memory_region(wr.bind_mw.bind_info.mr) == nullptr) return EINVAL;
+    return 0;
+  }
+  if (wr.opcode == IBV_WR_LOCAL_INV) return 0;
   if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > init_.max_send_sge) return EINVAL;
   if (wr.num_sge > 0 && wr.sg_list == nullptr) return EINVAL;
   if (wr.send_flags & IBV_SEND_INLINE) {
@@ -333,6 +349,28 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
   wqe->length = 0;
   wqe->retry = transport::RetryState::start(attrs_.rnr_retry, attrs_.retry_cnt);
   wqe->ah = nullptr;
+  wqe->mw = nullptr;
+  if (wr.opcode == IBV_WR_BIND_MW) {
+    const ibv_mw_bind_info& info = wr.bind_mw.bind_info;
+    MemoryRegion* mr = info.length != 0 ? context_.memory_region(info.mr) : nullptr;
+    wqe->mw = context_.memory_window(wr.bind_mw.mw);
+    wqe->rkey = wr.bind_mw.rkey;
+    wqe->remote_addr = info.addr;
+    wqe->compare_add = info.length;
+    wqe->bind_lkey = mr != nullptr ? mr->key() : 0;
+    wqe->bind_access = static_cast<uint32_t>(info.mw_access_flags);
+    wqe->num_sge = 0;
+    wqe->inline_len = 0;
+    ++sq_head_;
+    return;
+  }
+  if (wr.opcode == IBV_WR_LOCAL_INV) {
+    wqe->rkey = wr.invalidate_rkey;
+    wqe->num_sge = 0;
+    wqe->inline_len = 0;
+    ++sq_head_;
+    return;
+  }
   switch (wr.opcode) {
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:

@@ -8,6 +8,7 @@
 #include "common/settings.hpp"
 #include "engine/address_handle.hpp"
 #include "engine/device/device_info.hpp"
+#include "engine/memory_window.hpp"
 #include "engine/node.hpp"
 #include "engine/protection_domain.hpp"
 #include "engine/qp/queue_pair.hpp"
@@ -38,6 +39,8 @@ Operation operation_of(uint32_t wr_opcode) {
       return Operation::kFetchAdd;
     case IBV_WR_ATOMIC_WRITE:
       return Operation::kAtomicWrite;
+    case IBV_WR_SEND_WITH_INV:
+      return Operation::kSendWithInv;
     default:
       return Operation::kSend;
   }
@@ -54,8 +57,9 @@ ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t
     if (sge.length == 0) continue;
     host::MrRecord mr;
     if (!node.registry().lookup_mr(sge.lkey, mr) || mr.proc != node.proc()) return IBV_WC_LOC_PROT_ERR;
-    const transport::MemoryKey key{mr.key, mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr};
-    if (!transport::key_allows(key, pd_id, access, sge.addr, sge.length)) return IBV_WC_LOC_PROT_ERR;
+    const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
+                                   static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+    if (!transport::local_key_allows(key, pd_id, access, sge.addr, sge.length)) return IBV_WC_LOC_PROT_ERR;
     // Through an implicit ODP MR nothing was checked at registration: the
     // range must be mapped now, or the copy would fault in this process.
     if (transport::is_implicit_odp(key) &&
@@ -86,6 +90,22 @@ void scatter(const iovec* to, int nto, const void* from, size_t bytes) {
 
 QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint64_t now_ns) {
   auto verdict = [](const Verdict& v) { return Step{Step::Kind::kVerdict, v}; };
+  if (wqe.opcode == IBV_WR_BIND_MW || wqe.opcode == IBV_WR_LOCAL_INV) {
+    // Local operations execute once every earlier WQE has completed (an
+    // asynchronous link may still have some in flight: their answers
+    // progress the queue again), so that a window changes only after the
+    // operations posted before it, and completions stay in order.
+    if (position != sq_tail_.load(std::memory_order_relaxed)) return Step{Step::Kind::kNoRoom, {}};
+    if (wqe.opcode == IBV_WR_LOCAL_INV)
+      return verdict(Verdict::complete(invalidate_locally(node_.registry(), node_.proc(), wqe.rkey, pd_->id())));
+    BindRequest bind;
+    bind.new_key = wqe.rkey;
+    bind.mr_lkey = wqe.bind_lkey;
+    bind.addr = wqe.remote_addr;
+    bind.length = wqe.compare_add;
+    bind.access = wqe.bind_access;
+    return verdict(Verdict::complete(wqe.mw->bind(bind, qpn_, pd_->id())));
+  }
   const Operation op = operation_of(wqe.opcode);
   const bool reads_into_local = op == Operation::kRead || op == Operation::kCompareSwap || op == Operation::kFetchAdd;
 
@@ -119,6 +139,7 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
   request.src_qpn = qpn_;
   request.solicited = (wqe.send_flags & IBV_SEND_SOLICITED) != 0;
   request.imm_data = wqe.imm_data;
+  if (op == Operation::kSendWithInv) request.invalidate_rkey = wqe.imm_data;  // ibv_send_wr's union
   request.remote_addr = wqe.remote_addr;
   request.rkey = wqe.rkey;
   request.compare_add = wqe.compare_add;

@@ -10,6 +10,7 @@
 namespace softhca::engine {
 
 class AddressHandle;
+class MemoryWindow;
 
 struct Sge {
   uint64_t addr;
@@ -37,6 +38,9 @@ struct SendWqe {
   uint64_t compare_add;
   uint64_t swap;
   AddressHandle* ah;     // UD
+  MemoryWindow* mw;      // BIND_MW: the window; remote_addr, compare_add (length), rkey (the new key) and
+  uint32_t bind_lkey;    //   these two describe the binding
+  uint32_t bind_access;
   uint64_t length;       // total message length
   transport::RetryState retry;  // RNR and ACK-timeout retries so far, and when the next is due
   Sge sge[];             // num_sge entries, then inline data

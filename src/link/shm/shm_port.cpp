@@ -99,6 +99,7 @@ transport::ResponderQp ShmResponderPort::qp() {
   v.qkey = s.qkey.load(std::memory_order_acquire);
   v.min_rnr_timer = s.min_rnr_timer.load(std::memory_order_relaxed);
   v.max_dest_rd_atomic = s.max_dest_rd_atomic.load(std::memory_order_relaxed);
+  v.qpn = target_.qpn;
   return v;
 }
 
@@ -106,7 +107,15 @@ std::optional<transport::MemoryKey> ShmResponderPort::memory_key(uint32_t key) {
   host::MrRecord mr;
   if (!host_.registry().lookup_mr(key, mr) || mr.proc != data_->proc) return std::nullopt;
   keys_.add(mr);
-  return transport::MemoryKey{mr.key, mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr};
+  return transport::MemoryKey{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
+                              static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+}
+
+bool ShmResponderPort::invalidate(uint32_t rkey) {
+  // The owner's registry entry changes here, in whichever process runs the
+  // responder; the owner's poll of the completion fences the accesses that
+  // may have validated the key before (CompletionQueue::poll).
+  return host_.registry().invalidate_window(rkey, target_.proc, target_.qp->pd_id).has_value();
 }
 
 // The SRQ must be published under `srqn` now and belong to the QP's domain;

@@ -25,6 +25,7 @@ class ShmResponderPort final : public transport::ResponderPort {
   transport::ResponderQp qp() override;
   std::optional<transport::MemoryKey> memory_key(uint32_t key) override;
   std::optional<uint32_t> select_xrc_srq(uint32_t srqn) override;
+  bool invalidate(uint32_t rkey) override;
   bool take_receive(transport::ReceiveWqe& out) override;
   transport::CopyStatus write(const iovec* to, int nto, const iovec* from, int nfrom, uint64_t length) override;
   transport::CopyStatus read(const iovec* to, int nto, const iovec* from, int nfrom, uint64_t length) override;

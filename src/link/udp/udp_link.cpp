@@ -502,6 +502,7 @@ class UdpChannel final : public link::Channel {
     m.op = request.op;
     m.solicited = request.solicited;
     m.imm_data = request.imm_data;
+    m.invalidate_rkey = request.invalidate_rkey;
     m.remote_addr = request.remote_addr;
     m.rkey = request.rkey;
     m.compare_add = request.compare_add;
