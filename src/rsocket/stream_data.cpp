@@ -82,16 +82,17 @@ Result<void> StreamSocket::init_buffers_locked() {
   config_.sbuf_size = std::max<uint32_t>(config_.sbuf_size, 2 * kSendLowWater);
   rmsg_.assign(config_.rq_size + 1u, RecvMsg{MsgOp::kData, 0});
 
-  sbuf_.assign(config_.sbuf_size + kCtrlSlots * sizeof(RemoteSge), 0);
+  if (!sbuf_.allocate(config_.sbuf_size + kCtrlSlots * sizeof(RemoteSge))) return fail(std::errc::not_enough_memory);
   smr_ = ibv_reg_mr(id_->pd, sbuf_.data(), sbuf_.size(), IBV_ACCESS_LOCAL_WRITE);
   if (smr_ == nullptr) return fail(last_errc());
 
-  target_buffer_.assign(kTargetSglEntries * sizeof(RemoteSge) + config_.iomap_size * sizeof(IomapEntry), 0);
+  if (!target_buffer_.allocate(kTargetSglEntries * sizeof(RemoteSge) + config_.iomap_size * sizeof(IomapEntry)))
+    return fail(std::errc::not_enough_memory);
   target_mr_ = ibv_reg_mr(id_->pd, target_buffer_.data(), target_buffer_.size(),
                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (target_mr_ == nullptr) return fail(last_errc());
 
-  rbuf_.assign(config_.rbuf_size, 0);
+  if (!rbuf_.allocate(config_.rbuf_size)) return fail(std::errc::not_enough_memory);
   rmr_ = ibv_reg_mr(id_->pd, rbuf_.data(), rbuf_.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (rmr_ == nullptr) return fail(last_errc());
 

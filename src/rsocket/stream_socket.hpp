@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "rsocket/page_buffer.hpp"
 #include "rsocket/protocol.hpp"
 
 namespace softhca::rsocket {
@@ -173,7 +174,7 @@ class StreamSocket {
   std::deque<rdma_cm_event*> requests_;
 
   // Receive side: the peer writes into rbuf_, two halves granted in turn.
-  std::vector<uint8_t> rbuf_;
+  PageBuffer rbuf_;
   ibv_mr* rmr_ = nullptr;
   struct RecvMsg {
     MsgOp op;
@@ -189,7 +190,7 @@ class StreamSocket {
   uint16_t rseq_comp_ = 0;         // when to grant credits again
 
   // Target SGL: the array the peer writes its buffer grants into.
-  std::vector<uint8_t> target_buffer_;  // kTargetSglEntries RemoteSge, then iomap entries
+  PageBuffer target_buffer_;  // kTargetSglEntries RemoteSge, then iomap entries
   ibv_mr* target_mr_ = nullptr;
   uint32_t next_grant_entry_ = 1;  // entry 0 came in the private data
   std::deque<RemoteSge> targets_;  // granted peer buffer space, in order
@@ -200,7 +201,7 @@ class StreamSocket {
   RemoteSge remote_iomap_{};
 
   // Send side.
-  std::vector<uint8_t> sbuf_;  // sbuf_size + a control area
+  PageBuffer sbuf_;  // sbuf_size + a control area
   ibv_mr* smr_ = nullptr;
   uint32_t sbuf_head_ = 0;          // where the next send copies to
   uint32_t sbuf_bytes_avail_ = 0;
