@@ -14,6 +14,7 @@ namespace softhca::rsocket {
 namespace {
 
 constexpr int kResolveTimeoutMs = 2000;
+constexpr int kMinBacklog = 128;
 
 std::errc errc_from_errno(int err) { return static_cast<std::errc>(err != 0 ? err : EIO); }
 
@@ -82,7 +83,11 @@ Result<void> StreamSocket::listen(int backlog) {
   std::lock_guard lock(mu_);
   if (state_ == State::kListening) return {};
   if (state_ != State::kInit && state_ != State::kBound) return fail(std::errc::invalid_argument);
-  if (rdma_listen(id_, std::max(backlog, 1)) != 0) return fail(last_errc());
+  // A full CM backlog rejects a connect outright, where TCP would retry
+  // the SYN; rdma-core's rsockets accept in a thread of their own and so
+  // never fill it. We accept when the application does, so the backlog
+  // is a floor, not a limit.
+  if (rdma_listen(id_, std::max(backlog, kMinBacklog)) != 0) return fail(last_errc());
   state_ = State::kListening;
   return {};
 }
