@@ -138,20 +138,14 @@ int rselect(int nfds, fd_set* readfds, fd_set* writefds, fd_set* exceptfds, time
   return call<int>([&] { return rs::select(nfds, readfds, writefds, exceptfds, timeout); });
 }
 
-// iomap (riomap/riowrite): not yet; clean errors.
-off_t riomap(int, void*, size_t, int, int, off_t) {
-  errno = ENOSYS;
-  return -1;
+off_t riomap(int socket, void* buf, size_t len, int prot, int flags, off_t offset) {
+  return call<off_t>([&] { return rs::iomap(socket, buf, len, prot, flags, offset); });
 }
 
-int riounmap(int, void*, size_t) {
-  errno = ENOSYS;
-  return -1;
-}
+int riounmap(int socket, void* buf, size_t len) { return call<int>([&] { return rs::iounmap(socket, buf, len); }); }
 
-size_t riowrite(int, const void*, size_t, off_t, int) {
-  errno = ENOSYS;
-  return static_cast<size_t>(-1);
+size_t riowrite(int socket, const void* buf, size_t count, off_t offset, int flags) {
+  return call<size_t>([&] { return rs::iowrite(socket, buf, count, offset, flags); });
 }
 
 }  // extern "C"

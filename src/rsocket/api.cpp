@@ -127,4 +127,24 @@ Result<int> fcntl(int fd, int cmd, long arg) {
   }
 }
 
+Result<off_t> iomap(int fd, void* buf, size_t len, int prot, int flags, off_t offset) {
+  auto s = lookup(fd);
+  if (!s) return fail(s.error());
+  if (flags != 0) return fail(std::errc::invalid_argument);
+  return (*s)->iomap(buf, len, prot, offset);
+}
+
+Result<void> iounmap(int fd, void* buf, size_t len) {
+  auto s = lookup(fd);
+  if (!s) return fail(s.error());
+  return (*s)->iounmap(buf, len);
+}
+
+Result<size_t> iowrite(int fd, const void* buf, size_t count, off_t offset, int flags) {
+  auto s = lookup(fd);
+  if (!s) return fail(s.error());
+  if (buf == nullptr && count != 0) return fail(std::errc::invalid_argument);
+  return (*s)->iowrite(buf, count, offset, flags);
+}
+
 }  // namespace softhca::rsocket

@@ -27,6 +27,9 @@ Result<void> peer_address(int fd, sockaddr* addr, socklen_t* len);
 Result<void> set_option(int fd, int level, int name, const void* value, socklen_t len);
 Result<void> get_option(int fd, int level, int name, void* value, socklen_t* len);
 Result<int> fcntl(int fd, int cmd, long arg);
+Result<off_t> iomap(int fd, void* buf, size_t len, int prot, int flags, off_t offset);
+Result<void> iounmap(int fd, void* buf, size_t len);
+Result<size_t> iowrite(int fd, const void* buf, size_t count, off_t offset, int flags);
 // Any mix of rsockets and ordinary descriptors.
 Result<int> poll(pollfd* fds, nfds_t nfds, int timeout_ms);
 Result<int> select(int nfds, fd_set* readfds, fd_set* writefds, fd_set* exceptfds, timeval* timeout);

@@ -243,6 +243,8 @@ void StreamSocket::poll_cq_locked() {
             take_sgl_update_locked();
             break;
           case MsgOp::kIomapSgl:
+            take_iomap_update_locked(msg_data(msg));
+            break;
           case MsgOp::kWrite:
             break;
           case MsgOp::kCtrl:
@@ -364,7 +366,33 @@ Result<void> StreamSocket::send_ctrl_locked(std::unique_lock<std::mutex>& lock, 
 
 Result<size_t> StreamSocket::send(const iovec* iov, int iovcnt, int flags) {
   std::unique_lock lock(mu_);
+  if (auto r = send_iomaps_locked(lock, flags); !r) return fail(r.error());
   return send_locked(lock, iov, iovcnt, flags);
+}
+
+// Small transfers go inline (copied at post time, from inline_buf); larger
+// ones are copied to the send ring, in two pieces when they wrap.
+int StreamSocket::stage_send_locked(const std::function<void(uint8_t*, size_t)>& copy, uint32_t len,
+                                    ibv_sge (&sges)[2], uint8_t* inline_buf, size_t inline_cap,
+                                    unsigned& send_flags) {
+  if (len <= sq_inline_ && len <= inline_cap) {
+    copy(inline_buf, len);
+    sges[0] = ibv_sge{reinterpret_cast<uintptr_t>(inline_buf), len, 0};
+    send_flags = IBV_SEND_INLINE;
+    return 1;
+  }
+  send_flags = 0;
+  const uint32_t first = std::min(len, config_.sbuf_size - sbuf_head_);
+  copy(&sbuf_[sbuf_head_], first);
+  sges[0] = ibv_sge{reinterpret_cast<uintptr_t>(&sbuf_[sbuf_head_]), first, smr_->lkey};
+  int nsge = 1;
+  if (first < len) {
+    copy(sbuf_.data(), len - first);
+    sges[1] = ibv_sge{reinterpret_cast<uintptr_t>(sbuf_.data()), len - first, smr_->lkey};
+    nsge = 2;
+  }
+  sbuf_head_ = (sbuf_head_ + len) % config_.sbuf_size;
+  return nsge;
 }
 
 Result<size_t> StreamSocket::send_locked(std::unique_lock<std::mutex>& lock, const iovec* iov, int iovcnt,
@@ -406,25 +434,10 @@ Result<size_t> StreamSocket::send_locked(std::unique_lock<std::mutex>& lock, con
     sbuf_bytes_avail_ -= xfer;
 
     ibv_sge sges[2]{};
-    int nsge = 1;
     unsigned send_flags = 0;
     uint8_t inline_copy[256];
-    if (xfer <= sq_inline_ && xfer <= sizeof inline_copy) {
-      source.copy_out(inline_copy, xfer);
-      sges[0] = ibv_sge{reinterpret_cast<uintptr_t>(inline_copy), xfer, 0};
-      send_flags = IBV_SEND_INLINE;
-    } else {
-      const uint32_t to_end = config_.sbuf_size - sbuf_head_;
-      const uint32_t first = std::min(xfer, to_end);
-      source.copy_out(&sbuf_[sbuf_head_], first);
-      sges[0] = ibv_sge{reinterpret_cast<uintptr_t>(&sbuf_[sbuf_head_]), first, smr_->lkey};
-      if (first < xfer) {
-        source.copy_out(sbuf_.data(), xfer - first);
-        sges[1] = ibv_sge{reinterpret_cast<uintptr_t>(sbuf_.data()), xfer - first, smr_->lkey};
-        nsge = 2;
-      }
-      sbuf_head_ = (sbuf_head_ + xfer) % config_.sbuf_size;
-    }
+    const int nsge = stage_send_locked([&](uint8_t* dst, size_t n) { source.copy_out(dst, n); }, xfer, sges,
+                                       inline_copy, sizeof inline_copy, send_flags);
     if (auto r = post_write_msg_locked(sges, nsge, msg_encode(MsgOp::kData, xfer), send_flags, addr, rkey); !r) {
       state_ = State::kError;
       error_ = ECONNRESET;

@@ -398,6 +398,8 @@ void StreamSocket::release_resources() {
     ibv_destroy_comp_channel(comp_channel_);
     comp_channel_ = nullptr;
   }
+  for (IomapMapping& m : iomaps_) ibv_dereg_mr(m.mr);
+  iomaps_.clear();
   for (ibv_mr** mr : {&smr_, &rmr_, &target_mr_}) {
     if (*mr != nullptr) ibv_dereg_mr(*mr);
     *mr = nullptr;

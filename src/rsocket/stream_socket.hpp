@@ -83,6 +83,11 @@ class StreamSocket {
   // Orderly shutdown if connected, then every resource goes.
   void close();
 
+  // riomap / riounmap / riowrite (stream_iomap.cpp).
+  Result<off_t> iomap(void* buf, size_t len, int prot, off_t offset);
+  Result<void> iounmap(void* buf, size_t len);
+  Result<size_t> iowrite(const void* buf, size_t count, off_t offset, int flags);
+
   Result<void> local_address(sockaddr* addr, socklen_t* len);
   Result<void> peer_address(sockaddr* addr, socklen_t* len);
   Result<void> set_option(int level, int name, const void* value, socklen_t len);
@@ -144,6 +149,13 @@ class StreamSocket {
   Result<size_t> send_locked(std::unique_lock<std::mutex>& lock, const iovec* iov, int iovcnt, int flags);
   Result<void> send_ctrl_locked(std::unique_lock<std::mutex>& lock, CtrlCode code);
   bool nonblocking(int flags) const { return nonblocking_ || (flags & MSG_DONTWAIT) != 0; }
+  // Stages len bytes of source for a send at the send ring's head (or
+  // inline); returns the SGEs in sges and their count.
+  int stage_send_locked(const std::function<void(uint8_t*, size_t)>& copy, uint32_t len, ibv_sge (&sges)[2],
+                        uint8_t* inline_buf, size_t inline_cap, unsigned& send_flags);
+  Result<void> send_iomaps_locked(std::unique_lock<std::mutex>& lock, int flags);
+  void take_iomap_update_locked(uint32_t index);
+  const IomapEntry* find_peer_iomap_locked(uint64_t offset) const;
 
   const int domain_;
   std::mutex mu_;
@@ -194,6 +206,17 @@ class StreamSocket {
   ibv_mr* target_mr_ = nullptr;
   uint32_t next_grant_entry_ = 1;  // entry 0 came in the private data
   std::deque<RemoteSge> targets_;  // granted peer buffer space, in order
+
+  // riomap: our mappings (index >= 0: announced to the peer, who may
+  // riowrite into them; -1: local only), and the peer's, by index.
+  struct IomapMapping {
+    uint64_t offset;
+    ibv_mr* mr;
+    int index;
+    bool announced;
+  };
+  std::vector<IomapMapping> iomaps_;
+  std::vector<IomapEntry> peer_iomaps_;
 
   // The peer's target SGL, where we write our grants.
   RemoteSge remote_sgl_{};

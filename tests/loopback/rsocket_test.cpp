@@ -10,9 +10,11 @@
 #include <rdma/rsocket.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -62,9 +64,12 @@ class Rsocket : public ::testing::Test {
   }
   void forget(int fd) { std::erase(open_, fd); }
 
-  int listener(uint16_t port) {
+  int listener(uint16_t port, int iomap_size = 0) {
     const int fd = track(rsocket(AF_INET, SOCK_STREAM, 0));
     EXPECT_GE(fd, 0) << strerror(errno);
+    if (iomap_size != 0) {
+      EXPECT_EQ(rsetsockopt(fd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap_size, sizeof iomap_size), 0);
+    }
     int one = 1;
     EXPECT_EQ(rsetsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
     sockaddr_in addr = loopback(port);
@@ -75,10 +80,13 @@ class Rsocket : public ::testing::Test {
 
   // A connected pair in one thread: a nonblocking connect, the accept,
   // then rpoll until the connect completes. {client, server}.
-  std::pair<int, int> connected_pair(uint16_t port) {
-    const int lfd = listener(port);
+  std::pair<int, int> connected_pair(uint16_t port, int iomap_size = 0) {
+    const int lfd = listener(port, iomap_size);
     const int c = track(rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0));
     EXPECT_GE(c, 0);
+    if (iomap_size != 0) {
+      EXPECT_EQ(rsetsockopt(c, SOL_RDMA, RDMA_IOMAPSIZE, &iomap_size, sizeof iomap_size), 0);
+    }
     sockaddr_in addr = loopback(port);
     EXPECT_EQ(rconnect(c, sa(addr), sizeof addr), -1);
     EXPECT_EQ(errno, EINPROGRESS);
@@ -307,6 +315,30 @@ TEST_F(Rsocket, ManySocketsAtOnce) {
     ++seen[index];
   }
   for (int n : seen) EXPECT_EQ(n, 1);
+}
+
+// riomap on the server, riowrite from the client at offsets inside the
+// mapping, a message after it: the bytes are there when the message is.
+TEST_F(Rsocket, RiowriteLandsInThePeersMapping) {
+  auto [c, s] = connected_pair(kBasePort + 9, 1);
+  std::vector<uint8_t> window(256 * 1024, 0);
+  ASSERT_EQ(riomap(s, window.data(), window.size(), PROT_WRITE, 0, 4096), 4096) << strerror(errno);
+  // The mapping is announced with the server's next send.
+  ASSERT_EQ(rsend(s, "m", 1, 0), 1);
+  char m;
+  ASSERT_EQ(rrecv(c, &m, 1, 0), 1);
+  std::vector<uint8_t> data(200 * 1000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = pattern(i);
+  ASSERT_EQ(riowrite(c, data.data(), data.size(), 4096 + 1000, 0), data.size()) << strerror(errno);
+  // Outside every mapping: nothing is written.
+  EXPECT_EQ(riowrite(c, data.data(), 10, 1, 0), 0u);
+  ASSERT_EQ(rsend(c, "d", 1, 0), 1);
+  ASSERT_EQ(rrecv(s, &m, 1, 0), 1);
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), window.begin() + 1000));
+  EXPECT_EQ(window[999], 0);
+  EXPECT_EQ(riounmap(s, window.data(), window.size()), 0);
+  EXPECT_EQ(riounmap(s, window.data(), window.size()), -1);
+  EXPECT_EQ(errno, EINVAL);
 }
 
 TEST_F(Rsocket, ConnectToNobodyFailsCleanly) {
