@@ -454,6 +454,7 @@ Result<size_t> StreamSocket::recv(const iovec* iov, int iovcnt, int flags) {
   if (state_ != State::kConnected && state_ != State::kDisconnected && state_ != State::kError)
     return fail(std::errc::not_connected);
   const size_t total = iov_total(iov, iovcnt);
+  if (total == 0) return size_t{0};
   IovCursor dest(iov, iovcnt);
   size_t left = total;
   do {

@@ -240,7 +240,11 @@ bool StreamSocket::arm() {
 
 void StreamSocket::consume_wakeups() {
   std::lock_guard lock(mu_);
-  take_cq_event_locked();
+  // A sleeper holds wait_mu_ and will wake on this very event; taking it
+  // from under it could leave it asleep (rdma-core's rpoll waits for its
+  // cq_wait_lock for the same reason; we must not, holding mu_).
+  std::unique_lock wait(wait_mu_, std::try_to_lock);
+  if (wait.owns_lock()) take_cq_event_locked();
 }
 
 }  // namespace softhca::rsocket

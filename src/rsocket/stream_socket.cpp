@@ -107,18 +107,22 @@ Result<std::shared_ptr<StreamSocket>> StreamSocket::accept(int flags) {
     if (!waited) return fail(waited.error());
     auto ev = next_connect_request_locked();
     if (!ev) return fail(std::errc::invalid_argument);  // no longer listening
+    // The new socket inherits the listener's sizes and O_NONBLOCK, as in rdma-core.
+    const StreamConfig inherited = config_;
+    const int new_flags = flags | (nonblocking_ ? SOCK_NONBLOCK : 0);
     lock.unlock();
-    auto accepted = accept_request(*ev, flags);
+    auto accepted = accept_request(*ev, inherited, new_flags);
     // A request whose setup failed was rejected; a blocking accept waits
     // for the next one, as a TCP accept never sees such connections.
-    if (accepted || nonblocking_) return accepted;
+    if (accepted || (new_flags & SOCK_NONBLOCK) != 0) return accepted;
     lock.lock();
   }
 }
 
 // The passive side of one connection: its own event channel, the QP and
 // buffers, and the reply carrying our buffer description.
-Result<std::shared_ptr<StreamSocket>> StreamSocket::accept_request(rdma_cm_event* ev, int flags) {
+Result<std::shared_ptr<StreamSocket>> StreamSocket::accept_request(rdma_cm_event* ev, const StreamConfig& config,
+                                                                   int flags) {
   rdma_cm_id* id = ev->id;
   const std::optional<ConnData> peer = decode_conn_data(ev->param.conn.private_data, ev->param.conn.private_data_len);
   rdma_conn_param param = ev->param.conn;
@@ -131,9 +135,8 @@ Result<std::shared_ptr<StreamSocket>> StreamSocket::accept_request(rdma_cm_event
   if (!peer || (peer->flags & kConnFlagNet) != 0) return reject(std::errc::connection_aborted);
 
   std::shared_ptr<StreamSocket> s(new StreamSocket(domain_));
-  s->config_ = config_;
+  s->config_ = config;
   if (auto r = s->open_channel(flags); !r) return reject(r.error());
-  s->nonblocking_ = nonblocking_ || (flags & SOCK_NONBLOCK) != 0;
   if (rdma_migrate_id(id, s->channel_) != 0) return reject(last_errc());
   id->context = s.get();
   s->id_ = id;

@@ -104,7 +104,8 @@ class StreamSocket {
   bool arm();
   // The descriptors to sleep on until poll_events may change.
   int wait_fds(pollfd (&out)[2]);
-  // After poll(2) saw one of wait_fds readable: take the CQ event.
+  // After poll(2) saw one of wait_fds readable: take the CQ event, unless
+  // a blocked call of another thread sleeps on it (it takes it itself).
   void consume_wakeups();
 
  private:
@@ -120,7 +121,7 @@ class StreamSocket {
   void fail_connect_locked(int err);
   void set_disconnected_locked();
   Result<rdma_cm_event*> next_connect_request_locked();
-  Result<std::shared_ptr<StreamSocket>> accept_request(rdma_cm_event* ev, int flags);
+  Result<std::shared_ptr<StreamSocket>> accept_request(rdma_cm_event* ev, const StreamConfig& config, int flags);
   void release_resources();
 
   // Data path (stream_data.cpp).
