@@ -5,6 +5,8 @@
 #   rstream  -S SIZE -C COUNT -T bs  the same program on TCP sockets (-T s)
 #   iperf3 -t SECS                   through Debian's librspreload.so on softhca
 #   iperf3 -t SECS                   plain TCP
+#   rstream -S 64 -C 1 -I 2000 -T b  ping-pong latency, rsockets and TCP (us per
+#                                    transfer as rstream prints it: half a round trip)
 #
 #   bench/peers/rsocket_throughput.sh [--reps N] [--size BYTES] [--count N]
 #                                     [--seconds S] [--libdir DIR]
@@ -59,13 +61,14 @@ run_pair() {
 rstream_gbps() {  # rstream's "custom" line: name bytes xfers iters total time Gb/sec usec/xfer
   awk '$1 == "custom" { print $7 }'
 }
+rstream_usec() { awk '$1 == "custom" { print $8 }'; }
 iperf_gbps() {  # the receiver's summary line, in Gbit/s
   awk '/receiver$/ { for (i = 1; i <= NF; i++) if ($i ~ /bits\/sec$/) { v = $(i - 1); u = $i } }
        END { if (u == "Mbits/sec") v /= 1000; if (u == "Kbits/sec") v /= 1e6; print v }'
 }
 
 declare -A results
-kinds=(rstream_rsocket rstream_tcp iperf3_rsocket iperf3_tcp)
+kinds=(rstream_rsocket rstream_tcp iperf3_rsocket iperf3_tcp lat64_rsocket lat64_tcp)
 for ((r = 1; r <= reps; r++)); do
   v=$(run_pair rstream -p 7580 -S "$size" -C "$count" -T b -- \
         rstream -s 127.0.0.1 -p 7580 -S "$size" -C "$count" -T b | rstream_gbps)
@@ -78,15 +81,21 @@ for ((r = 1; r <= reps; r++)); do
   results[iperf3_rsocket]+="$v "
   v=$(run_pair iperf3 -s -1 -p 7583 -- iperf3 -c 127.0.0.1 -p 7583 -t "$seconds" | iperf_gbps)
   results[iperf3_tcp]+="$v "
+  v=$(run_pair rstream -p 7584 -S 64 -C 1 -I 2000 -T b -- \
+        rstream -s 127.0.0.1 -p 7584 -S 64 -C 1 -I 2000 -T b | rstream_usec)
+  results[lat64_rsocket]+="$v "
+  v=$(run_pair rstream -p 7585 -S 64 -C 1 -I 2000 -T b -T s -- \
+        rstream -s 127.0.0.1 -p 7585 -S 64 -C 1 -I 2000 -T b -T s | rstream_usec)
+  results[lat64_tcp]+="$v "
 done
 
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print "n/a" }'; }
 spread() { tr ' ' '\n' | grep . | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s..%s", lo, hi }'; }
-printf "%-16s %-30s %10s %12s\n" kind "runs (Gbit/s)" median spread
+printf "%-16s %-30s %10s %12s\n" kind "runs (Gbit/s; lat64: us)" median spread
 for k in "${kinds[@]}"; do
   printf "%-16s %-30s %10s %12s\n" "$k" "${results[$k]}" "$(median <<<"${results[$k]}")" "$(spread <<<"${results[$k]}")"
 done
-for prog in rstream iperf3; do
+for prog in rstream iperf3 lat64; do
   a=$(median <<<"${results[${prog}_rsocket]}") b=$(median <<<"${results[${prog}_tcp]}")
   awk -v a="$a" -v b="$b" -v p="$prog" 'BEGIN { if (b > 0) printf "%s: rsockets/TCP = %.2f\n", p, a / b }'
 done
