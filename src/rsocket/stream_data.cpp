@@ -364,8 +364,19 @@ Result<void> StreamSocket::send_ctrl_locked(std::unique_lock<std::mutex>& lock, 
   return post_msg_locked(msg_encode(MsgOp::kCtrl, static_cast<uint32_t>(code)));
 }
 
+// A nonblocking connect still under way: finish it first, or say EAGAIN
+// (as rdma-core's rsend and rrecv do).
+Result<void> StreamSocket::finish_connecting_locked(std::unique_lock<std::mutex>& lock, int flags) {
+  auto connecting = [&] {
+    return state_ == State::kResolvingAddr || state_ == State::kResolvingRoute || state_ == State::kConnecting;
+  };
+  if (!connecting()) return {};
+  return wait_for(lock, nonblocking(flags), [&] { return !connecting(); });
+}
+
 Result<size_t> StreamSocket::send(const iovec* iov, int iovcnt, int flags) {
   std::unique_lock lock(mu_);
+  if (auto r = finish_connecting_locked(lock, flags); !r) return fail(r.error());
   if (auto r = send_iomaps_locked(lock, flags); !r) return fail(r.error());
   return send_locked(lock, iov, iovcnt, flags);
 }
@@ -451,6 +462,7 @@ Result<size_t> StreamSocket::send_locked(std::unique_lock<std::mutex>& lock, con
 
 Result<size_t> StreamSocket::recv(const iovec* iov, int iovcnt, int flags) {
   std::unique_lock lock(mu_);
+  if (auto r = finish_connecting_locked(lock, flags); !r) return fail(r.error());
   if (state_ != State::kConnected && state_ != State::kDisconnected && state_ != State::kError)
     return fail(std::errc::not_connected);
   const size_t total = iov_total(iov, iovcnt);

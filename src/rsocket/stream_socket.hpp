@@ -148,6 +148,7 @@ class StreamSocket {
   void sleep_on_channels(std::unique_lock<std::mutex>& lock);
   void take_cq_event_locked();
   Result<size_t> send_locked(std::unique_lock<std::mutex>& lock, const iovec* iov, int iovcnt, int flags);
+  Result<void> finish_connecting_locked(std::unique_lock<std::mutex>& lock, int flags);
   Result<void> send_ctrl_locked(std::unique_lock<std::mutex>& lock, CtrlCode code);
   bool nonblocking(int flags) const { return nonblocking_ || (flags & MSG_DONTWAIT) != 0; }
   // Stages len bytes of source for a send at the send ring's head (or

@@ -341,6 +341,33 @@ TEST_F(Rsocket, RiowriteLandsInThePeersMapping) {
   EXPECT_EQ(errno, EINVAL);
 }
 
+// Sending on a nonblocking socket whose connect is under way: EAGAIN until
+// the server accepts, then the data goes (no ENOTCONN in between).
+TEST_F(Rsocket, SendDuringNonblockingConnectSaysEagain) {
+  const int lfd = listener(kBasePort + 10);
+  const int c = track(rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0));
+  sockaddr_in addr = loopback(kBasePort + 10);
+  ASSERT_EQ(rconnect(c, sa(addr), sizeof addr), -1);
+  ASSERT_EQ(errno, EINPROGRESS);
+  EXPECT_EQ(rsend(c, "x", 1, 0), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  const int s = track(raccept(lfd, nullptr, nullptr));
+  ASSERT_GE(s, 0);
+  ssize_t n = -1;
+  for (int i = 0; i < 1000 && n < 0; ++i) {
+    n = rsend(c, "x", 1, 0);
+    if (n < 0) {
+      ASSERT_EQ(errno, EAGAIN);
+      pollfd p{c, POLLOUT, 0};
+      rpoll(&p, 1, 100);
+    }
+  }
+  ASSERT_EQ(n, 1);
+  char got;
+  ASSERT_EQ(rrecv(s, &got, 1, 0), 1);
+  EXPECT_EQ(got, 'x');
+}
+
 TEST_F(Rsocket, ConnectToNobodyFailsCleanly) {
   const int c = track(rsocket(AF_INET, SOCK_STREAM, 0));
   sockaddr_in addr = loopback(kBasePort + 7);
