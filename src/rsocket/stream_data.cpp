@@ -215,7 +215,8 @@ void StreamSocket::send_credits_locked() {
 // here, rather than reading the entry whenever, never sees half a write.
 void StreamSocket::take_sgl_update_locked() {
   auto* entry = reinterpret_cast<RemoteSge*>(target_buffer_.data()) + next_grant_entry_;
-  std::atomic_thread_fence(std::memory_order_acquire);
+  // No fence of our own: ibv_poll_cq handed us the completion with acquire
+  // ordering, and the peer's bytes were placed before it.
   RemoteSge grant;
   std::memcpy(&grant, entry, sizeof grant);
   if (grant.length == 0) return;

@@ -9,7 +9,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -96,7 +95,7 @@ Result<void> StreamSocket::send_iomaps_locked(std::unique_lock<std::mutex>& lock
 void StreamSocket::take_iomap_update_locked(uint32_t index) {
   if (index >= config_.iomap_size) return;
   if (peer_iomaps_.size() < config_.iomap_size) peer_iomaps_.resize(config_.iomap_size, IomapEntry{});
-  std::atomic_thread_fence(std::memory_order_acquire);
+  // Placed before the completion ibv_poll_cq gave us (acquire), as grants are.
   const uint8_t* array = target_buffer_.data() + kTargetSglEntries * sizeof(RemoteSge);
   std::memcpy(&peer_iomaps_[index], array + index * sizeof(IomapEntry), sizeof(IomapEntry));
 }
