@@ -20,6 +20,7 @@ packages=(
   openmpi-bin libopenmpi-dev            # Open MPI's ucx pml on softhca (system.mpi.*; built only if MPI is found)
   python3 python3-pyverbs
   iproute2 procps                       # ss (readiness polling), ps/kill
+  iperf3                                # a socket program over rsockets (librspreload; system.rsocket.iperf3)
   gdb                                   # stacks of a timed-out peer in the harness
   pkg-config                            # install.find_package_and_pkg_config builds with softhca.pc
   dpkg-dev                              # dpkg-shlibdeps: the .deb's Depends (cpack -G DEB)

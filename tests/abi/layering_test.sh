@@ -19,7 +19,8 @@ declare -A allowed=(
   [src/engine]="common host wire transport link engine"
   [src/cm]="common host engine cm"
   [abi/verbs]="common engine"
-  [abi/rdmacm]="common engine cm"
+  [src/rsocket]="common rsocket"
+  [abi/rdmacm]="common engine cm rsocket"
   [tools/softhca]="common host"
   [include/softhca]=""
 )

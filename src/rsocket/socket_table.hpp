@@ -1,0 +1,17 @@
+// The rsockets of the process by descriptor number: the only global state
+// of the rsocket layer, guarded by one mutex. Callers keep a shared_ptr, so
+// an rclose from another thread cannot free a socket under them.
+#pragma once
+
+#include <memory>
+
+#include "rsocket/stream_socket.hpp"
+
+namespace softhca::rsocket {
+
+std::shared_ptr<StreamSocket> find_socket(int fd);
+void insert_socket(const std::shared_ptr<StreamSocket>& s);
+// Removes and returns the socket, or nullptr when fd is not an rsocket.
+std::shared_ptr<StreamSocket> remove_socket(int fd);
+
+}  // namespace softhca::rsocket
