@@ -131,9 +131,14 @@ Result<void> Service::start() {
   transport_ = std::make_unique<RoutingTransport>(std::move(*local), *table_, proc_, pid);
   comm_id_seed_ = detail::rng()();
 
-  // The CM thread takes no signals: they belong to the application's threads.
+  // The CM thread takes no asynchronous signals: they belong to the
+  // application's threads. The synchronous ones stay open: a fault with its
+  // signal blocked kills the process at once, and the CM thread does fault
+  // on purpose when it writes next to a buffer that ibv_reg_mr is moving
+  // into the shared file (host/write_guard parks it until the move is done).
   sigset_t all, old;
   sigfillset(&all);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP}) sigdelset(&all, sig);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   try {
     std::thread([this] { run(); }).detach();
