@@ -65,15 +65,20 @@ class OdpTest : public ::testing::Test {
   ibv_qp* b = nullptr;
 };
 
-// A mapped page, and the address of a page that is not mapped (a guard page
-// of our own, so nothing else can appear there while the test runs).
+// A page the process can use, and one right after it that it cannot: mapped
+// PROT_NONE, so that no other mapping (a thread's stack, the sanitizers'
+// memory) can take the address while the test runs, as it could once the
+// page was unmapped, yet every access to it fails as one to unmapped memory.
 struct Pages {
   Pages() {
     base = static_cast<uint8_t*>(mmap(nullptr, 2 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (base != MAP_FAILED) munmap(base + 4096, 4096);
+    if (base != MAP_FAILED && mprotect(base + 4096, 4096, PROT_NONE) != 0) {
+      munmap(base, 2 * 4096);
+      base = static_cast<uint8_t*>(MAP_FAILED);
+    }
   }
   ~Pages() {
-    if (base != MAP_FAILED) munmap(base, 4096);
+    if (base != MAP_FAILED) munmap(base, 2 * 4096);
   }
   uint8_t* mapped() const { return base; }
   uint64_t unmapped() const { return reinterpret_cast<uint64_t>(base + 4096); }
