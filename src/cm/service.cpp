@@ -141,7 +141,10 @@ Result<void> Service::start() {
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP}) sigdelset(&all, sig);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   try {
-    std::thread([this] { run(); }).detach();
+    std::thread([this] {
+      pthread_setname_np(pthread_self(), "softhca-cm");  // named: ps, gdb and tests tell ours apart
+      run();
+    }).detach();
   } catch (...) {
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     return fail(std::errc::resource_unavailable_try_again);

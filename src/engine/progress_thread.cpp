@@ -1,6 +1,7 @@
 #include "engine/progress_thread.hpp"
 
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -20,7 +21,10 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 void ProgressThread::start(host::SegmentHeader& doorbell, Work& work) {
   doorbell_ = &doorbell;
   work_ = &work;
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "softhca-events");
+    loop();
+  });
 }
 
 void ProgressThread::stop() {

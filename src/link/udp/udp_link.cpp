@@ -6,6 +6,7 @@
 // requester's timers. It sleeps in poll() when idle.
 #include <arpa/inet.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -613,7 +614,10 @@ bool UdpLink::start() {
         SOFTHCA_WARN("udp link: no hand-off socket in %s: packets other processes receive for this one are lost",
                      host_dir_.c_str());
     }
-    thread_ = std::thread([this] { loop(); });
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "softhca-udp");
+      loop();
+    });
   }
   started_.store(true, std::memory_order_release);
   return sockets_ != nullptr;
