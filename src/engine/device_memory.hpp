@@ -10,12 +10,13 @@
 #include <cstdint>
 
 #include "common/result.hpp"
+#include "engine/user_count.hpp"
 
 namespace softhca::engine {
 
 class Context;
 
-class DeviceMemory {
+class DeviceMemory : public UserCount {
  public:
   // `length` bytes aligned to 2^log_align (at most a page); no_memory when
   // the process's budget is spent.
@@ -36,10 +37,6 @@ class DeviceMemory {
   // The handle ibv_import_dm names it by (unique in its context).
   uint32_t handle() const { return handle_; }
   uint64_t length() const { return length_; }
-  // MRs registered over it: ibv_free_dm refuses (EBUSY) while any.
-  void attach() { users_.fetch_add(1, std::memory_order_relaxed); }
-  void detach() { users_.fetch_sub(1, std::memory_order_relaxed); }
-  bool in_use() const { return users_.load(std::memory_order_relaxed) != 0; }
 
  private:
   DeviceMemory(Context& context, void* base, uint64_t length, uint64_t mapped, uint32_t handle)
@@ -50,7 +47,6 @@ class DeviceMemory {
   uint64_t length_;
   uint64_t mapped_;  // whole pages
   uint32_t handle_;
-  std::atomic<uint32_t> users_{0};
 };
 
 }  // namespace softhca::engine

@@ -6,12 +6,13 @@
 #include <cstdint>
 
 #include "common/result.hpp"
+#include "engine/user_count.hpp"
 
 namespace softhca::engine {
 
 class Context;
 
-class ProtectionDomain {
+class ProtectionDomain : public UserCount {
  public:
   // A new PD with a host-unique id; not_enough_memory at max_pd.
   static Result<ProtectionDomain*> create(Context& context);
@@ -21,17 +22,12 @@ class ProtectionDomain {
 
   Context& context() { return context_; }
   uint32_t id() const { return id_; }
-  // Objects that must be destroyed before the PD (EBUSY otherwise).
-  void attach() { users_.fetch_add(1, std::memory_order_relaxed); }
-  void detach() { users_.fetch_sub(1, std::memory_order_relaxed); }
-  bool in_use() const { return users_.load(std::memory_order_relaxed) != 0; }
 
  private:
   ProtectionDomain(Context& context, uint32_t id) : context_(context), id_(id) {}
 
   Context& context_;
   uint32_t id_;
-  std::atomic<uint32_t> users_{0};
 };
 
 }  // namespace softhca::engine

@@ -11,12 +11,13 @@
 #include <cstdint>
 
 #include "common/result.hpp"
+#include "engine/user_count.hpp"
 
 namespace softhca::engine {
 
 class Context;
 
-class XrcDomain {
+class XrcDomain : public UserCount {
  public:
   // ibv_open_xrcd: `fd` -1 (oflags must hold O_CREAT) or an open file;
   // O_CREAT|O_EXCL on a file whose domain this process already has open is
@@ -29,10 +30,6 @@ class XrcDomain {
   Context& context() { return context_; }
   // Never 0. Equal for domains of the same file on this host.
   uint32_t id() const { return id_; }
-  // SRQs and TGT QPs in the domain: ibv_close_xrcd refuses (EBUSY) while any.
-  void attach() { users_.fetch_add(1, std::memory_order_relaxed); }
-  void detach() { users_.fetch_sub(1, std::memory_order_relaxed); }
-  bool in_use() const { return users_.load(std::memory_order_relaxed) != 0; }
 
  private:
   XrcDomain(Context& context, uint32_t id, dev_t dev, ino_t ino) : context_(context), id_(id), dev_(dev), ino_(ino) {}
@@ -41,7 +38,6 @@ class XrcDomain {
   uint32_t id_;
   dev_t dev_;
   ino_t ino_;  // 0 for a domain without a file
-  std::atomic<uint32_t> users_{0};
 };
 
 }  // namespace softhca::engine
