@@ -56,25 +56,24 @@ Result<void> check_memory(const void* addr, uint64_t length, uint32_t access) {
   return ok;
 }
 
-// Moves the MR's pages into the process's backing file so that peers on the
-// host map them (SOFTHCA_SHARED_MR); memory that cannot move stays where it
-// is and is reached by copying. The offset of `addr` in the file, or
-// kNotShared.
-uint64_t share_pages(Node& node, void* addr, uint64_t length, std::optional<host::SharedPages>& out) {
+// Moves the MR's whole pages into the process's backing file so that peers
+// on the host map them (SOFTHCA_SHARED_MR); memory that cannot move stays
+// where it is and is reached by copying. What moved (empty: nothing).
+host::SharedSpan share_pages(Node& node, void* addr, uint64_t length, std::optional<host::SharedPages>& out) {
   out.reset();
-  if (setting_number(SettingId::kSharedMr) != 0) return host::kNotShared;
+  if (setting_number(SettingId::kSharedMr) != 0) return host::SharedSpan{};
   auto& backing = host::MemoryBacking::process();
   auto pages = backing.share(addr, length);
   if (!pages) {
     if (pages.error() != std::errc::not_supported)
       SOFTHCA_DEBUG("reg_mr: %p + %#llx stays private: %s", addr, static_cast<unsigned long long>(length),
                     std::make_error_code(pages.error()).message().c_str());
-    return host::kNotShared;
+    return host::SharedSpan{};
   }
   node.registry().publish_backing(node.proc(), static_cast<uint32_t>(backing.fd()),
                                   static_cast<uint64_t>(backing.inode()));
   out = *pages;
-  return pages->offset + (reinterpret_cast<uint64_t>(addr) - pages->begin);
+  return host::SharedSpan{pages->begin, pages->length, pages->offset};
 }
 
 }  // namespace
@@ -99,11 +98,11 @@ Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uin
   // An on-demand MR follows the process's page table (a range unmapped and
   // mapped again is the new memory): its pages never move into the shared
   // file, peers reach them by copying.
-  const uint64_t shared_offset = (access & IBV_ACCESS_ON_DEMAND) || empty
-                                      ? host::kNotShared
+  const host::SharedSpan shared = (access & IBV_ACCESS_ON_DEMAND) || empty
+                                      ? host::SharedSpan{}
                                       : share_pages(node, addr, length, mr->shared_);
   auto key = node.registry().allocate_mr(node.proc(), pd.id(), access, iova, length,
-                                         reinterpret_cast<uint64_t>(addr), shared_offset);
+                                         reinterpret_cast<uint64_t>(addr), shared);
   if (!key) {
     if (mr->shared_) host::MemoryBacking::process().unshare(*mr->shared_);
     delete mr;
@@ -167,21 +166,21 @@ Result<void> MemoryRegion::rereg(int flags, ProtectionDomain* pd, void* addr, ui
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) access_ = access;
   Node& node = pd_->context().node();
   std::optional<host::SharedPages> old_shared = shared_;
-  uint64_t shared_offset = shared_ ? shared_->offset + (reinterpret_cast<uint64_t>(addr_) - shared_->begin)
-                                   : host::kNotShared;
+  host::SharedSpan shared = shared_ ? host::SharedSpan{shared_->begin, shared_->length, shared_->offset}
+                                    : host::SharedSpan{};
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     addr_ = addr;
     length_ = length;
     iova_ = reinterpret_cast<uint64_t>(addr);
     if (access_ & IBV_ACCESS_ON_DEMAND) {
       shared_.reset();
-      shared_offset = host::kNotShared;
+      shared = host::SharedSpan{};
     } else {
-      shared_offset = share_pages(node, addr_, length_, shared_);
+      shared = share_pages(node, addr_, length_, shared_);
     }
   }
   node.registry().update_mr(key_, pd_->id(), access_, iova_, length_, reinterpret_cast<uint64_t>(addr_),
-                            shared_offset);
+                            shared);
   // As for dereg: no access under the old translation or rights outlives the call.
   node.registry().fence_accesses(node.proc());
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && old_shared) host::MemoryBacking::process().unshare(*old_shared);

@@ -47,14 +47,14 @@ host::WindowBinding binding_for(const host::MrRecord& window, const host::MrReco
   host::WindowBinding w{};
   w.new_key = (window.key & ~0xFFu) | (b.new_key & 0xFFu);
   w.length = b.length;
-  w.shared_offset = host::kNotShared;
+  w.shared = host::SharedSpan{};
   if (b.length == 0 || mr == nullptr) return w;
   const uint64_t offset = b.addr - mr->iova;
   w.access = b.access & kRemoteAccess;
   // Zero based: peers address the window from 0, wherever it starts in the MR.
   w.iova = (b.access & IBV_ACCESS_ZERO_BASED) ? 0 : b.addr;
   w.host_addr = mr->host_addr + offset;
-  w.shared_offset = mr->shared_offset == host::kNotShared ? host::kNotShared : mr->shared_offset + offset;
+  w.shared = mr->shared.within(w.host_addr, b.length);
   w.qpn = window.kind == host::kKeyWindow2 ? qpn : 0;
   return w;
 }

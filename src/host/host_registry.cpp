@@ -18,16 +18,24 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 9;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
+constexpr uint32_t kVersion = 10;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
                                   // 6: shared registered memory; 7: counters by writer, QP
                                   // destruction fenced by the access slots; 8: QP slots
                                   // carry the incarnation; 9: memory windows in the MR
-                                  // table (kind, parent, qpn, windows)
+                                  // table (kind, parent, qpn, windows); 10: an MR's shared
+                                  // span (whole pages only)
 
 uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// Inside a slot's seqlock write.
+void store_shared(MrSlot& slot, const SharedSpan& shared) {
+  slot.shared_addr.store(shared.addr, std::memory_order_relaxed);
+  slot.shared_length.store(shared.length, std::memory_order_relaxed);
+  slot.shared_offset.store(shared.offset, std::memory_order_relaxed);
 }
 
 void init_layout(RegistryLayout* layout) {
@@ -243,7 +251,7 @@ const QpSlot* HostRegistry::find_qp(uint32_t qpn) const {
 
 Result<uint32_t> HostRegistry::allocate_key_locked(uint32_t proc, uint32_t pd_id, uint32_t kind, uint32_t access,
                                                    uint64_t iova, uint64_t length, uint64_t host_addr,
-                                                   uint64_t shared_offset) {
+                                                   SharedSpan shared) {
   for (uint32_t n = 0; n < kMaxMrSlots; ++n) {
     const uint32_t index = (layout_->mr_cursor + n) % kMaxMrSlots;
     MrSlot& slot = layout_->mrs[index];
@@ -265,7 +273,7 @@ Result<uint32_t> HostRegistry::allocate_key_locked(uint32_t proc, uint32_t pd_id
     slot.iova.store(iova, std::memory_order_relaxed);
     slot.length.store(length, std::memory_order_relaxed);
     slot.host_addr.store(host_addr, std::memory_order_relaxed);
-    slot.shared_offset.store(shared_offset, std::memory_order_relaxed);
+    store_shared(slot, shared);
     slot.kind.store(kind, std::memory_order_relaxed);
     slot.parent.store(0, std::memory_order_relaxed);
     slot.qpn.store(0, std::memory_order_relaxed);
@@ -278,16 +286,16 @@ Result<uint32_t> HostRegistry::allocate_key_locked(uint32_t proc, uint32_t pd_id
 }
 
 Result<uint32_t> HostRegistry::allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova,
-                                           uint64_t length, uint64_t host_addr, uint64_t shared_offset) {
+                                           uint64_t length, uint64_t host_addr, SharedSpan shared) {
   lock();
-  auto key = allocate_key_locked(proc, pd_id, kKeyRegion, access, iova, length, host_addr, shared_offset);
+  auto key = allocate_key_locked(proc, pd_id, kKeyRegion, access, iova, length, host_addr, shared);
   unlock();
   return key;
 }
 
 Result<uint32_t> HostRegistry::allocate_window(uint32_t proc, uint32_t pd_id, uint32_t kind) {
   lock();
-  auto key = allocate_key_locked(proc, pd_id, kind, 0, 0, 0, 0, kNotShared);
+  auto key = allocate_key_locked(proc, pd_id, kind, 0, 0, 0, 0, SharedSpan{});
   unlock();
   return key;
 }
@@ -352,7 +360,7 @@ Result<void> HostRegistry::bind_window(uint32_t key, uint32_t proc, const MrReco
   slot.iova.store(b.length != 0 ? b.iova : 0, std::memory_order_relaxed);
   slot.length.store(b.length, std::memory_order_relaxed);
   slot.host_addr.store(b.length != 0 ? b.host_addr : 0, std::memory_order_relaxed);
-  slot.shared_offset.store(b.length != 0 ? b.shared_offset : kNotShared, std::memory_order_relaxed);
+  store_shared(slot, b.length != 0 ? b.shared : SharedSpan{});
   slot.qpn.store(b.length != 0 ? b.qpn : 0, std::memory_order_relaxed);
   if (parent != nullptr) {
     parent->windows.fetch_add(1, std::memory_order_relaxed);
@@ -380,7 +388,7 @@ Result<void> HostRegistry::invalidate_window(uint32_t key, uint32_t proc, uint32
   slot.iova.store(0, std::memory_order_relaxed);
   slot.length.store(0, std::memory_order_seq_cst);  // see begin_access
   slot.host_addr.store(0, std::memory_order_relaxed);
-  slot.shared_offset.store(kNotShared, std::memory_order_relaxed);
+  store_shared(slot, SharedSpan{});
   slot.qpn.store(0, std::memory_order_relaxed);
   slot.seq.fetch_add(1, std::memory_order_seq_cst);
   unlock();
@@ -393,7 +401,7 @@ bool HostRegistry::windows_bound(uint32_t key) const {
 }
 
 void HostRegistry::update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
-                             uint64_t host_addr, uint64_t shared_offset) {
+                             uint64_t host_addr, SharedSpan shared) {
   lock();
   MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
   if (slot.key.load(std::memory_order_relaxed) == key) {
@@ -403,7 +411,7 @@ void HostRegistry::update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint
     slot.iova.store(iova, std::memory_order_relaxed);
     slot.length.store(length, std::memory_order_relaxed);
     slot.host_addr.store(host_addr, std::memory_order_relaxed);
-    slot.shared_offset.store(shared_offset, std::memory_order_relaxed);
+    store_shared(slot, shared);
     slot.seq.fetch_add(1, std::memory_order_seq_cst);  // see begin_access
   }
   unlock();
@@ -426,7 +434,9 @@ bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
     out.iova = slot.iova.load(std::memory_order_acquire);
     out.length = slot.length.load(std::memory_order_acquire);
     out.host_addr = slot.host_addr.load(std::memory_order_acquire);
-    out.shared_offset = slot.shared_offset.load(std::memory_order_acquire);
+    out.shared.addr = slot.shared_addr.load(std::memory_order_acquire);
+    out.shared.length = slot.shared_length.load(std::memory_order_acquire);
+    out.shared.offset = slot.shared_offset.load(std::memory_order_acquire);
     out.kind = slot.kind.load(std::memory_order_acquire);
     out.parent = slot.parent.load(std::memory_order_acquire);
     out.qpn = slot.qpn.load(std::memory_order_acquire);

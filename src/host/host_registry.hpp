@@ -31,8 +31,27 @@ inline constexpr uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special; start above
 inline constexpr uint32_t kMaxMcastGroups = 256;   // multicast groups with at least one member, host-wide
 inline constexpr uint32_t kMaxMcastMembers = 32;   // UD QPs attached to one group
 inline constexpr uint32_t kAccessSlotsPerProc = 16;  // threads of one process inside peers' memory at once
-// MrSlot::shared_offset of memory that peers reach only by copying (process_vm_*).
-inline constexpr uint64_t kNotShared = ~uint64_t{0};
+// The part of a registered range that lives in its owner's backing file
+// (host/memory_backing.hpp): [addr, addr + length) of the owner's address
+// space is at `offset` in the file. Only whole pages move there, so it is the
+// page-aligned inside of an MR; the partial pages at its ends, and all of an
+// MR with length 0 here, peers reach by copying (process_vm_*). No
+// initializers, for MrRecord's sake: value-initialise (SharedSpan{}) for none.
+struct SharedSpan {
+  uint64_t addr, length, offset;
+  // Whether [a, a + n) lies inside the span (never for an empty span).
+  bool holds(uint64_t a, uint64_t n) const { return length != 0 && a >= addr && n <= length && a - addr <= length - n; }
+  // The file offset of address `a`, which the span holds.
+  uint64_t offset_of(uint64_t a) const { return offset + (a - addr); }
+  // The part of the span inside [a, a + n): what a window over that range shares.
+  SharedSpan within(uint64_t a, uint64_t n) const {
+    const uint64_t lo = a > addr ? a : addr;
+    const uint64_t hi = a + n < addr + length ? a + n : addr + length;
+    if (length == 0 || hi <= lo) return SharedSpan{};
+    return SharedSpan{lo, hi - lo, offset_of(lo)};
+  }
+  bool operator==(const SharedSpan&) const = default;
+};
 
 struct ProcSlot {
   std::atomic<uint32_t> pid;   // 0 = free
@@ -75,7 +94,10 @@ struct MrSlot {
   std::atomic<uint64_t> iova;        // the address remote peers use
   std::atomic<uint64_t> length;      // a window: 0 while unbound (invalid)
   std::atomic<uint64_t> host_addr;   // where iova maps in the owner's address space
-  std::atomic<uint64_t> shared_offset;  // of host_addr in the owner's backing file, or kNotShared
+  // The SharedSpan of the range (shared_length 0: none).
+  std::atomic<uint64_t> shared_addr;
+  std::atomic<uint64_t> shared_length;
+  std::atomic<uint64_t> shared_offset;
   std::atomic<uint32_t> kind;        // kKeyRegion, kKeyWindow1, kKeyWindow2
   std::atomic<uint32_t> parent;      // a bound window: its MR's key (0 unbound)
   std::atomic<uint32_t> qpn;         // a bound type 2 window: the one QP it serves
@@ -87,7 +109,7 @@ struct MrSlot {
 struct MrRecord {
   uint32_t key, proc, pd_id, access;
   uint64_t iova, length, host_addr;
-  uint64_t shared_offset;
+  SharedSpan shared;
   uint32_t kind, parent, qpn, windows;
 };
 
@@ -96,7 +118,8 @@ struct MrRecord {
 struct WindowBinding {
   uint32_t new_key;
   uint32_t access;
-  uint64_t iova, length, host_addr, shared_offset;
+  uint64_t iova, length, host_addr;
+  SharedSpan shared;
   uint32_t qpn;  // type 2: the QP it is bound to
 };
 
@@ -180,13 +203,13 @@ class HostRegistry {
   const QpSlot* find_qp(uint32_t qpn) const;
 
   Result<uint32_t> allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
-                               uint64_t host_addr, uint64_t shared_offset = kNotShared);
+                               uint64_t host_addr, SharedSpan shared = SharedSpan{});
   // Releases key `key` (an MR or a window; an MR only while no window is
   // bound to it: false, and nothing changes, otherwise).
   bool release_mr(uint32_t key);
   // Updates a registered MR in place (rereg); the key stays the same.
   void update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length, uint64_t host_addr,
-                 uint64_t shared_offset = kNotShared);
+                 SharedSpan shared = SharedSpan{});
   // Tells peers where process `proc`'s backing file is (see ProcSlot).
   void publish_backing(uint32_t proc, uint32_t fd, uint64_t inode);
   // A consistent copy of the MR for `key`, or false if the key is not registered.
@@ -266,7 +289,7 @@ class HostRegistry {
   void unlock();
   void reclaim_dead_locked();
   Result<uint32_t> allocate_key_locked(uint32_t proc, uint32_t pd_id, uint32_t kind, uint32_t access, uint64_t iova,
-                                       uint64_t length, uint64_t host_addr, uint64_t shared_offset);
+                                       uint64_t length, uint64_t host_addr, SharedSpan shared);
   // A window's MR no longer counts it as bound.
   void unbind_locked(MrSlot& window);
   void release_process_objects_locked(uint32_t proc);

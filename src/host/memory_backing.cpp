@@ -241,9 +241,10 @@ void MemoryBacking::move_out_locked(uint64_t begin, uint64_t end, uint64_t offse
 Result<SharedPages> MemoryBacking::share(const void* addr, uint64_t length) {
   const uint64_t start = reinterpret_cast<uint64_t>(addr);
   if (length == 0 || start + length < start) return fail(std::errc::invalid_argument);
-  const uint64_t begin = start & ~(kPage - 1);
-  const uint64_t end = (start + length + kPage - 1) & ~(kPage - 1);
-  if (end < begin || end == 0) return fail(std::errc::invalid_argument);
+  // Whole pages only (see the header): the partial ones stay where they are.
+  const uint64_t begin = (start + kPage - 1) & ~(kPage - 1);
+  const uint64_t end = (start + length) & ~(kPage - 1);
+  if (begin < start || end <= begin) return fail(std::errc::not_supported);
 
   std::lock_guard lock(mutex_);
   auto after = ranges_.upper_bound(begin);

@@ -4,6 +4,14 @@
 // contents, so that a peer that maps the file reaches them with plain loads
 // and stores instead of a process_vm_writev per operation.
 //
+// Only the pages a registered range covers whole move: a partial page at
+// either end also holds the application's other objects (a heap buffer's
+// neighbours, a mutex another thread is taking), and those must never be
+// write-protected, not even for the moment of the move. A thread that blocks
+// SIGSEGV would be killed by the kernel for storing there, and a system call
+// writing there would fail with EFAULT. Peers reach the partial pages by
+// copying (process_vm_*), as they reach memory that cannot move.
+//
 // Moving pages is safe against this process's other threads: WriteGuard
 // holds their stores off while the pages are copied into the file and the
 // file is mapped over them. Only private anonymous read-write memory is moved
@@ -43,10 +51,11 @@ class MemoryBacking {
  public:
   static MemoryBacking& process();
 
-  // Moves the pages holding [addr, addr + length) into the file, or finds
-  // them there already (counted: each share() needs its unshare()).
-  // Errors: not_supported when the memory cannot be moved (not private
-  // anonymous read-write, or overlapping only part of pages moved before);
+  // Moves the whole pages inside [addr, addr + length) into the file, or
+  // finds them there already (counted: each share() needs its unshare()).
+  // Errors: not_supported when the memory cannot be moved (no whole page in
+  // the range, not private anonymous read-write, or overlapping only part of
+  // pages moved before);
   // invalid_argument for an empty or wrapping range; those of memfd_create,
   // ftruncate, mprotect and mmap otherwise.
   Result<SharedPages> share(const void* addr, uint64_t length);

@@ -3,10 +3,12 @@
 // memory as the file, go back to private memory at the last unshare, and no
 // store of a concurrent thread is lost while they move.
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,8 +117,7 @@ TEST(MemoryBacking, SharedPagesKeepTheirContentsAndAreTheFilesPages) {
   ASSERT_NE(pages.bytes, nullptr);
   for (size_t i = 0; i < pages.length; ++i) pages.bytes[i] = static_cast<uint8_t>(i * 7 + 3);
   auto& backing = MemoryBacking::process();
-  // Not page-aligned: the pages holding the range move.
-  auto shared = backing.share(pages.bytes + 100, pages.length - 200);
+  auto shared = backing.share(pages.bytes, pages.length);
   ASSERT_TRUE(shared) << static_cast<int>(shared.error());
   EXPECT_EQ(shared->begin, reinterpret_cast<uint64_t>(pages.bytes));
   EXPECT_EQ(shared->length, pages.length);
@@ -173,8 +174,9 @@ TEST(MemoryBacking, ARangeInsideSharedPagesSharesThemAndOnlyTheLastUnshareMovesT
   auto& backing = MemoryBacking::process();
   auto whole = backing.share(pages.bytes, pages.length);
   ASSERT_TRUE(whole);
-  auto part = backing.share(pages.bytes + kPage + 10, 20);
+  auto part = backing.share(pages.bytes + kPage - 10, kPage + 30);  // holds page 1 whole
   ASSERT_TRUE(part);
+  EXPECT_EQ(part->length, kPage);
   EXPECT_EQ(part->begin, whole->begin + kPage);
   EXPECT_EQ(part->offset, whole->offset + kPage);
   // Partly over the shared pages and partly beyond: not supported.
@@ -184,6 +186,77 @@ TEST(MemoryBacking, ARangeInsideSharedPagesSharesThemAndOnlyTheLastUnshareMovesT
   EXPECT_EQ(line_at(pages.bytes).inode, backing.inode()) << "one use is left";
   backing.unshare(*part);
   EXPECT_EQ(line_at(pages.bytes).inode, 0u);
+}
+
+// The partial pages at a range's ends hold the application's other objects:
+// they never move, so nothing of theirs is ever write-protected.
+TEST(MemoryBacking, OnlyWholePagesMoveAndTheirNeighboursStayPrivate) {
+  Pages pages(4);
+  auto& backing = MemoryBacking::process();
+  auto shared = backing.share(pages.bytes + 100, pages.length - 200);
+  ASSERT_TRUE(shared);
+  EXPECT_EQ(shared->begin, reinterpret_cast<uint64_t>(pages.bytes + kPage));
+  EXPECT_EQ(shared->length, 2 * kPage);
+  EXPECT_EQ(line_at(pages.bytes).perms, "rw-p");
+  EXPECT_EQ(line_at(pages.bytes + kPage).perms, "rw-s");
+  EXPECT_EQ(line_at(pages.bytes + 3 * kPage - 1).perms, "rw-s");
+  EXPECT_EQ(line_at(pages.bytes + 3 * kPage).perms, "rw-p");
+  EXPECT_EQ(backing.share(pages.bytes + 10, kPage).error(), std::errc::not_supported) << "no whole page";
+  EXPECT_EQ(backing.share(pages.bytes + 3 * kPage + 1, 100).error(), std::errc::not_supported);
+  backing.unshare(*shared);
+  EXPECT_EQ(line_at(pages.bytes + kPage).perms, "rw-p");
+}
+
+namespace {
+
+// In a child: one thread with every signal blocked stores into the partial
+// pages around a range, another has the kernel write there (getcpu), while
+// the range moves in and out. Were those pages ever guarded, the kernel
+// would kill the child for the blocked SIGSEGV, or getcpu would fail with
+// EFAULT. Exit status: 0, or 3 if a system call failed.
+[[noreturn]] void store_beside_moving_pages() {
+  ::alarm(60);  // bounded: a hang ends the child with SIGALRM
+  Pages pages(4);
+  auto* head = reinterpret_cast<volatile uint64_t*>(pages.bytes + 8);
+  auto* tail = reinterpret_cast<volatile uint64_t*>(pages.bytes + pages.length - 16);
+  auto* by_kernel = reinterpret_cast<unsigned*>(pages.bytes + pages.length - 64);
+  std::atomic<bool> stop{false};
+  std::atomic<int> faults{0};
+  std::thread storer([&] {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    for (uint64_t n = 1; !stop.load(std::memory_order_relaxed); ++n) {
+      *head = n;
+      *tail = n;
+    }
+  });
+  std::thread caller([&] {
+    while (!stop.load(std::memory_order_relaxed))
+      if (::syscall(SYS_getcpu, by_kernel, nullptr, nullptr) != 0) faults.fetch_add(1);
+  });
+  auto& backing = MemoryBacking::process();
+  for (int i = 0; i < 300; ++i) {
+    auto shared = backing.share(pages.bytes + 100, pages.length - 200);
+    if (!shared) std::_Exit(4);
+    backing.unshare(*shared);
+  }
+  stop = true;
+  storer.join();
+  caller.join();
+  std::_Exit(faults.load() == 0 ? 0 : 3);
+}
+
+}  // namespace
+
+TEST(MemoryBacking, StoresNextToMovingPagesNeedNoSignalAndNeverFail) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) store_beside_moving_pages();
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: the kernel could not write beside the moving pages";
 }
 
 TEST(MemoryBacking, MemoryThatCannotMoveIsNotSupported) {

@@ -34,7 +34,7 @@ MrRecord region(uint32_t access) {
   r.iova = 0x10000;
   r.length = 0x1000;
   r.host_addr = 0x7f0000;
-  r.shared_offset = 0x2000;
+  r.shared = host::SharedSpan{0x7f0000, 0x1000, 0x2000};
   r.kind = kKeyRegion;
   return r;
 }
@@ -155,7 +155,7 @@ TEST(BindRules, TheBindingDescribesThePartOfTheMr) {
   EXPECT_EQ(w.iova, 0x10100u);
   EXPECT_EQ(w.length, 0x80u);
   EXPECT_EQ(w.host_addr, 0x7f0100u);
-  EXPECT_EQ(w.shared_offset, 0x2100u);
+  EXPECT_EQ(w.shared, (host::SharedSpan{0x7f0100, 0x80, 0x2100}));
   EXPECT_EQ(w.access, kRw) << "remote rights only";
   EXPECT_EQ(w.qpn, 0x42u);
   w = engine::binding_for(window(kKeyWindow2), &mr, request(0x10100, 0x80, kRw | IBV_ACCESS_ZERO_BASED), 0x42);
@@ -163,6 +163,23 @@ TEST(BindRules, TheBindingDescribesThePartOfTheMr) {
   EXPECT_EQ(w.host_addr, 0x7f0100u);
   w = engine::binding_for(window(kKeyWindow1), &mr, request(0x10100, 0x80, kRw), 0x42);
   EXPECT_EQ(w.qpn, 0u) << "a type 1 window serves every QP of its PD";
+}
+
+// Only an MR's whole pages live in the shared file: a window shares the part
+// of them it covers, and accesses reaching beyond them are copied.
+TEST(SharedSpans, AWindowSharesWhatItsMrSharesOfItsRange) {
+  const host::SharedSpan mr{0x7f1000, 0x2000, 0x5000};  // the MR's inside, pages 1 and 2
+  EXPECT_EQ(mr.within(0x7f0ff0, 0x20), (host::SharedSpan{0x7f1000, 0x10, 0x5000})) << "over the head page";
+  EXPECT_EQ(mr.within(0x7f2ff0, 0x100), (host::SharedSpan{0x7f2ff0, 0x10, 0x6ff0})) << "over the tail page";
+  EXPECT_EQ(mr.within(0x7f0000, 0x800), host::SharedSpan{}) << "only the head page";
+  EXPECT_EQ(mr.within(0x7f3000, 0x10), host::SharedSpan{}) << "only the tail page";
+  EXPECT_EQ(host::SharedSpan{}.within(0x7f1000, 0x10), host::SharedSpan{}) << "an MR with nothing shared";
+  EXPECT_TRUE(mr.holds(0x7f1000, 0x2000));
+  EXPECT_TRUE(mr.holds(0x7f2fff, 1));
+  EXPECT_FALSE(mr.holds(0x7f0fff, 2)) << "one byte in the head page";
+  EXPECT_FALSE(mr.holds(0x7f2fff, 2)) << "one byte in the tail page";
+  EXPECT_FALSE(host::SharedSpan{}.holds(0, 0));
+  EXPECT_EQ(mr.offset_of(0x7f1234), 0x5234u);
 }
 
 // --- the registry's window keys ---
@@ -202,7 +219,7 @@ TEST_F(RegistryWindows, BindInvalidateRelease) {
   b.iova = 0x10000;
   b.length = 0x100;
   b.host_addr = 0x7f0000;
-  b.shared_offset = host::kNotShared;
+  b.shared = host::SharedSpan{};
   b.qpn = 0x99;
   ASSERT_TRUE(registry_->bind_window(*w, proc_, mr, b).has_value());
   EXPECT_FALSE(registry_->lookup_mr(*w, rec)) << "the old key went";

@@ -30,7 +30,7 @@ bool ShmResponderPort::KeysInUse::still_valid(host::HostRegistry& registry) cons
     const host::MrRecord& then = records_[i];
     if (!registry.lookup_mr(then.key, now) || now.proc != then.proc || now.pd_id != then.pd_id ||
         now.access != then.access || now.iova != then.iova || now.length != then.length ||
-        now.host_addr != then.host_addr || now.shared_offset != then.shared_offset)
+        now.host_addr != then.host_addr || now.shared != then.shared)
       return false;
   }
   return true;
@@ -74,8 +74,10 @@ bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
   for (int i = 0; i < n; ++i) {
     const uint64_t addr = reinterpret_cast<uint64_t>(target[i].iov_base);
     const host::MrRecord* mr = keys_.holding(addr, target[i].iov_len);
-    if (mr == nullptr || mr->shared_offset == host::kNotShared) return false;
-    const uint64_t offset = mr->shared_offset + (addr - mr->host_addr);
+    // Only whole pages are in the file: a range reaching a partial page at
+    // the MR's ends is copied, all of it.
+    if (mr == nullptr || !mr->shared.holds(addr, target[i].iov_len)) return false;
+    const uint64_t offset = mr->shared.offset_of(addr);
     const uint64_t end = offset + target[i].iov_len;
     if (owner.backing == nullptr || end > owner.backing_length) {
       const host::PeerBackings::View view = host_.backing_view(owner.proc, end);
