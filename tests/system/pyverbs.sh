@@ -64,6 +64,18 @@ else
   run=()
 fi
 
+# The huge-page tests (ODP and parent domain with MAP_HUGETLB buffers) skip
+# unless 2 MiB pages are reserved. As root, with none reserved, reserve 32
+# (64 MiB) for the run and give them back after; a host that has some keeps
+# its setting. SOFTHCA_PYVERBS_HUGEPAGES=0 leaves the host alone.
+huge=/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages
+if [[ $EUID -eq 0 && -w $huge && ${SOFTHCA_PYVERBS_HUGEPAGES:-32} -gt 0 && $(cat "$huge") -eq 0 ]]; then
+  if echo "${SOFTHCA_PYVERBS_HUGEPAGES:-32}" >"$huge" 2>/dev/null; then
+    trap 'echo 0 >"$huge"; rm -rf "$work"' EXIT
+    echo "pyverbs.sh: reserved $(cat "$huge") huge pages of 2 MiB for the run"
+  fi
+fi
+
 # softhca's own messages go to a file of their own: a warning from a test's
 # child process (rdmacm peers are forked and leave with os._exit, so one may
 # die holding a shared lock that the next user recovers) would otherwise land
