@@ -203,8 +203,7 @@ Result<void> MemoryBacking::move_in_locked(uint64_t begin, uint64_t end, uint64_
     if (mapped == MAP_FAILED) {
       // This piece's old pages are still there, whole: make them writable
       // again, and move the pieces before it back.
-      ::mprotect(reinterpret_cast<void*>(at), length, PROT_READ | PROT_WRITE);
-      WriteGuard::release();
+      WriteGuard::restore();
       if (at > begin) move_out_locked(begin, at, offset);
       return copied ? fail(static_cast<std::errc>(err)) : copied;
     }
@@ -231,10 +230,11 @@ void MemoryBacking::move_out_locked(uint64_t begin, uint64_t end, uint64_t offse
     if (copied)
       moved = move_over(fresh, length, at);
     if (moved == MAP_FAILED) {
-      ::mprotect(reinterpret_cast<void*>(at), length, PROT_READ | PROT_WRITE);
       ::munmap(fresh, length);
+      WriteGuard::restore();
+    } else {
+      WriteGuard::release();
     }
-    WriteGuard::release();
   }
 }
 

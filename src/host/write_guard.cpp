@@ -1,7 +1,10 @@
 #include "host/write_guard.hpp"
 
+#include <fcntl.h>
 #include <linux/futex.h>
+#include <linux/userfaultfd.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -37,6 +40,75 @@ std::atomic<size_t> recent_next{0};
 
 struct sigaction previous_action {};
 std::atomic<bool> installed{false};
+
+// Linux 6.4's flag, newer than Debian 12's headers: write protection covers
+// pages never touched yet (else a store there would take a fresh page,
+// unguarded, and be lost under the new mapping).
+#ifndef UFFD_FEATURE_WP_UNPOPULATED
+#define UFFD_FEATURE_WP_UNPOPULATED (1 << 13)
+#endif
+constexpr uint64_t kUffdFeatures = UFFD_FEATURE_WP_UNPOPULATED | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+
+// The process's userfaultfd, opened at the first guard. Only guards touch it,
+// and callers serialize guards. A forked child inherits the descriptor, but
+// it names the parent's address space: the child opens its own.
+struct FaultWaiter {
+  int fd = -1;
+  pid_t owner = 0;  // the process that opened fd
+  WriteGuard::Method method = WriteGuard::Method::kSignal;
+};
+FaultWaiter waiter;
+std::atomic<bool> signals_only{false};
+bool guard_by_uffd = false;  // the guard up now
+
+void open_waiter() {
+  const pid_t self = ::getpid();
+  if (waiter.owner == self) return;
+  if (waiter.fd >= 0) ::close(waiter.fd);  // the parent's
+  waiter = FaultWaiter{};
+  waiter.owner = self;
+  // The full context first (system calls' writes wait too), else the
+  // user-mode one unprivileged processes may open.
+  for (const int mode : {0, static_cast<int>(UFFD_USER_MODE_ONLY)}) {
+    const int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | mode));
+    if (fd < 0) continue;
+    uffdio_api api{};
+    api.api = UFFD_API;
+    api.features = kUffdFeatures;
+    if (::ioctl(fd, UFFDIO_API, &api) == 0) {
+      waiter.fd = fd;
+      waiter.method = mode == 0 ? WriteGuard::Method::kAllFaults : WriteGuard::Method::kUserFaultsOnly;
+      return;
+    }
+    const int err = errno;
+    ::close(fd);
+    if (err == EINVAL) return;  // a kernel without these features
+  }
+}
+
+bool uffd_protect(uint64_t begin, uint64_t end) {
+  uffdio_register reg{};
+  reg.range.start = begin;
+  reg.range.len = end - begin;
+  reg.mode = UFFDIO_REGISTER_MODE_WP;
+  if (::ioctl(waiter.fd, UFFDIO_REGISTER, &reg) != 0) return false;  // the application's own, or a kind it refuses
+  uffdio_writeprotect wp{};
+  wp.range = reg.range;
+  wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+  if (::ioctl(waiter.fd, UFFDIO_WRITEPROTECT, &wp) == 0) return true;
+  ::ioctl(waiter.fd, UFFDIO_UNREGISTER, &reg.range);
+  return false;
+}
+
+// Counts the faults waiting now; they stay parked until woken.
+void count_waiting_faults() {
+  uffd_msg msgs[16];
+  for (;;) {
+    const ssize_t n = ::read(waiter.fd, msgs, sizeof msgs);
+    if (n <= 0) return;
+    parked.fetch_add(static_cast<uint64_t>(n) / sizeof(uffd_msg), std::memory_order_relaxed);
+  }
+}
 
 int64_t now_ns() {
   timespec ts{};
@@ -123,6 +195,11 @@ Result<void> install_handler() {
 }  // namespace
 
 Result<void> WriteGuard::protect(uint64_t begin, uint64_t end) {
+  open_waiter();
+  guard_begin.store(begin, std::memory_order_release);
+  guard_end.store(end, std::memory_order_release);
+  guard_by_uffd = waiter.fd >= 0 && !signals_only.load(std::memory_order_relaxed) && uffd_protect(begin, end);
+  if (guard_by_uffd) return {};
   if (auto ok = install_handler(); !ok) return ok;
   static uint32_t generation = 1;  // callers serialize; odd values only
   guard_begin.store(begin, std::memory_order_release);
@@ -138,6 +215,16 @@ Result<void> WriteGuard::protect(uint64_t begin, uint64_t end) {
 }
 
 void WriteGuard::release() {
+  if (guard_by_uffd) {
+    // The range is a new mapping now (nothing registered there): the
+    // parked threads retry their faults on it.
+    count_waiting_faults();
+    uffdio_range range{guard_begin.load(std::memory_order_relaxed),
+                       guard_end.load(std::memory_order_relaxed) - guard_begin.load(std::memory_order_relaxed)};
+    ::ioctl(waiter.fd, UFFDIO_WAKE, &range);
+    guard_by_uffd = false;
+    return;
+  }
   // Recorded before the state drops, so a late handler finds the range.
   const size_t slot = recent_next.fetch_add(1, std::memory_order_relaxed) % kRecent;
   recent[slot].released_ns.store(0, std::memory_order_release);  // void while it changes
@@ -148,6 +235,31 @@ void WriteGuard::release() {
   futex_wake_all(guard_state);
 }
 
+void WriteGuard::restore() {
+  const uint64_t begin = guard_begin.load(std::memory_order_relaxed);
+  const uint64_t end = guard_end.load(std::memory_order_relaxed);
+  if (guard_by_uffd) {
+    count_waiting_faults();
+    uffdio_writeprotect wp{};
+    wp.range = uffdio_range{begin, end - begin};
+    wp.mode = 0;  // write access back, and the parked threads woken
+    ::ioctl(waiter.fd, UFFDIO_WRITEPROTECT, &wp);
+    ::ioctl(waiter.fd, UFFDIO_UNREGISTER, &wp.range);
+    guard_by_uffd = false;
+    return;
+  }
+  ::mprotect(reinterpret_cast<void*>(begin), end - begin, PROT_READ | PROT_WRITE);
+  release();
+}
+
 uint64_t WriteGuard::parked_faults() { return parked.load(std::memory_order_relaxed); }
+
+WriteGuard::Method WriteGuard::method() {
+  if (signals_only.load(std::memory_order_relaxed)) return Method::kSignal;
+  open_waiter();
+  return waiter.method;
+}
+
+void WriteGuard::use_signals_only(bool yes) { signals_only.store(yes, std::memory_order_relaxed); }
 
 }  // namespace softhca::host
