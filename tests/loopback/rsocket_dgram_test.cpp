@@ -408,4 +408,35 @@ TEST_F(RsocketDgram, ShutdownOfAConnectedSocket) {
   (void)server;
 }
 
+// Short queues (8 entries from 8 KiB buffers) and datagrams in fragments.
+TEST_F(RsocketDgram, SmallBuffersAndFragments) {
+  int size = 8192;
+  std::vector<int> fds;
+  for (uint16_t port : {uint16_t(kBasePort + 24), uint16_t(kBasePort + 25)}) {
+    const int fd = rsocket(AF_INET, SOCK_DGRAM, 0);
+    ASSERT_GE(fd, 0);
+    open_.push_back(fd);
+    ASSERT_EQ(rsetsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size), 0);
+    ASSERT_EQ(rsetsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size), 0);
+    sockaddr_in addr = loopback(port);
+    ASSERT_EQ(rbind(fd, sa(addr), sizeof addr), 0);
+    fds.push_back(fd);
+  }
+  const int a = fds[0], b = fds[1];
+  handshake(a, b, kBasePort + 24);
+  sockaddr_in to_a = loopback(kBasePort + 24);
+  for (int i = 0; i < 300; ++i) {
+    const auto m = message(1800 + i % 200, static_cast<uint8_t>(i));
+    ASSERT_EQ(rsendto(b, m.data(), m.size(), 0, sa(to_a), sizeof to_a), static_cast<ssize_t>(m.size()));
+    std::vector<uint8_t> got(2048);
+    sockaddr_in from{};
+    ASSERT_EQ(recv_within(a, got.data(), got.size(), 0, &from), static_cast<ssize_t>(m.size())) << i;
+    ASSERT_EQ(rsendto(a, got.data(), m.size(), 0, sa(from), sizeof from), static_cast<ssize_t>(m.size()));
+    std::fill(got.begin(), got.end(), 0);
+    ASSERT_EQ(recv_within(b, got.data(), got.size()), static_cast<ssize_t>(m.size())) << i;
+    got.resize(m.size());
+    ASSERT_EQ(got, m) << i;
+  }
+}
+
 }  // namespace
