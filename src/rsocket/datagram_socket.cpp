@@ -422,9 +422,12 @@ void DatagramSocket::serve_udp_locked() {
   for (;;) {
     sockaddr_storage from{};
     socklen_t from_len = sizeof from;
-    const ssize_t n =
-        ::recvfrom(udp_fd_, buf, sizeof buf, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &from_len);
+    // MSG_TRUNC: the real length, so that a datagram too large for any
+    // sender of ours is skipped, not taken cut short.
+    const ssize_t n = ::recvfrom(udp_fd_, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC,
+                                 reinterpret_cast<sockaddr*>(&from), &from_len);
     if (n < 0) return;  // EAGAIN, or an ICMP error for an earlier send: nothing to serve
+    if (static_cast<size_t>(n) > sizeof buf) continue;
     const auto header = decode_ds_udp_header(buf, static_cast<size_t>(n), from.ss_family);
     if (!header) continue;
     auto dest = get_dest_locked(from);
