@@ -439,4 +439,28 @@ TEST_F(RsocketDgram, SmallBuffersAndFragments) {
   }
 }
 
+// One socket, two threads: a receive blocked in one while the other sends
+// from the same socket to its own address (first by the address service,
+// then over its own QP).
+TEST_F(RsocketDgram, ThreadsShareASocketThatSendsToItself) {
+  const int a = bound(kBasePort + 26);
+  sockaddr_in self = loopback(kBasePort + 26);
+  for (int round = 0; round < 20; ++round) {
+    ssize_t got = -1;
+    sockaddr_in from{};
+    std::vector<uint8_t> buf(2048);
+    std::thread reader([&] {
+      socklen_t len = sizeof from;
+      got = rrecvfrom(a, buf.data(), buf.size(), 0, reinterpret_cast<sockaddr*>(&from), &len);
+    });
+    const auto m = message(static_cast<size_t>(round * 97 + 1), static_cast<uint8_t>(round));
+    ASSERT_EQ(rsendto(a, m.data(), m.size(), 0, sa(self), sizeof self), static_cast<ssize_t>(m.size()));
+    reader.join();
+    ASSERT_EQ(got, static_cast<ssize_t>(m.size())) << round;
+    buf.resize(m.size());
+    EXPECT_EQ(buf, m);
+    EXPECT_EQ(ntohs(from.sin_port), kBasePort + 26);
+  }
+}
+
 }  // namespace
