@@ -77,7 +77,8 @@ ssize_t rrecvmsg(int socket, msghdr* msg, int flags) {
   if (msg == nullptr) return fail_with<ssize_t>(std::errc::invalid_argument);
   return call<ssize_t>([&] {
     return rs::recv(socket, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags,
-                    static_cast<sockaddr*>(msg->msg_name), msg->msg_name != nullptr ? &msg->msg_namelen : nullptr);
+                    static_cast<sockaddr*>(msg->msg_name), msg->msg_name != nullptr ? &msg->msg_namelen : nullptr,
+                    &msg->msg_flags);
   });
 }
 
@@ -86,14 +87,19 @@ ssize_t rsend(int socket, const void* buf, size_t len, int flags) {
   return call<ssize_t>([&] { return rs::send(socket, &iov, 1, flags); });
 }
 
-// A stream rsocket is connected: a destination is ignored, as send(2) does.
-ssize_t rsendto(int socket, const void* buf, size_t len, int flags, const sockaddr*, socklen_t) {
-  return rsend(socket, buf, len, flags);
+// A datagram rsocket sends to dest (or its connected peer when dest is
+// NULL); a stream rsocket is connected and ignores dest, as send(2) does.
+ssize_t rsendto(int socket, const void* buf, size_t len, int flags, const sockaddr* dest_addr, socklen_t addrlen) {
+  const iovec iov = one_iov(buf, len);
+  return call<ssize_t>([&] { return rs::send_to(socket, &iov, 1, flags, dest_addr, addrlen); });
 }
 
 ssize_t rsendmsg(int socket, const msghdr* msg, int flags) {
   if (msg == nullptr) return fail_with<ssize_t>(std::errc::invalid_argument);
-  return call<ssize_t>([&] { return rs::send(socket, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags); });
+  return call<ssize_t>([&] {
+    return rs::send_to(socket, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags,
+                       static_cast<const sockaddr*>(msg->msg_name), msg->msg_namelen);
+  });
 }
 
 ssize_t rread(int socket, void* buf, size_t count) { return rrecv(socket, buf, count, 0); }

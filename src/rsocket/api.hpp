@@ -19,7 +19,11 @@ Result<void> listen(int fd, int backlog);
 Result<int> accept(int fd, sockaddr* addr, socklen_t* len);
 Result<void> connect(int fd, const sockaddr* addr, socklen_t len);
 Result<size_t> send(int fd, const iovec* iov, int iovcnt, int flags);
-Result<size_t> recv(int fd, const iovec* iov, int iovcnt, int flags, sockaddr* from, socklen_t* fromlen);
+// A stream rsocket ignores dest, as send(2) on a connected TCP socket does.
+Result<size_t> send_to(int fd, const iovec* iov, int iovcnt, int flags, const sockaddr* dest, socklen_t dest_len);
+// msg_flags (optional): receives MSG_TRUNC when a datagram was cut short.
+Result<size_t> recv(int fd, const iovec* iov, int iovcnt, int flags, sockaddr* from, socklen_t* fromlen,
+                    int* msg_flags = nullptr);
 Result<void> shutdown(int fd, int how);
 Result<void> close(int fd);
 Result<void> local_address(int fd, sockaddr* addr, socklen_t* len);

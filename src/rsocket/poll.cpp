@@ -27,7 +27,7 @@ int64_t now_ms() {
 }
 
 // One pass without sleeping: sets revents, returns how many are ready.
-int check_all(pollfd* fds, nfds_t nfds, const std::vector<std::shared_ptr<StreamSocket>>& sockets) {
+int check_all(pollfd* fds, nfds_t nfds, const std::vector<std::shared_ptr<Socket>>& sockets) {
   std::vector<pollfd> plain;
   std::vector<nfds_t> plain_index;
   int ready = 0;
@@ -52,7 +52,7 @@ int check_all(pollfd* fds, nfds_t nfds, const std::vector<std::shared_ptr<Stream
 
 Result<int> poll(pollfd* fds, nfds_t nfds, int timeout_ms) {
   if (fds == nullptr && nfds != 0) return fail(std::errc::bad_address);
-  std::vector<std::shared_ptr<StreamSocket>> sockets(nfds);
+  std::vector<std::shared_ptr<Socket>> sockets(nfds);
   bool any_rsocket = false;
   for (nfds_t i = 0; i < nfds; ++i) {
     if (fds[i].fd >= 0) sockets[i] = find_socket(fds[i].fd);

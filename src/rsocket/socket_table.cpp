@@ -9,7 +9,7 @@ namespace {
 
 struct SocketTable {
   std::mutex mu;
-  std::unordered_map<int, std::shared_ptr<StreamSocket>> by_fd;
+  std::unordered_map<int, std::shared_ptr<Socket>> by_fd;
 };
 
 // Never destroyed: rsockets may still be closed from atexit handlers.
@@ -20,20 +20,20 @@ SocketTable& table() {
 
 }  // namespace
 
-std::shared_ptr<StreamSocket> find_socket(int fd) {
+std::shared_ptr<Socket> find_socket(int fd) {
   SocketTable& t = table();
   std::lock_guard lock(t.mu);
   auto it = t.by_fd.find(fd);
   return it != t.by_fd.end() ? it->second : nullptr;
 }
 
-void insert_socket(const std::shared_ptr<StreamSocket>& s) {
+void insert_socket(const std::shared_ptr<Socket>& s) {
   SocketTable& t = table();
   std::lock_guard lock(t.mu);
   t.by_fd[s->fd()] = s;
 }
 
-std::shared_ptr<StreamSocket> remove_socket(int fd) {
+std::shared_ptr<Socket> remove_socket(int fd) {
   SocketTable& t = table();
   std::lock_guard lock(t.mu);
   auto it = t.by_fd.find(fd);

@@ -5,13 +5,13 @@
 
 #include <memory>
 
-#include "rsocket/stream_socket.hpp"
+#include "rsocket/socket.hpp"
 
 namespace softhca::rsocket {
 
-std::shared_ptr<StreamSocket> find_socket(int fd);
-void insert_socket(const std::shared_ptr<StreamSocket>& s);
+std::shared_ptr<Socket> find_socket(int fd);
+void insert_socket(const std::shared_ptr<Socket>& s);
 // Removes and returns the socket, or nullptr when fd is not an rsocket.
-std::shared_ptr<StreamSocket> remove_socket(int fd);
+std::shared_ptr<Socket> remove_socket(int fd);
 
 }  // namespace softhca::rsocket

@@ -33,6 +33,7 @@
 #include "common/result.hpp"
 #include "rsocket/page_buffer.hpp"
 #include "rsocket/protocol.hpp"
+#include "rsocket/socket.hpp"
 
 namespace softhca::rsocket {
 
@@ -47,7 +48,7 @@ struct StreamConfig {
   uint32_t iomap_size = 0;  // entries offered for riomap; 0: riomap unused
 };
 
-class StreamSocket {
+class StreamSocket final : public Socket {
  public:
   enum class State {
     kInit,
@@ -62,7 +63,7 @@ class StreamSocket {
     kError,
   };
 
-  ~StreamSocket();
+  ~StreamSocket() override;
   StreamSocket(const StreamSocket&) = delete;
   StreamSocket& operator=(const StreamSocket&) = delete;
 
@@ -70,43 +71,38 @@ class StreamSocket {
   // channel's. `flags`: SOCK_NONBLOCK / SOCK_CLOEXEC.
   static Result<std::shared_ptr<StreamSocket>> create(int domain, int flags);
 
-  int fd() const { return channel_->fd; }
+  Kind kind() const override { return Kind::kStream; }
+  int fd() const override { return channel_->fd; }
 
-  Result<void> bind(const sockaddr* addr, socklen_t len);
+  Result<void> bind(const sockaddr* addr, socklen_t len) override;
   Result<void> listen(int backlog);
   Result<std::shared_ptr<StreamSocket>> accept(int flags);
   // EINPROGRESS when nonblocking and not finished; a second call continues.
-  Result<void> connect(const sockaddr* addr, socklen_t len);
+  Result<void> connect(const sockaddr* addr, socklen_t len) override;
   Result<size_t> send(const iovec* iov, int iovcnt, int flags);
   Result<size_t> recv(const iovec* iov, int iovcnt, int flags);
-  Result<void> shutdown(int how);
+  Result<void> shutdown(int how) override;
   // Orderly shutdown if connected, then every resource goes.
-  void close();
+  void close() override;
 
   // riomap / riounmap / riowrite (stream_iomap.cpp).
   Result<off_t> iomap(void* buf, size_t len, int prot, off_t offset);
   Result<void> iounmap(void* buf, size_t len);
   Result<size_t> iowrite(const void* buf, size_t count, off_t offset, int flags);
 
-  Result<void> local_address(sockaddr* addr, socklen_t* len);
-  Result<void> peer_address(sockaddr* addr, socklen_t* len);
-  Result<void> set_option(int level, int name, const void* value, socklen_t len);
-  Result<void> get_option(int level, int name, void* value, socklen_t* len);
-  int status_flags();  // F_GETFL
-  Result<void> set_status_flags(int flags);
-  int descriptor_flags() const { return fd_flags_; }
-  void set_descriptor_flags(int flags) { fd_flags_ = flags; }
+  Result<void> local_address(sockaddr* addr, socklen_t* len) override;
+  Result<void> peer_address(sockaddr* addr, socklen_t* len) override;
+  Result<void> set_option(int level, int name, const void* value, socklen_t len) override;
+  Result<void> get_option(int level, int name, void* value, socklen_t* len) override;
+  int status_flags() override;
+  Result<void> set_status_flags(int flags) override;
+  int descriptor_flags() const override { return fd_flags_; }
+  void set_descriptor_flags(int flags) override { fd_flags_ = flags; }
 
-  // rpoll: readiness for `events` after nonblocking progress (0: none yet).
-  short poll_events(short events);
-  // Before sleeping: arms the CQ's notification; true when it was not
-  // armed, and readiness must then be checked once more.
-  bool arm();
-  // The descriptors to sleep on until poll_events may change.
-  int wait_fds(pollfd (&out)[2]);
-  // After poll(2) saw one of wait_fds readable: take the CQ event, unless
-  // a blocked call of another thread sleeps on it (it takes it itself).
-  void consume_wakeups();
+  short poll_events(short events) override;
+  bool arm() override;
+  int wait_fds(pollfd (&out)[2]) override;
+  void consume_wakeups() override;
 
  private:
   explicit StreamSocket(int domain);

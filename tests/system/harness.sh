@@ -64,6 +64,8 @@ Options:
   --server CMD, --client CMD   the pair
   --run CMD              single-program mode
   --run-for SECS         single mode: the program must still run after SECS
+  --udp                  pair mode: --port is a UDP port; the server is ready
+                         once a UDP socket is bound to it (udpong)
   --server-persists      pair mode, for servers that never exit (cmtime): once
                          the client has passed, the server must still be running;
                          the harness then stops it, and that counts as success
@@ -95,6 +97,7 @@ expect_all=() expect_server=() expect_client=() reject=()
 # once TCP --port listens. Parsed here, before the main option loop.
 ready_regex=""
 server_persists=0
+udp=0
 _args=()
 while (($#)); do
   case $1 in
@@ -102,6 +105,7 @@ while (($#)); do
                    ready_regex=$2; shift 2 ;;
     --ready-regex=*) ready_regex=${1#*=}; shift ;;
     --server-persists) server_persists=1; shift ;;
+    --udp) udp=1; shift ;;
     *) _args+=("$1"); shift ;;
   esac
 done
@@ -347,6 +351,15 @@ listening() {
 # shellcheck disable=SC2317  # called through poll
 server_settled() { listening || ! alive "${pids[server]}"; }
 
+# ---- begin --udp (datagram servers: udpong; added with datagram rsockets) ----
+# --port names a UDP port: the server is ready once a UDP socket is bound to
+# it, and the port must be free of UDP sockets before the server starts.
+if ((udp)); then
+  # shellcheck disable=SC2317  # called through poll
+  listening() { [[ -n $(ss -lunH "sport = :$port" 2>/dev/null) ]]; }
+fi
+# ---- end --udp ----
+
 # ---- begin --ready-regex (see the option's block above) ----
 if [[ -n $ready_regex ]]; then
   # shellcheck disable=SC2317  # called through poll
@@ -414,7 +427,11 @@ else
   fi
   # 1. The port must be free, or the client would talk to a stranger.
   if ! poll 5 not listening; then
-    echo "$me: $name: FAIL: TCP port $port is already in use: $(ss -ltnpH "sport = :$port" | head -1)"
+    if ((udp)); then
+      echo "$me: $name: FAIL: UDP port $port is already in use: $(ss -lunpH "sport = :$port" | head -1)"
+    else
+      echo "$me: $name: FAIL: TCP port $port is already in use: $(ss -ltnpH "sport = :$port" | head -1)"
+    fi
     exit 1
   fi
   rc_server="" rc_client=""
