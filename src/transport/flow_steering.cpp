@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace softhca::transport {
 namespace {
@@ -246,11 +247,62 @@ bool rule_matches(const FlowRule& rule, const FrameKeys& keys) {
   return true;
 }
 
-void FlowTable::add(uint64_t id, uint32_t qpn, const FlowRule& rule) {
+uint32_t toeplitz_hash(std::span<const uint8_t, kRxHashKeyBytes> key, std::span<const uint8_t> input) {
+  // The 32-bit window of the key at bit i is XORed in for every set bit i
+  // of the input, most significant bit first.
+  uint32_t result = 0;
+  uint32_t window = uint32_t{key[0]} << 24 | uint32_t{key[1]} << 16 | uint32_t{key[2]} << 8 | key[3];
+  std::size_t next = 4;  // the key byte that slides in next
+  for (const uint8_t byte : input) {
+    const uint8_t incoming = next < key.size() ? key[next] : 0;
+    ++next;
+    for (int bit = 7; bit >= 0; --bit) {
+      if (byte & (1u << bit)) result ^= window;
+      window = window << 1 | ((incoming >> bit) & 1u);
+    }
+  }
+  return result;
+}
+
+uint32_t rx_hash(const RxHash& hash, const FrameKeys& keys) {
+  uint8_t input[36];
+  std::size_t n = 0;
+  auto put = [&](const uint8_t* p, std::size_t bytes) {
+    std::memcpy(input + n, p, bytes);
+    n += bytes;
+  };
+  if (keys.has_ipv4) {
+    if (hash.fields & IBV_RX_HASH_SRC_IPV4) put(keys.ipv4.data() + offsetof(ibv_flow_ipv4_ext_filter, src_ip), 4);
+    if (hash.fields & IBV_RX_HASH_DST_IPV4) put(keys.ipv4.data() + offsetof(ibv_flow_ipv4_ext_filter, dst_ip), 4);
+  } else if (keys.has_ipv6) {
+    if (hash.fields & IBV_RX_HASH_SRC_IPV6) put(keys.ipv6.data() + offsetof(ibv_flow_ipv6_filter, src_ip), 16);
+    if (hash.fields & IBV_RX_HASH_DST_IPV6) put(keys.ipv6.data() + offsetof(ibv_flow_ipv6_filter, dst_ip), 16);
+  }
+  uint64_t src_port = 0;
+  uint64_t dst_port = 0;
+  if (keys.has_tcp) {
+    src_port = IBV_RX_HASH_SRC_PORT_TCP;
+    dst_port = IBV_RX_HASH_DST_PORT_TCP;
+  } else if (keys.has_udp) {
+    src_port = IBV_RX_HASH_SRC_PORT_UDP;
+    dst_port = IBV_RX_HASH_DST_PORT_UDP;
+  }
+  if (hash.fields & src_port) put(keys.l4.data() + offsetof(ibv_flow_tcp_udp_filter, src_port), 2);
+  if (hash.fields & dst_port) put(keys.l4.data() + offsetof(ibv_flow_tcp_udp_filter, dst_port), 2);
+  return toeplitz_hash(hash.key, std::span<const uint8_t>(input, n));
+}
+
+uint32_t FlowTable::receiver(const Entry& e, const FrameKeys& keys) {
+  const std::vector<uint32_t>& spread = e.target.spread;
+  if (spread.empty()) return e.target.qpn;
+  return spread[rx_hash(e.target.hash, keys) & (spread.size() - 1)];
+}
+
+void FlowTable::add(uint64_t id, FlowTarget target, const FlowRule& rule) {
   // Keep NORMAL rules in priority order (others anywhere: they are not ordered).
   auto at = std::upper_bound(entries_.begin(), entries_.end(), rule.priority,
                              [](uint16_t prio, const Entry& e) { return prio < e.rule.priority; });
-  entries_.insert(at, Entry{id, qpn, rule});
+  entries_.insert(at, Entry{id, std::move(target), rule});
 }
 
 bool FlowTable::remove(uint64_t id) {
@@ -262,11 +314,11 @@ bool FlowTable::remove(uint64_t id) {
 
 void FlowTable::select(const FrameKeys& keys, uint32_t sender_qpn, std::vector<uint32_t>& out) const {
   const std::size_t base = out.size();
-  auto take = [&](uint32_t qpn) {
-    if (qpn != sender_qpn) add_once(out, base, qpn);
+  auto take = [&](const Entry& e) {
+    if (e.target.qpn != sender_qpn) add_once(out, base, receiver(e, keys));
   };
   for (const Entry& e : entries_)
-    if (e.rule.type == IBV_FLOW_ATTR_SNIFFER) take(e.qpn);
+    if (e.rule.type == IBV_FLOW_ATTR_SNIFFER) take(e);
 
   bool steered = false;
   for (std::size_t i = 0; i < entries_.size();) {
@@ -279,7 +331,7 @@ void FlowTable::select(const FrameKeys& keys, uint32_t sender_qpn, std::vector<u
       if (e.rule.type != IBV_FLOW_ATTR_NORMAL || !rule_matches(e.rule, keys)) continue;
       steered = true;
       if (!e.rule.dont_trap) trapped = true;
-      take(e.qpn);
+      take(e);
     }
     if (trapped) break;
     i = end;
@@ -287,7 +339,7 @@ void FlowTable::select(const FrameKeys& keys, uint32_t sender_qpn, std::vector<u
   if (steered) return;
   for (const Entry& e : entries_) {
     if (e.rule.type == IBV_FLOW_ATTR_ALL_DEFAULT || (e.rule.type == IBV_FLOW_ATTR_MC_DEFAULT && keys.multicast))
-      take(e.qpn);
+      take(e);
   }
 }
 

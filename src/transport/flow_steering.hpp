@@ -74,6 +74,32 @@ bool parse_frame(std::span<const uint8_t> frame, FrameKeys& keys);
 
 bool rule_matches(const FlowRule& rule, const FrameKeys& keys);
 
+// Receive-side scaling: an RSS QP's flows spread their frames over the work
+// queues of its indirection table by a Toeplitz hash of chosen fields
+// (IBV_RX_HASH_SRC/DST_IPV4, _IPV6, _PORT_TCP, _PORT_UDP), taken in the
+// order Microsoft's RSS specification gives: source address, destination
+// address, source port, destination port. A field the frame lacks is left
+// out of the input.
+inline constexpr std::size_t kRxHashKeyBytes = 40;
+inline constexpr uint64_t kRxHashFields = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4 | IBV_RX_HASH_SRC_IPV6 |
+                                          IBV_RX_HASH_DST_IPV6 | IBV_RX_HASH_SRC_PORT_TCP |
+                                          IBV_RX_HASH_DST_PORT_TCP | IBV_RX_HASH_SRC_PORT_UDP |
+                                          IBV_RX_HASH_DST_PORT_UDP;
+struct RxHash {
+  uint64_t fields = 0;
+  std::array<uint8_t, kRxHashKeyBytes> key{};
+};
+uint32_t toeplitz_hash(std::span<const uint8_t, kRxHashKeyBytes> key, std::span<const uint8_t> input);
+uint32_t rx_hash(const RxHash& hash, const FrameKeys& keys);
+
+// Where the frames of a flow go: its QP, or, for an RSS QP, one of the work
+// queues (their QPNs; a power of two of them) the hash picks.
+struct FlowTarget {
+  uint32_t qpn = 0;
+  std::vector<uint32_t> spread;
+  RxHash hash;
+};
+
 // The flows attached on one virtual Ethernet segment, and the choice of the
 // QPs that receive a frame:
 //  - every QP with a SNIFFER rule;
@@ -85,7 +111,8 @@ bool rule_matches(const FlowRule& rule, const FrameKeys& keys);
 // A QP receives one copy at most, and never a frame it sent itself.
 class FlowTable {
  public:
-  void add(uint64_t id, uint32_t qpn, const FlowRule& rule);
+  void add(uint64_t id, uint32_t qpn, const FlowRule& rule) { add(id, FlowTarget{qpn, {}, {}}, rule); }
+  void add(uint64_t id, FlowTarget target, const FlowRule& rule);
   bool remove(uint64_t id);
   bool empty() const { return entries_.empty(); }
   std::size_t size() const { return entries_.size(); }
@@ -95,9 +122,10 @@ class FlowTable {
  private:
   struct Entry {
     uint64_t id;
-    uint32_t qpn;
+    FlowTarget target;
     FlowRule rule;
   };
+  static uint32_t receiver(const Entry& e, const FrameKeys& keys);
   std::vector<Entry> entries_;  // NORMAL rules sorted by priority, stable
 };
 

@@ -6,7 +6,9 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace softhca::transport {
@@ -402,6 +404,51 @@ TEST(FlowTable, SenderNeverReceivesItsOwnFrame) {
   std::vector<uint32_t> out;
   t.select(keys_of(frame()), 0x11, out);
   EXPECT_EQ(out, std::vector<uint32_t>{0x22});
+}
+
+// Microsoft's RSS verification suite (the key and the IPv4 rows every NIC
+// driver checks against).
+constexpr std::array<uint8_t, kRxHashKeyBytes> kMsKey = {
+    0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3,
+    0x8f, 0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3,
+    0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa};
+
+TEST(RxHash, ToeplitzMatchesTheVerificationSuite) {
+  const RxHash ip_only{IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4, kMsKey};
+  const RxHash with_ports{ip_only.fields | IBV_RX_HASH_SRC_PORT_TCP | IBV_RX_HASH_DST_PORT_TCP, kMsKey};
+  EXPECT_EQ(rx_hash(ip_only, keys_of(frame({.l4 = 6, .src_ip = "66.9.149.187", .dst_ip = "161.142.100.80",
+                                            .src_port = 2794, .dst_port = 1766}))),
+            0x323e8fc2u);
+  EXPECT_EQ(rx_hash(with_ports, keys_of(frame({.l4 = 6, .src_ip = "66.9.149.187", .dst_ip = "161.142.100.80",
+                                               .src_port = 2794, .dst_port = 1766}))),
+            0x51ccc178u);
+  EXPECT_EQ(rx_hash(ip_only, keys_of(frame({.l4 = 6, .src_ip = "199.92.111.2", .dst_ip = "65.69.140.83"}))),
+            0xd718262au);
+  EXPECT_EQ(rx_hash(with_ports, keys_of(frame({.l4 = 6, .src_ip = "199.92.111.2", .dst_ip = "65.69.140.83",
+                                               .src_port = 14230, .dst_port = 4739}))),
+            0xc626b0eau);
+  // UDP port bits do not hash TCP ports.
+  const RxHash udp_ports{ip_only.fields | IBV_RX_HASH_SRC_PORT_UDP | IBV_RX_HASH_DST_PORT_UDP, kMsKey};
+  EXPECT_EQ(rx_hash(udp_ports, keys_of(frame({.l4 = 6, .src_ip = "66.9.149.187", .dst_ip = "161.142.100.80",
+                                              .src_port = 2794, .dst_port = 1766}))),
+            0x323e8fc2u);
+}
+
+TEST(FlowTable, RssSpreadsOverWorkQueuesByHash) {
+  FlowTable t;
+  FlowTarget target{0x50, {0x51, 0x52, 0x53, 0x54}, RxHash{IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4, kMsKey}};
+  t.add(1, target, rule_of(AttrBuilder().add(eth_spec())));
+  std::vector<uint32_t> seen;
+  for (int i = 0; i < 32; ++i) {
+    const std::string src = std::to_string(i) + "." + std::to_string(i + 1) + ".2.3";
+    const FrameKeys k = keys_of(frame({.src_ip = src.c_str()}));
+    std::vector<uint32_t> out;
+    t.select(k, 0x99, out);
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0], target.spread[rx_hash(target.hash, k) & 3]);
+    if (std::find(seen.begin(), seen.end(), out[0]) == seen.end()) seen.push_back(out[0]);
+  }
+  EXPECT_GT(seen.size(), 1u);  // spread, not all on one queue
 }
 
 }  // namespace
