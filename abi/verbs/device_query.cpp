@@ -42,7 +42,8 @@ static_assert(sizeof(ibv_port_attr) == 52 && sizeof(ibv_device_attr_ex) == 400 &
 // bound through, and that QP's PD), as rxe reports them.
 constexpr unsigned kDeviceCapFlags = IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID |
                                      IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_XRC |
-                                     IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                                     IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
+                                     IBV_DEVICE_MANAGED_FLOW_STEERING;  // raw packet QPs' flows
 
 constexpr uint32_t kPortCapFlags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;  // what a RoCE port reports
 constexpr uint8_t kActiveWidth4x = 2;                                         // IBV_WIDTH_4X

@@ -28,6 +28,7 @@ class CompletionQueue;
 class CompletionChannel;
 class QueuePair;
 class SharedReceiveQueue;
+class Flow;
 class AddressHandle;
 class XrcDomain;
 class DeviceMemory;
@@ -109,6 +110,10 @@ struct QpHandle {
   engine::QueuePair* impl;
   std::unique_ptr<QpExBatch, QpExBatchDeleter> batch;  // null: no new post-send API
 };
+struct FlowHandle {
+  ibv_flow flow;
+  engine::Flow* impl;
+};
 struct SrqHandle {
   ibv_srq srq;
   engine::SharedReceiveQueue* impl;
@@ -128,7 +133,7 @@ struct DmHandle {
 static_assert(offsetof(PdHandle, pd) == 0 && offsetof(MrHandle, mr) == 0 && offsetof(CqHandle, cq) == 0 &&
               offsetof(ChannelHandle, channel) == 0 && offsetof(QpHandle, qp) == 0 &&
               offsetof(SrqHandle, srq) == 0 && offsetof(AhHandle, ah) == 0 && offsetof(XrcdHandle, xrcd) == 0 &&
-              offsetof(DmHandle, dm) == 0);
+              offsetof(DmHandle, dm) == 0 && offsetof(FlowHandle, flow) == 0);
 static_assert(std::is_standard_layout_v<ContextHandle> && std::is_standard_layout_v<QpHandle>);
 
 inline ContextHandle* to_context_handle(ibv_context* ctx) {
@@ -150,6 +155,7 @@ inline engine::CompletionChannel* to_channel(ibv_comp_channel* ch) {
   return ch ? reinterpret_cast<ChannelHandle*>(ch)->impl : nullptr;
 }
 inline engine::QueuePair* to_qp(ibv_qp* qp) { return qp ? reinterpret_cast<QpHandle*>(qp)->impl : nullptr; }
+inline engine::Flow* to_flow(ibv_flow* flow) { return flow ? reinterpret_cast<FlowHandle*>(flow)->impl : nullptr; }
 inline engine::SharedReceiveQueue* to_srq(ibv_srq* srq) { return srq ? reinterpret_cast<SrqHandle*>(srq)->impl : nullptr; }
 inline engine::DeviceMemory* to_dm(ibv_dm* dm) { return dm ? reinterpret_cast<DmHandle*>(dm)->impl : nullptr; }
 inline engine::XrcDomain* to_xrcd(ibv_xrcd* xrcd) { return xrcd ? reinterpret_cast<XrcdHandle*>(xrcd)->impl : nullptr; }

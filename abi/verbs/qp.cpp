@@ -181,6 +181,8 @@ int ibv_destroy_qp(ibv_qp* qp) {
   return int_verb([&] {
     engine::QueuePair* impl = to_qp(qp);
     if (impl == nullptr) return EINVAL;
+    // Flows steering to it go first (the kernel's QP use count).
+    if (impl->flows.in_use()) return EBUSY;
     impl->context().forget_events(qp);
     impl->async_events.wait_all_acked();
     delete impl;

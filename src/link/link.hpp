@@ -16,6 +16,7 @@
 #include <span>
 
 #include "common/counters.hpp"
+#include "transport/flow_steering.hpp"
 #include "transport/request.hpp"
 #include "transport/responder.hpp"
 
@@ -149,6 +150,14 @@ class Link {
   // is: a group that cannot be joined is logged and stays host-only.
   virtual void join_group(const uint8_t* /*mgid*/, uint32_t /*ifindex*/) {}
   virtual void leave_group(const uint8_t* /*mgid*/, uint32_t /*ifindex*/) {}
+  // Raw packet QPs: the port's virtual Ethernet segment. A flow (`id`, unique
+  // in the process) steers the frames its rule matches to QP `qpn`;
+  // send_frame hands one frame (a raw QP's SEND: `request.data`, with
+  // `request.src_qpn` the sender) to every QP flow steering picks
+  // (transport/flow_steering.hpp). A frame nobody takes is dropped.
+  virtual void attach_flow(uint64_t /*id*/, uint32_t /*qpn*/, const transport::FlowRule& /*rule*/) {}
+  virtual void detach_flow(uint64_t /*id*/) {}
+  virtual void send_frame(const transport::Request& /*frame*/) {}
 };
 
 // The shared-memory link of this host, over this process's attachment.

@@ -22,6 +22,7 @@
 #include "engine/context.hpp"
 #include "engine/qp/qp_state.hpp"
 #include "engine/qp/send_wqe.hpp"
+#include "engine/user_count.hpp"
 #include "host/shared_queues.hpp"
 #include "link/link.hpp"
 #include "transport/completer.hpp"
@@ -86,6 +87,9 @@ class QueuePair {
 
   void* handle = nullptr;  // the application's ibv_qp
   EventCounters async_events;
+  // The flows steering frames to this QP (engine/flow.hpp): ibv_destroy_qp
+  // refuses (EBUSY) while any is attached, as the kernel does.
+  UserCount flows;
 
   // The owner polled a completion of this QP (CompletionQueue::poll). A send
   // WQE's slot stays taken until its completion, or a later one of the same

@@ -1,6 +1,9 @@
 // The shm link: the initiator executes the responder itself, on the target
 // QP's shared state, for peers on this host.
+#include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "host/attachment.hpp"
 #include "link/link.hpp"
@@ -87,6 +90,49 @@ class ShmLink final : public link::Link {
     deliver(to.dest_qpn, request, grh);
   }
 
+  // The virtual Ethernet segment is this process's: its flows live here, so
+  // raw QPs of every context of the process reach each other, and QPs of
+  // other processes are not on the segment (their flows are not known here).
+  void attach_flow(uint64_t id, uint32_t qpn, const transport::FlowRule& rule) override {
+    std::lock_guard guard(flows_lock_);
+    flows_.add(id, qpn, rule);
+  }
+
+  void detach_flow(uint64_t id) override {
+    std::lock_guard guard(flows_lock_);
+    flows_.remove(id);
+  }
+
+  void send_frame(const transport::Request& frame) override {
+    // The headers flow steering looks at, gathered from the frame's pieces.
+    unsigned char headers[transport::kFlowHeaderBytes];
+    std::size_t have = 0;
+    for (int i = 0; i < frame.ndata && have < sizeof headers; ++i) {
+      const std::size_t n = std::min(frame.data[i].iov_len, sizeof headers - have);
+      std::memcpy(headers + have, frame.data[i].iov_base, n);
+      have += n;
+    }
+    transport::FrameKeys keys;
+    if (!transport::parse_frame(std::span<const uint8_t>(headers, have), keys)) return;
+    // Picked under the lock, delivered outside it (delivery copies into
+    // other QPs' memory). Reused, so that a send allocates nothing.
+    thread_local std::vector<uint32_t> receivers;
+    receivers.clear();
+    {
+      std::lock_guard guard(flows_lock_);
+      if (flows_.empty()) return;
+      flows_.select(keys, frame.src_qpn, receivers);
+    }
+    for (const uint32_t qpn : receivers) {
+      TargetQp target;
+      if (!resolve(host_, qpn, target)) continue;
+      MemoryAccess access(host_, target.proc);
+      if (!still_there(target)) continue;
+      ShmResponderPort port(host_, target);
+      transport::respond_frame(frame, port);
+    }
+  }
+
  private:
   void deliver(uint32_t qpn, const transport::Request& request, const unsigned char* grh) {
     TargetQp target;
@@ -98,6 +144,8 @@ class ShmLink final : public link::Link {
   }
 
   host::Attachment& host_;
+  std::mutex flows_lock_;
+  transport::FlowTable flows_;
 };
 
 }  // namespace

@@ -1,0 +1,297 @@
+// Raw packet QPs and flow steering (ibv_create_flow) on softhca's virtual
+// Ethernet segment, between QPs of two contexts of this process: a frame
+// reaches the QPs whose flows match it, byte for byte, and nobody else;
+// destroying a flow stops delivery; a QP with flows cannot be destroyed;
+// malformed rules are refused with the errno the man page gives.
+#include <arpa/inet.h>
+
+#include <cstddef>
+#include <memory>
+
+#include "loopback.hpp"
+
+namespace loopback {
+namespace {
+
+const uint8_t kDstMac[6] = {0x02, 0x50, 0x56, 0x19, 0x20, 0xa7};
+const uint8_t kSrcMac[6] = {0x24, 0x8a, 0x07, 0xa5, 0x28, 0xc8};
+
+// Ethernet | IPv4 1.1.1.1 -> 2.2.2.2 | UDP src_port -> dst_port | payload.
+std::vector<uint8_t> udp_frame(uint16_t dst_port, size_t size = 128, uint16_t src_port = 1234) {
+  std::vector<uint8_t> f(size < 42 ? 42 : size);
+  for (size_t i = 42; i < f.size(); ++i) f[i] = static_cast<uint8_t>(i * 7);
+  uint8_t* p = f.data();
+  std::memcpy(p, kDstMac, 6);
+  std::memcpy(p + 6, kSrcMac, 6);
+  p[12] = 0x08;  // IPv4
+  const uint8_t ip[20] = {0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2};
+  std::memcpy(p + 14, ip, sizeof ip);
+  const uint8_t ports[4] = {static_cast<uint8_t>(src_port >> 8), static_cast<uint8_t>(src_port),
+                            static_cast<uint8_t>(dst_port >> 8), static_cast<uint8_t>(dst_port)};
+  std::memcpy(p + 34, ports, sizeof ports);
+  return f;
+}
+
+// A flow attr with one UDP-destination-port spec (or none).
+struct UdpFlowAttr {
+  ibv_flow_attr attr;
+  ibv_flow_spec_tcp_udp udp;
+};
+// The spec follows the attr with no gap, as ibv_create_flow reads it.
+static_assert(offsetof(UdpFlowAttr, udp) == sizeof(ibv_flow_attr));
+
+UdpFlowAttr udp_flow(uint16_t dst_port, uint16_t priority = 0) {
+  UdpFlowAttr a{};
+  a.attr.type = IBV_FLOW_ATTR_NORMAL;
+  a.attr.size = sizeof a;
+  a.attr.priority = priority;
+  a.attr.num_of_specs = 1;
+  a.attr.port = 1;
+  a.udp.type = IBV_FLOW_SPEC_UDP;
+  a.udp.size = sizeof a.udp;
+  a.udp.val.dst_port = htons(dst_port);
+  a.udp.mask.dst_port = 0xffff;
+  return a;
+}
+
+// A raw packet QP of its own context, moved to RTS with the masks rdma-core's
+// tests use (INIT: state and port; RTR, RTS: state).
+class RawQp {
+ public:
+  RawQp() {
+    if (!dev.ok()) return;
+    cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = cq;
+    init.qp_type = IBV_QPT_RAW_PACKET;
+    init.cap.max_send_wr = init.cap.max_recv_wr = 32;
+    init.cap.max_send_sge = init.cap.max_recv_sge = 2;
+    init.cap.max_inline_data = 128;
+    qp = ibv_create_qp(dev.pd, &init);
+  }
+  ~RawQp() {
+    if (qp) ibv_destroy_qp(qp);
+    if (cq) ibv_destroy_cq(cq);
+  }
+  bool ok() const { return qp != nullptr; }
+  int to_rts() {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    if (int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT)) return rc;
+    a = ibv_qp_attr{};
+    a.qp_state = IBV_QPS_RTR;
+    if (int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE)) return rc;
+    a.qp_state = IBV_QPS_RTS;
+    return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+  }
+
+  Device dev;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+};
+
+class Raw : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(tx.ok() && rx.ok());
+    ASSERT_EQ(tx.to_rts(), 0);
+    ASSERT_EQ(rx.to_rts(), 0);
+    tx_buf = std::make_unique<Buffer>(tx.dev.pd, 4096);
+    rx_buf = std::make_unique<Buffer>(rx.dev.pd, 4096);
+  }
+
+  // Sends `frame` from tx (signaled) and expects its successful completion.
+  void send(const std::vector<uint8_t>& frame, unsigned flags = IBV_SEND_SIGNALED) {
+    std::memcpy(tx_buf->data(), frame.data(), frame.size());
+    // Two SGEs: the frame is gathered.
+    const uint32_t head = static_cast<uint32_t>(frame.size() / 3);
+    ibv_sge sges[2] = {tx_buf->sge(0, head), tx_buf->sge(head, static_cast<uint32_t>(frame.size()) - head)};
+    ibv_send_wr wr = make_wr(7, IBV_WR_SEND, sges, 2, flags);
+    ASSERT_EQ(post_send(tx.qp, wr), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_one(tx.cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.opcode, IBV_WC_SEND);
+  }
+
+  void post_rx(uint64_t wr_id = 1) {
+    ibv_sge sge = rx_buf->sge(0, 2048);
+    ASSERT_EQ(post_recv(rx.qp, wr_id, &sge, 1), 0);
+  }
+
+  // The next frame rx receives: its completion, and its bytes checked.
+  void expect_received(const std::vector<uint8_t>& frame) {
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_one(rx.cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+    EXPECT_EQ(wc.byte_len, frame.size());
+    EXPECT_EQ(wc.qp_num, rx.qp->qp_num);
+    EXPECT_EQ(first_mismatch(rx_buf->span(0, frame.size()), frame), -1);
+  }
+
+  RawQp tx, rx;
+  std::unique_ptr<Buffer> tx_buf, rx_buf;
+};
+
+TEST_F(Raw, StateMachineTakesOnlyThePortAtInit) {
+  RawQp q;
+  ASSERT_TRUE(q.ok());
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qkey = 1;
+  EXPECT_EQ(ibv_modify_qp(q.qp, &a, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_QKEY), EINVAL);
+  EXPECT_EQ(ibv_modify_qp(q.qp, &a, IBV_QP_STATE), EINVAL);  // the port is required
+  EXPECT_EQ(q.to_rts(), 0);
+  EXPECT_EQ(qp_state(q.qp), IBV_QPS_RTS);
+}
+
+TEST_F(Raw, MatchingFrameIsReceivedWhole) {
+  UdpFlowAttr fa = udp_flow(5678);
+  ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr) << strerror(errno);
+  for (int i = 0; i < 3; ++i) {
+    post_rx();
+    const auto frame = udp_frame(5678, 100 + static_cast<size_t>(i) * 400);
+    send(frame);
+    expect_received(frame);
+  }
+  // Inline too.
+  post_rx();
+  const auto frame = udp_frame(5678, 96);
+  std::vector<uint8_t> copy = frame;
+  ibv_sge sge{reinterpret_cast<uint64_t>(copy.data()), static_cast<uint32_t>(copy.size()), 0};
+  ibv_send_wr wr = make_wr(8, IBV_WR_SEND, &sge, 1, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+  ASSERT_EQ(post_send(tx.qp, wr), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(tx.cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  expect_received(frame);
+  // The sender has no flow: it received nothing of its own.
+  EXPECT_TRUE(stays_empty(tx.cq, Millis(20)));
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+}
+
+TEST_F(Raw, UnmatchedFrameIsDropped) {
+  UdpFlowAttr fa = udp_flow(5678);
+  ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr);
+  post_rx();
+  send(udp_frame(5679));
+  EXPECT_TRUE(stays_empty(rx.cq, Millis(50)));
+  // The receive WQE is still there for the next matching frame.
+  const auto frame = udp_frame(5678);
+  send(frame);
+  expect_received(frame);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+}
+
+TEST_F(Raw, DestroyedFlowStopsDelivery) {
+  UdpFlowAttr fa = udp_flow(5678);
+  ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr);
+  post_rx();
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+  send(udp_frame(5678));
+  EXPECT_TRUE(stays_empty(rx.cq, Millis(50)));
+}
+
+TEST_F(Raw, QpWithFlowsCannotBeDestroyed) {
+  RawQp q;
+  ASSERT_TRUE(q.ok());
+  UdpFlowAttr fa = udp_flow(1);
+  ibv_flow* flow = ibv_create_flow(q.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr);
+  EXPECT_EQ(ibv_destroy_qp(q.qp), EBUSY);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+  EXPECT_EQ(ibv_destroy_qp(q.qp), 0);
+  q.qp = nullptr;
+}
+
+TEST_F(Raw, HigherPriorityFlowTakesTheFrame) {
+  RawQp other;
+  ASSERT_TRUE(other.ok());
+  ASSERT_EQ(other.to_rts(), 0);
+  Buffer other_buf(other.dev.pd, 4096);
+  ibv_sge sge = other_buf.sge(0, 2048);
+  ASSERT_EQ(post_recv(other.qp, 1, &sge, 1), 0);
+  post_rx();
+  UdpFlowAttr low = udp_flow(5678, 3);
+  UdpFlowAttr high = udp_flow(5678, 1);
+  ibv_flow* f_other = ibv_create_flow(other.qp, &low.attr);
+  ibv_flow* f_rx = ibv_create_flow(rx.qp, &high.attr);
+  ASSERT_NE(f_other, nullptr);
+  ASSERT_NE(f_rx, nullptr);
+  const auto frame = udp_frame(5678);
+  send(frame);
+  expect_received(frame);
+  EXPECT_TRUE(stays_empty(other.cq, Millis(50)));
+  EXPECT_EQ(ibv_destroy_flow(f_rx), 0);
+  EXPECT_EQ(ibv_destroy_flow(f_other), 0);
+}
+
+TEST_F(Raw, SnifferSeesEveryFrame) {
+  ibv_flow_attr sniff{};
+  sniff.type = IBV_FLOW_ATTR_SNIFFER;
+  sniff.size = sizeof sniff;
+  sniff.port = 1;
+  ibv_flow* flow = ibv_create_flow(rx.qp, &sniff);
+  ASSERT_NE(flow, nullptr) << strerror(errno);
+  post_rx();
+  const auto frame = udp_frame(9, 64);
+  send(frame);
+  expect_received(frame);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+}
+
+TEST_F(Raw, BadFlowsAreRefused) {
+  UdpFlowAttr fa = udp_flow(1);
+  fa.attr.port = 2;
+  errno = 0;
+  EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+
+  fa = udp_flow(1);
+  fa.udp.size = 4;
+  errno = 0;
+  EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+
+  fa = udp_flow(1);
+  fa.attr.flags = IBV_FLOW_ATTR_FLAGS_EGRESS;
+  errno = 0;
+  EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+
+  // Flows steer to raw packet QPs only.
+  ibv_cq* cq = ibv_create_cq(rx.dev.ctx, 4, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* rc = create_qp(rx.dev.pd, cq, cq, QpConfig{});
+  ASSERT_NE(rc, nullptr);
+  fa = udp_flow(1);
+  errno = 0;
+  EXPECT_EQ(ibv_create_flow(rc, &fa.attr), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(ibv_destroy_qp(rc), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+TEST_F(Raw, FrameShorterThanAnEthernetHeaderFails) {
+  ibv_sge sge = tx_buf->sge(0, 10);
+  ibv_send_wr wr = make_wr(9, IBV_WR_SEND, &sge, 1);
+  ASSERT_EQ(post_send(tx.qp, wr), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(tx.cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_LOC_LEN_ERR);
+}
+
+TEST_F(Raw, SendWithImmediateIsRefused) {
+  ibv_sge sge = tx_buf->sge(0, 64);
+  ibv_send_wr wr = make_wr(9, IBV_WR_SEND_WITH_IMM, &sge, 1);
+  EXPECT_EQ(post_send(tx.qp, wr), EINVAL);
+}
+
+}  // namespace
+}  // namespace loopback
