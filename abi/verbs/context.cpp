@@ -55,6 +55,11 @@ void fill_ops(ContextHandle& h) {
   v.alloc_td = alloc_td_op;
   v.dealloc_td = dealloc_td_op;
   v.alloc_parent_domain = alloc_parent_domain_op;
+  v.create_wq = create_wq_op;
+  v.modify_wq = modify_wq_op;
+  v.destroy_wq = destroy_wq_op;
+  v.create_rwq_ind_table = create_rwq_ind_table_op;
+  v.destroy_rwq_ind_table = destroy_rwq_ind_table_op;
   v.ibv_create_flow = create_flow_op;
   v.ibv_destroy_flow = destroy_flow_op;
   // Apps built against libibverbs 1.1.8 reach the flow verbs through these.

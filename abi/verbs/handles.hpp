@@ -15,6 +15,7 @@
 #include <memory>
 #include <new>
 #include <type_traits>
+#include <vector>
 
 #include "common/spinlock.hpp"
 #include "engine/completion_queue.hpp"
@@ -105,10 +106,26 @@ struct QpExBatchDeleter {
 };
 // Every QP is allocated as an ibv_qp_ex; ibv_qp_to_qp_ex() hands it out only for
 // QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, the ones with a `batch`.
+struct IndTableHandle;
 struct QpHandle {
   ibv_qp_ex qp;
   engine::QueuePair* impl;
   std::unique_ptr<QpExBatch, QpExBatchDeleter> batch;  // null: no new post-send API
+  IndTableHandle* rss_table = nullptr;  // an RSS QP's indirection table, held while it lives
+};
+// A receive work queue (ibv_create_wq): an engine raw packet QP that has a
+// receive queue only; RDY is its RTR. Indirection tables that name it hold it.
+struct WqHandle {
+  ibv_wq wq;
+  engine::QueuePair* impl;
+  std::atomic<uint32_t> tables{0};
+};
+// An indirection table (ibv_create_rwq_ind_table): its work queues, each
+// held; RSS QPs made with it hold it.
+struct IndTableHandle {
+  ibv_rwq_ind_table table;
+  std::vector<WqHandle*> wqs;
+  std::atomic<uint32_t> qps{0};
 };
 struct FlowHandle {
   ibv_flow flow;
@@ -133,7 +150,8 @@ struct DmHandle {
 static_assert(offsetof(PdHandle, pd) == 0 && offsetof(MrHandle, mr) == 0 && offsetof(CqHandle, cq) == 0 &&
               offsetof(ChannelHandle, channel) == 0 && offsetof(QpHandle, qp) == 0 &&
               offsetof(SrqHandle, srq) == 0 && offsetof(AhHandle, ah) == 0 && offsetof(XrcdHandle, xrcd) == 0 &&
-              offsetof(DmHandle, dm) == 0 && offsetof(FlowHandle, flow) == 0);
+              offsetof(DmHandle, dm) == 0 && offsetof(FlowHandle, flow) == 0 && offsetof(WqHandle, wq) == 0 &&
+              offsetof(IndTableHandle, table) == 0);
 static_assert(std::is_standard_layout_v<ContextHandle> && std::is_standard_layout_v<QpHandle>);
 
 inline ContextHandle* to_context_handle(ibv_context* ctx) {

@@ -18,6 +18,12 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr);
 // Flow steering of raw packet QPs (flow.cpp).
 ibv_flow* create_flow_op(ibv_qp* qp, ibv_flow_attr* flow_attr);
 int destroy_flow_op(ibv_flow* flow);
+// Receive work queues and indirection tables of RSS QPs (wq.cpp).
+ibv_wq* create_wq_op(ibv_context* context, ibv_wq_init_attr* attr);
+int modify_wq_op(ibv_wq* wq, ibv_wq_attr* attr);
+int destroy_wq_op(ibv_wq* wq);
+ibv_rwq_ind_table* create_rwq_ind_table_op(ibv_context* context, ibv_rwq_ind_table_init_attr* attr);
+int destroy_rwq_ind_table_op(ibv_rwq_ind_table* table);
 int advise_mr_op(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge);
 // Device memory (device_memory.cpp).
 ibv_dm* alloc_dm_op(ibv_context* context, ibv_alloc_dm_attr* attr);

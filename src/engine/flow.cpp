@@ -23,7 +23,7 @@ Result<Flow*> Flow::create(QueuePair& qp, const ibv_flow_attr& attr) {
   const uint64_t id = next_id.fetch_add(1, std::memory_order_relaxed);
   auto* flow = new Flow(qp, *rule, id);
   qp.flows.attach();
-  qp.node().shm_link().attach_flow(id, qp.qpn(), *rule);
+  qp.node().shm_link().attach_flow(id, qp.flow_target(), *rule);
   return flow;
 }
 

@@ -6,6 +6,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/result.hpp"
@@ -14,6 +15,10 @@
 namespace softhca::engine {
 
 class QueuePair;
+
+// RSS QPs: the hash key length and the fields softhca hashes on.
+inline constexpr std::size_t kRxHashKeyBytes = transport::kRxHashKeyBytes;
+inline constexpr uint64_t kRxHashFields = transport::kRxHashFields;
 
 class Flow {
  public:

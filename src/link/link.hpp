@@ -151,11 +151,13 @@ class Link {
   virtual void join_group(const uint8_t* /*mgid*/, uint32_t /*ifindex*/) {}
   virtual void leave_group(const uint8_t* /*mgid*/, uint32_t /*ifindex*/) {}
   // Raw packet QPs: the port's virtual Ethernet segment. A flow (`id`, unique
-  // in the process) steers the frames its rule matches to QP `qpn`;
+  // in the process) steers the frames its rule matches to its target (a QP,
+  // or one of an RSS QP's work queues);
   // send_frame hands one frame (a raw QP's SEND: `request.data`, with
   // `request.src_qpn` the sender) to every QP flow steering picks
   // (transport/flow_steering.hpp). A frame nobody takes is dropped.
-  virtual void attach_flow(uint64_t /*id*/, uint32_t /*qpn*/, const transport::FlowRule& /*rule*/) {}
+  virtual void attach_flow(uint64_t /*id*/, const transport::FlowTarget& /*target*/,
+                           const transport::FlowRule& /*rule*/) {}
   virtual void detach_flow(uint64_t /*id*/) {}
   virtual void send_frame(const transport::Request& /*frame*/) {}
 };

@@ -5,6 +5,7 @@
 // malformed rules are refused with the errno the man page gives.
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 
@@ -291,6 +292,147 @@ TEST_F(Raw, SendWithImmediateIsRefused) {
   ibv_sge sge = tx_buf->sge(0, 64);
   ibv_send_wr wr = make_wr(9, IBV_WR_SEND_WITH_IMM, &sge, 1);
   EXPECT_EQ(post_send(tx.qp, wr), EINVAL);
+}
+
+// RSS: a raw packet QP over an indirection table of work queues; frames of
+// its flows land on the work queue a Toeplitz hash of their IPv4 addresses picks.
+class Rss : public Raw {
+ protected:
+  static constexpr int kWqs = 4;
+  static constexpr uint8_t kKey[40] = {0x2c, 0xc6, 0x81, 0xd1, 0x5b, 0xdb, 0xf4, 0xf7, 0xfc, 0xa2,
+                                       0x83, 0x19, 0xdb, 0x1a, 0x3e, 0x94, 0x6b, 0x9e, 0x38, 0xd9,
+                                       0x2c, 0x9c, 0x03, 0xd1, 0xad, 0x99, 0x44, 0xa7, 0xd9, 0x56,
+                                       0x3d, 0x59, 0x06, 0x3c, 0x25, 0xf3, 0xfc, 0x1f, 0xdc, 0x2a};
+
+  void SetUp() override {
+    Raw::SetUp();
+    ibv_context* ctx = rx.dev.ctx;
+    for (int i = 0; i < 2; ++i) {
+      cqs[i] = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
+      ASSERT_NE(cqs[i], nullptr);
+    }
+    for (int i = 0; i < kWqs; ++i) {
+      ibv_wq_init_attr wa{};
+      wa.wq_type = IBV_WQT_RQ;
+      wa.max_wr = 64;
+      wa.max_sge = 1;
+      wa.pd = rx.dev.pd;
+      wa.cq = cqs[i % 2];
+      wqs[i] = ibv_create_wq(ctx, &wa);
+      ASSERT_NE(wqs[i], nullptr) << strerror(errno);
+      ibv_wq_attr mod{};
+      mod.attr_mask = IBV_WQ_ATTR_STATE;
+      mod.wq_state = IBV_WQS_RDY;
+      ASSERT_EQ(ibv_modify_wq(wqs[i], &mod), 0);
+      ASSERT_EQ(wqs[i]->state, IBV_WQS_RDY);
+    }
+    ibv_rwq_ind_table_init_attr ta{};
+    ta.log_ind_tbl_size = 2;
+    ta.ind_tbl = wqs;
+    table = ibv_create_rwq_ind_table(ctx, &ta);
+    ASSERT_NE(table, nullptr) << strerror(errno);
+    rss_qp = create_rss_qp(IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4);
+    ASSERT_NE(rss_qp, nullptr) << strerror(errno);
+  }
+
+  void TearDown() override {
+    if (rss_qp) {
+      EXPECT_EQ(ibv_destroy_qp(rss_qp), 0);
+    }
+    if (table) {
+      EXPECT_EQ(ibv_destroy_rwq_ind_table(table), 0);
+    }
+    for (ibv_wq* wq : wqs) {
+      if (wq) {
+        EXPECT_EQ(ibv_destroy_wq(wq), 0);
+      }
+    }
+    for (ibv_cq* cq : cqs) {
+      if (cq) {
+        EXPECT_EQ(ibv_destroy_cq(cq), 0);
+      }
+    }
+  }
+
+  ibv_qp* create_rss_qp(uint64_t fields, uint8_t function = IBV_RX_HASH_FUNC_TOEPLITZ, uint8_t key_len = 40) {
+    ibv_qp_init_attr_ex qa{};
+    qa.qp_type = IBV_QPT_RAW_PACKET;
+    qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE;
+    qa.pd = rx.dev.pd;
+    qa.rwq_ind_tbl = table;
+    qa.rx_hash_conf.rx_hash_function = function;
+    qa.rx_hash_conf.rx_hash_key_len = key_len;
+    qa.rx_hash_conf.rx_hash_key = const_cast<uint8_t*>(kKey);
+    qa.rx_hash_conf.rx_hash_fields_mask = fields;
+    return ibv_create_qp_ex(rx.dev.ctx, &qa);
+  }
+
+  ibv_cq* cqs[2] = {};
+  ibv_wq* wqs[kWqs] = {};
+  ibv_rwq_ind_table* table = nullptr;
+  ibv_qp* rss_qp = nullptr;
+};
+
+TEST_F(Rss, FramesSpreadOverTheWorkQueues) {
+  constexpr int kFrames = 32;
+  for (ibv_wq* wq : wqs) {
+    for (int i = 0; i < kFrames; ++i) {
+      ibv_sge sge = rx_buf->sge(0, 2048);
+      ibv_recv_wr wr{};
+      wr.wr_id = wq->wq_num;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      ASSERT_EQ(ibv_post_wq_recv(wq, &wr, &bad), 0);
+    }
+  }
+  ibv_flow_attr all{};
+  all.type = IBV_FLOW_ATTR_NORMAL;
+  all.size = sizeof all;
+  all.port = 1;
+  ibv_flow* flow = ibv_create_flow(rss_qp, &all);  // no specs: every frame
+  ASSERT_NE(flow, nullptr) << strerror(errno);
+  for (int i = 0; i < kFrames; ++i) {
+    auto frame = udp_frame(5678);
+    frame[26] = static_cast<uint8_t>(i);  // the source address's first byte
+    frame[27] = static_cast<uint8_t>(i * 3);
+    send(frame);
+  }
+  std::vector<uint32_t> used;
+  size_t total = 0;
+  for (ibv_cq* cq : cqs) {
+    for (const ibv_wc& wc : poll_n(cq, kFrames, Millis(100))) {
+      ++total;
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+      EXPECT_EQ(wc.byte_len, 128u);
+      EXPECT_EQ(wc.qp_num, wc.wr_id);  // the work queue that received it
+      if (std::find(used.begin(), used.end(), wc.qp_num) == used.end()) used.push_back(wc.qp_num);
+    }
+  }
+  EXPECT_EQ(total, static_cast<size_t>(kFrames));
+  EXPECT_GT(used.size(), 1u);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+}
+
+TEST_F(Rss, ObjectsInUseRefuseDestruction) {
+  EXPECT_EQ(ibv_destroy_wq(wqs[0]), EBUSY);
+  EXPECT_EQ(ibv_destroy_rwq_ind_table(table), EBUSY);
+  // An RSS QP only receives.
+  ibv_sge sge = tx_buf->sge(0, 64);
+  ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+  EXPECT_EQ(post_send(rss_qp, wr), EINVAL);
+}
+
+TEST_F(Rss, BadHashConfigurationsAreRefused) {
+  errno = 0;
+  EXPECT_EQ(create_rss_qp(IBV_RX_HASH_SRC_IPV4, IBV_RX_HASH_FUNC_TOEPLITZ, 16), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(create_rss_qp(IBV_RX_HASH_INNER), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  errno = 0;
+  EXPECT_EQ(create_rss_qp(IBV_RX_HASH_SRC_IPV4, 2), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
 }
 
 }  // namespace

@@ -93,9 +93,9 @@ class ShmLink final : public link::Link {
   // The virtual Ethernet segment is this process's: its flows live here, so
   // raw QPs of every context of the process reach each other, and QPs of
   // other processes are not on the segment (their flows are not known here).
-  void attach_flow(uint64_t id, uint32_t qpn, const transport::FlowRule& rule) override {
+  void attach_flow(uint64_t id, const transport::FlowTarget& target, const transport::FlowRule& rule) override {
     std::lock_guard guard(flows_lock_);
-    flows_.add(id, qpn, rule);
+    flows_.add(id, target, rule);
   }
 
   void detach_flow(uint64_t id) override {
