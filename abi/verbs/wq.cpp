@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <new>
 
-#include "common/limits.hpp"
 #include "engine/context.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "handles.hpp"
