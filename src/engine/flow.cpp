@@ -21,9 +21,9 @@ Result<Flow*> Flow::create(QueuePair& qp, const ibv_flow_attr& attr) {
   }
   static std::atomic<uint64_t> next_id{1};
   const uint64_t id = next_id.fetch_add(1, std::memory_order_relaxed);
+  if (auto ok = qp.node().shm_link().attach_flow(id, qp.flow_target(), *rule); !ok) return fail(ok.error());
   auto* flow = new Flow(qp, *rule, id);
   qp.flows.attach();
-  qp.node().shm_link().attach_flow(id, qp.flow_target(), *rule);
   return flow;
 }
 

@@ -1,7 +1,8 @@
 // A flow steering rule attached to a raw packet QP (ibv_create_flow): while
 // it exists, the frames on the port's virtual Ethernet segment that its rule
 // matches reach the QP (transport/flow_steering.hpp says which). The rule is
-// handed to the shm link, which carries frames within this process.
+// handed to the shm link, which carries frames between the processes of the
+// host (host/raw_flows holds every process's flows).
 #pragma once
 
 #include <infiniband/verbs.h>

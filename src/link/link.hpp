@@ -16,6 +16,7 @@
 #include <span>
 
 #include "common/counters.hpp"
+#include "common/result.hpp"
 #include "transport/flow_steering.hpp"
 #include "transport/request.hpp"
 #include "transport/responder.hpp"
@@ -156,8 +157,11 @@ class Link {
   // send_frame hands one frame (a raw QP's SEND: `request.data`, with
   // `request.src_qpn` the sender) to every QP flow steering picks
   // (transport/flow_steering.hpp). A frame nobody takes is dropped.
-  virtual void attach_flow(uint64_t /*id*/, const transport::FlowTarget& /*target*/,
-                           const transport::FlowRule& /*rule*/) {}
+  // attach_flow: ENOMEM when the segment holds as many flows as it can.
+  virtual Result<void> attach_flow(uint64_t /*id*/, const transport::FlowTarget& /*target*/,
+                                   const transport::FlowRule& /*rule*/) {
+    return fail(std::errc::operation_not_supported);
+  }
   virtual void detach_flow(uint64_t /*id*/) {}
   virtual void send_frame(const transport::Request& /*frame*/) {}
 };

@@ -4,6 +4,8 @@
 // destroying a flow stops delivery; a QP with flows cannot be destroyed;
 // malformed rules are refused with the errno the man page gives.
 #include <arpa/inet.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -292,6 +294,67 @@ TEST_F(Raw, SendWithImmediateIsRefused) {
   ibv_sge sge = tx_buf->sge(0, 64);
   ibv_send_wr wr = make_wr(9, IBV_WR_SEND_WITH_IMM, &sge, 1);
   EXPECT_EQ(post_send(tx.qp, wr), EINVAL);
+}
+
+// The segment is the host's: a frame from this process reaches a raw QP of
+// a forked child (which opens its own context after the fork) whose flow
+// matches it; one that its flow does not match does not.
+TEST(RawProcesses, FrameReachesAnotherProcess) {
+  int ready[2];
+  int done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: a raw QP with a flow on UDP port 5678; reports 0 if it got
+    // exactly the matching frame, byte for byte.
+    int result = 1;
+    {
+      RawQp q;
+      Buffer buf(q.dev.pd, 4096);
+      UdpFlowAttr fa = udp_flow(5678);
+      ibv_flow* flow = q.ok() && q.to_rts() == 0 ? ibv_create_flow(q.qp, &fa.attr) : nullptr;
+      ibv_sge sge = buf.sge(0, 2048);
+      if (flow != nullptr && post_recv(q.qp, 1, &sge, 1) == 0) {
+        char c = 'r';
+        if (::write(ready[1], &c, 1) == 1) {
+          ibv_wc wc{};
+          const auto expected = udp_frame(5678, 300);
+          if (poll_one(q.cq, &wc) && wc.status == IBV_WC_SUCCESS && wc.byte_len == expected.size() &&
+              std::memcmp(buf.data(), expected.data(), expected.size()) == 0 && stays_empty(q.cq, Millis(50)))
+            result = 0;
+        }
+        ibv_destroy_flow(flow);
+      }
+    }
+    char c = static_cast<char>(result);
+    if (::write(done[1], &c, 1) != 1) result = 1;
+    ::_exit(result);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  {
+    RawQp tx;
+    ASSERT_TRUE(tx.ok());
+    ASSERT_EQ(tx.to_rts(), 0);
+    Buffer buf(tx.dev.pd, 4096);
+    for (const uint16_t port : {uint16_t{5679}, uint16_t{5678}}) {
+      const auto frame = udp_frame(port, 300);
+      std::memcpy(buf.data(), frame.data(), frame.size());
+      ibv_sge sge = buf.sge(0, static_cast<uint32_t>(frame.size()));
+      ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+      ASSERT_EQ(post_send(tx.qp, wr), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_one(tx.cq, &wc));
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    }
+  }
+  ASSERT_TRUE(fd_readable(done[0], Millis(10000)));
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
 }
 
 // RSS: a raw packet QP over an indirection table of work queues; frames of

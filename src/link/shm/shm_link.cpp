@@ -2,10 +2,15 @@
 // QP's shared state, for peers on this host.
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
+#include "common/log.hpp"
 #include "host/attachment.hpp"
+#include "host/raw_flows.hpp"
 #include "link/link.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
@@ -90,17 +95,27 @@ class ShmLink final : public link::Link {
     deliver(to.dest_qpn, request, grh);
   }
 
-  // The virtual Ethernet segment is this process's: its flows live here, so
-  // raw QPs of every context of the process reach each other, and QPs of
-  // other processes are not on the segment (their flows are not known here).
-  void attach_flow(uint64_t id, const transport::FlowTarget& target, const transport::FlowRule& rule) override {
+  // The virtual Ethernet segment is the host's: every process's flows are
+  // in the host's raw flow table (host/raw_flows), so a frame reaches the raw
+  // QPs of any process of the host whose flows match. Each process keeps a
+  // FlowTable built from it, rebuilt when the table's generation moves.
+  Result<void> attach_flow(uint64_t id, const transport::FlowTarget& target, const transport::FlowRule& rule) override {
+    StoredFlow stored{};
+    if (target.spread.size() > std::size(stored.spread)) return fail(std::errc::invalid_argument);
+    stored.rule = rule;
+    stored.qpn = target.qpn;
+    stored.nspread = static_cast<uint32_t>(target.spread.size());
+    std::copy(target.spread.begin(), target.spread.end(), stored.spread);
+    stored.hash = target.hash;
     std::lock_guard guard(flows_lock_);
-    flows_.add(id, target, rule);
+    host::RawFlows* table = raw_flows_locked();
+    if (table == nullptr) return fail(std::errc::not_enough_memory);
+    return table->add(host_.proc(), host_.pid(), id, &stored, sizeof stored, host_.registry());
   }
 
   void detach_flow(uint64_t id) override {
     std::lock_guard guard(flows_lock_);
-    flows_.remove(id);
+    if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.proc(), id);
   }
 
   void send_frame(const transport::Request& frame) override {
@@ -120,6 +135,9 @@ class ShmLink final : public link::Link {
     receivers.clear();
     {
       std::lock_guard guard(flows_lock_);
+      host::RawFlows* table = raw_flows_locked();
+      if (table == nullptr) return;
+      if (table->generation() != generation_) rebuild_locked(*table);
       if (flows_.empty()) return;
       flows_.select(keys, frame.src_qpn, receivers);
     }
@@ -143,8 +161,49 @@ class ShmLink final : public link::Link {
     transport::respond_datagram(request, std::span<const unsigned char>(grh, wire::kUdGrhBytes), port);
   }
 
+  // A flow as the host's table stores it (opaque bytes there).
+  struct StoredFlow {
+    transport::FlowRule rule;
+    uint32_t qpn;
+    uint32_t nspread;
+    uint32_t spread[256];
+    transport::RxHash hash;
+  };
+  static_assert(std::is_trivially_copyable_v<StoredFlow> && sizeof(StoredFlow) <= host::kRawFlowPayloadBytes);
+
+  host::RawFlows* raw_flows_locked() {
+    if (!raw_flows_ && !raw_flows_failed_) {
+      auto table = host::RawFlows::open();
+      if (table) {
+        raw_flows_.reset(*table);
+      } else {
+        raw_flows_failed_ = true;
+        SOFTHCA_WARN("raw flow table cannot be opened: raw packet qps receive nothing");
+      }
+    }
+    return raw_flows_.get();
+  }
+
+  void rebuild_locked(host::RawFlows& table) {
+    table.snapshot(snapshot_, host_.registry(), generation_);
+    flows_ = transport::FlowTable{};
+    uint64_t key = 0;
+    for (const host::RawFlowEntry& e : snapshot_) {
+      if (e.payload_len != sizeof(StoredFlow)) continue;
+      StoredFlow stored;
+      std::memcpy(&stored, e.payload, sizeof stored);
+      transport::FlowTarget target{stored.qpn, {stored.spread, stored.spread + std::min<uint32_t>(stored.nspread, 256)},
+                                   stored.hash};
+      flows_.add(++key, std::move(target), stored.rule);
+    }
+  }
+
   host::Attachment& host_;
   std::mutex flows_lock_;
+  std::unique_ptr<host::RawFlows> raw_flows_;
+  bool raw_flows_failed_ = false;
+  uint64_t generation_ = 0;
+  std::vector<host::RawFlowEntry> snapshot_;
   transport::FlowTable flows_;
 };
 
