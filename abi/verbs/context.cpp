@@ -25,12 +25,6 @@ extern "C" int ibv_query_port(ibv_context* context, uint8_t port_num, struct _co
 namespace softhca::abi {
 namespace {
 
-ibv_flow* create_flow_unsupported(ibv_qp*, ibv_flow_attr*) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-int destroy_flow_unsupported(ibv_flow*) { return fail_with(EOPNOTSUPP); }
-
 void fill_ops(ContextHandle& h) {
   verbs_context& v = h.vctx;
   ibv_context_ops& ops = v.context.ops;
@@ -61,11 +55,16 @@ void fill_ops(ContextHandle& h) {
   v.alloc_td = alloc_td_op;
   v.dealloc_td = dealloc_td_op;
   v.alloc_parent_domain = alloc_parent_domain_op;
-  v.ibv_create_flow = create_flow_unsupported;
-  v.ibv_destroy_flow = destroy_flow_unsupported;
+  v.create_wq = create_wq_op;
+  v.modify_wq = modify_wq_op;
+  v.destroy_wq = destroy_wq_op;
+  v.create_rwq_ind_table = create_rwq_ind_table_op;
+  v.destroy_rwq_ind_table = destroy_rwq_ind_table_op;
+  v.ibv_create_flow = create_flow_op;
+  v.ibv_destroy_flow = destroy_flow_op;
   // Apps built against libibverbs 1.1.8 reach the flow verbs through these.
-  v.ABI_placeholder1 = reinterpret_cast<void (*)(void)>(create_flow_unsupported);
-  v.ABI_placeholder2 = reinterpret_cast<void (*)(void)>(destroy_flow_unsupported);
+  v.ABI_placeholder1 = reinterpret_cast<void (*)(void)>(create_flow_op);
+  v.ABI_placeholder2 = reinterpret_cast<void (*)(void)>(destroy_flow_op);
   v.sz = sizeof(verbs_context);
 }
 

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "device_list.hpp"
+#include "engine/flow.hpp"
 #include "engine/device/device_info.hpp"
 #include "common/limits.hpp"
 #include "handles.hpp"
@@ -42,7 +43,8 @@ static_assert(sizeof(ibv_port_attr) == 52 && sizeof(ibv_device_attr_ex) == 400 &
 // bound through, and that QP's PD), as rxe reports them.
 constexpr unsigned kDeviceCapFlags = IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID |
                                      IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_XRC |
-                                     IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                                     IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
+                                     IBV_DEVICE_MANAGED_FLOW_STEERING;  // raw packet QPs' flows
 
 constexpr uint32_t kPortCapFlags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;  // what a RoCE port reports
 constexpr uint8_t kActiveWidth4x = 2;                                         // IBV_WIDTH_4X
@@ -144,6 +146,13 @@ void fill_device_attr_ex(ibv_device_attr_ex& x) {
   x.hca_core_clock = 1'000'000;
   x.device_cap_flags_ex = kDeviceCapFlags;
   x.phys_port_cnt_ex = static_cast<uint32_t>(limits::kPhysPortCnt);
+  // RSS over receive work queues (wq.cpp): raw packet QPs, Toeplitz.
+  x.rss_caps.supported_qpts = 1u << IBV_QPT_RAW_PACKET;
+  x.rss_caps.max_rwq_indirection_tables = static_cast<uint32_t>(limits::kMaxQp);
+  x.rss_caps.max_rwq_indirection_table_size = 256;
+  x.rss_caps.rx_hash_fields_mask = engine::kRxHashFields;
+  x.rss_caps.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
+  x.max_wq_type_rq = static_cast<uint32_t>(limits::kMaxQp);
 }
 
 // Writes `size` bytes at dst: the first min(size, sizeof src) from src, zeros after.

@@ -15,6 +15,7 @@
 #include <memory>
 #include <new>
 #include <type_traits>
+#include <vector>
 
 #include "common/spinlock.hpp"
 #include "engine/completion_queue.hpp"
@@ -28,6 +29,7 @@ class CompletionQueue;
 class CompletionChannel;
 class QueuePair;
 class SharedReceiveQueue;
+class Flow;
 class AddressHandle;
 class XrcDomain;
 class DeviceMemory;
@@ -104,10 +106,30 @@ struct QpExBatchDeleter {
 };
 // Every QP is allocated as an ibv_qp_ex; ibv_qp_to_qp_ex() hands it out only for
 // QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, the ones with a `batch`.
+struct IndTableHandle;
 struct QpHandle {
   ibv_qp_ex qp;
   engine::QueuePair* impl;
   std::unique_ptr<QpExBatch, QpExBatchDeleter> batch;  // null: no new post-send API
+  IndTableHandle* rss_table = nullptr;  // an RSS QP's indirection table, held while it lives
+};
+// A receive work queue (ibv_create_wq): an engine raw packet QP that has a
+// receive queue only; RDY is its RTR. Indirection tables that name it hold it.
+struct WqHandle {
+  ibv_wq wq;
+  engine::QueuePair* impl;
+  std::atomic<uint32_t> tables{0};
+};
+// An indirection table (ibv_create_rwq_ind_table): its work queues, each
+// held; RSS QPs made with it hold it.
+struct IndTableHandle {
+  ibv_rwq_ind_table table;
+  std::vector<WqHandle*> wqs;
+  std::atomic<uint32_t> qps{0};
+};
+struct FlowHandle {
+  ibv_flow flow;
+  engine::Flow* impl;
 };
 struct SrqHandle {
   ibv_srq srq;
@@ -128,7 +150,8 @@ struct DmHandle {
 static_assert(offsetof(PdHandle, pd) == 0 && offsetof(MrHandle, mr) == 0 && offsetof(CqHandle, cq) == 0 &&
               offsetof(ChannelHandle, channel) == 0 && offsetof(QpHandle, qp) == 0 &&
               offsetof(SrqHandle, srq) == 0 && offsetof(AhHandle, ah) == 0 && offsetof(XrcdHandle, xrcd) == 0 &&
-              offsetof(DmHandle, dm) == 0);
+              offsetof(DmHandle, dm) == 0 && offsetof(FlowHandle, flow) == 0 && offsetof(WqHandle, wq) == 0 &&
+              offsetof(IndTableHandle, table) == 0);
 static_assert(std::is_standard_layout_v<ContextHandle> && std::is_standard_layout_v<QpHandle>);
 
 inline ContextHandle* to_context_handle(ibv_context* ctx) {
@@ -150,6 +173,7 @@ inline engine::CompletionChannel* to_channel(ibv_comp_channel* ch) {
   return ch ? reinterpret_cast<ChannelHandle*>(ch)->impl : nullptr;
 }
 inline engine::QueuePair* to_qp(ibv_qp* qp) { return qp ? reinterpret_cast<QpHandle*>(qp)->impl : nullptr; }
+inline engine::Flow* to_flow(ibv_flow* flow) { return flow ? reinterpret_cast<FlowHandle*>(flow)->impl : nullptr; }
 inline engine::SharedReceiveQueue* to_srq(ibv_srq* srq) { return srq ? reinterpret_cast<SrqHandle*>(srq)->impl : nullptr; }
 inline engine::DeviceMemory* to_dm(ibv_dm* dm) { return dm ? reinterpret_cast<DmHandle*>(dm)->impl : nullptr; }
 inline engine::XrcDomain* to_xrcd(ibv_xrcd* xrcd) { return xrcd ? reinterpret_cast<XrcdHandle*>(xrcd)->impl : nullptr; }

@@ -4,6 +4,7 @@
 
 #include "engine/completion_queue.hpp"
 #include "engine/context.hpp"
+#include "engine/flow.hpp"
 #include "engine/protection_domain.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "engine/shared_receive_queue.hpp"
@@ -17,8 +18,10 @@ using namespace softhca::abi;
 namespace {
 
 // `pd` is nullptr (and `context` given) only for an XRC_RECV QP, which has `xrcd` instead.
+// rss_table and hash: an RSS QP (create_qp_ex_op checked both).
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast = false,
-                  ibv_context* context = nullptr, ibv_xrcd* xrcd = nullptr) {
+                  ibv_context* context = nullptr, ibv_xrcd* xrcd = nullptr, IndTableHandle* rss_table = nullptr,
+                  const ibv_rx_hash_conf* hash = nullptr) {
   engine::ProtectionDomain* impl_pd = to_pd(pd);
   if (context == nullptr && pd != nullptr) context = pd->context;
   engine::Context* impl_context = to_context(context);
@@ -39,6 +42,11 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast 
   init.max_inline_data = attr->cap.max_inline_data;
   init.sq_sig_all = attr->sq_sig_all != 0;
   init.block_self_multicast = block_self_multicast;
+  if (rss_table != nullptr && hash != nullptr) {
+    for (const WqHandle* wq : rss_table->wqs) init.rss_spread.push_back(wq->impl->qpn());
+    init.rx_hash.fields = hash->rx_hash_fields_mask;
+    std::memcpy(init.rx_hash.key.data(), hash->rx_hash_key, init.rx_hash.key.size());
+  }
   auto qp = engine::QueuePair::create(*impl_context, impl_pd, init);
   if (!qp) {
     errno = to_errno(qp.error());
@@ -46,6 +54,10 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast 
   }
   auto* h = new QpHandle{};
   h->impl = *qp;
+  if (!init.rss_spread.empty()) {
+    h->rss_table = rss_table;
+    rss_table->qps.fetch_add(1);
+  }
   h->impl->handle = &h->qp.qp_base;
   ibv_qp& q = h->qp.qp_base;
   q.context = context;
@@ -106,7 +118,8 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     // create_flags, only BLOCK_SELF_MCAST_LB on UD QPs (mckey -l) are
     // offered; RSS, TSO, ... are not.
     constexpr uint32_t kSupported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
-                                    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+                                    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_RX_HASH |
+                                    IBV_QP_INIT_ATTR_IND_TABLE;
     const bool send_ops = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
     const uint32_t create_flags = (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? attr->create_flags : 0;
     const uint32_t allowed_flags = attr->qp_type == IBV_QPT_UD ? IBV_QP_CREATE_BLOCK_SELF_MCAST_LB : 0;
@@ -114,6 +127,23 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
         (send_ops && check_send_ops_flags(attr->qp_type, attr->send_ops_flags) != 0)) {
       errno = EOPNOTSUPP;
       return nullptr;
+    }
+    // RSS: a raw packet QP that spreads its flows' frames over an
+    // indirection table's work queues by a Toeplitz hash (both masks).
+    constexpr uint32_t kRss = IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE;
+    const bool rss = (attr->comp_mask & kRss) != 0;
+    if (rss) {
+      const ibv_rx_hash_conf& hash = attr->rx_hash_conf;
+      if ((attr->comp_mask & kRss) != kRss || attr->qp_type != IBV_QPT_RAW_PACKET || attr->rwq_ind_tbl == nullptr ||
+          attr->rwq_ind_tbl->context != context || hash.rx_hash_key_len != engine::kRxHashKeyBytes ||
+          hash.rx_hash_key == nullptr || send_ops) {
+        errno = EINVAL;
+        return nullptr;
+      }
+      if (hash.rx_hash_function != IBV_RX_HASH_FUNC_TOEPLITZ || (hash.rx_hash_fields_mask & ~engine::kRxHashFields) != 0) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+      }
     }
     ibv_pd* pd = xrc_recv ? nullptr : attr->pd;
     ibv_xrcd* xrcd = xrc_recv ? attr->xrcd : nullptr;
@@ -129,7 +159,9 @@ ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     legacy.cap = attr->cap;
     legacy.qp_type = attr->qp_type;
     legacy.sq_sig_all = attr->sq_sig_all;
-    ibv_qp* qp = create_qp(pd, &legacy, (create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) != 0, context, xrcd);
+    ibv_qp* qp = create_qp(pd, &legacy, (create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) != 0, context, xrcd,
+                           rss ? reinterpret_cast<IndTableHandle*>(attr->rwq_ind_tbl) : nullptr,
+                           rss ? &attr->rx_hash_conf : nullptr);
     if (qp == nullptr) return nullptr;
     attr->cap = legacy.cap;
     if (send_ops) {
@@ -181,9 +213,12 @@ int ibv_destroy_qp(ibv_qp* qp) {
   return int_verb([&] {
     engine::QueuePair* impl = to_qp(qp);
     if (impl == nullptr) return EINVAL;
+    // Flows steering to it go first (the kernel's QP use count).
+    if (impl->flows.in_use()) return EBUSY;
     impl->context().forget_events(qp);
     impl->async_events.wait_all_acked();
     delete impl;
+    if (IndTableHandle* table = reinterpret_cast<QpHandle*>(qp)->rss_table) table->qps.fetch_sub(1);
     pthread_mutex_destroy(&qp->mutex);
     pthread_cond_destroy(&qp->cond);
     delete reinterpret_cast<QpHandle*>(qp);

@@ -311,6 +311,9 @@ int check_send_ops_flags(ibv_qp_type type, uint64_t send_ops_flags) {
     case IBV_QPT_XRC_SEND:
       supported = kRcSendOps & ~uint64_t{IBV_QP_EX_WITH_ATOMIC_WRITE};  // ATOMIC WRITE is RC's alone here
       break;
+    case IBV_QPT_RAW_PACKET:
+      supported = IBV_QP_EX_WITH_SEND;  // a frame: no immediate, no TSO
+      break;
     default:
       return EOPNOTSUPP;
   }

@@ -15,6 +15,15 @@ int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 ibv_cq_ex* create_cq_ex_op(ibv_context* context, ibv_cq_init_attr_ex* attr);
 ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr);
+// Flow steering of raw packet QPs (flow.cpp).
+ibv_flow* create_flow_op(ibv_qp* qp, ibv_flow_attr* flow_attr);
+int destroy_flow_op(ibv_flow* flow);
+// Receive work queues and indirection tables of RSS QPs (wq.cpp).
+ibv_wq* create_wq_op(ibv_context* context, ibv_wq_init_attr* attr);
+int modify_wq_op(ibv_wq* wq, ibv_wq_attr* attr);
+int destroy_wq_op(ibv_wq* wq);
+ibv_rwq_ind_table* create_rwq_ind_table_op(ibv_context* context, ibv_rwq_ind_table_init_attr* attr);
+int destroy_rwq_ind_table_op(ibv_rwq_ind_table* table);
 int advise_mr_op(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge);
 // Device memory (device_memory.cpp).
 ibv_dm* alloc_dm_op(ibv_context* context, ibv_alloc_dm_attr* attr);

@@ -38,6 +38,10 @@ inline constexpr int kMaxAh = 65536;
 inline constexpr uint32_t kMaxDmSize = 256 * 1024;
 inline constexpr uint32_t kMaxInlineData = 256;  // perftest asks for up to 236
 inline constexpr uint32_t kMaxMsgSize = 1U << 31;
+// Raw packet QPs: a frame holds at least an Ethernet header, and at most a
+// jumbo frame's 9000-byte payload behind an Ethernet header with two VLAN tags.
+inline constexpr uint32_t kMinRawFrame = 14;
+inline constexpr uint32_t kMaxRawFrame = 9000 + 14 + 8;
 inline constexpr uint16_t kMaxPkeys = 1;
 inline constexpr uint16_t kDefaultPkey = 0xFFFF;
 inline constexpr int kNumCompVectors = 1;

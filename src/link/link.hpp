@@ -16,6 +16,8 @@
 #include <span>
 
 #include "common/counters.hpp"
+#include "common/result.hpp"
+#include "transport/flow_steering.hpp"
 #include "transport/request.hpp"
 #include "transport/responder.hpp"
 
@@ -149,6 +151,19 @@ class Link {
   // is: a group that cannot be joined is logged and stays host-only.
   virtual void join_group(const uint8_t* /*mgid*/, uint32_t /*ifindex*/) {}
   virtual void leave_group(const uint8_t* /*mgid*/, uint32_t /*ifindex*/) {}
+  // Raw packet QPs: the port's virtual Ethernet segment. A flow (`id`, unique
+  // in the process) steers the frames its rule matches to its target (a QP,
+  // or one of an RSS QP's work queues);
+  // send_frame hands one frame (a raw QP's SEND: `request.data`, with
+  // `request.src_qpn` the sender) to every QP flow steering picks
+  // (transport/flow_steering.hpp). A frame nobody takes is dropped.
+  // attach_flow: ENOMEM when the segment holds as many flows as it can.
+  virtual Result<void> attach_flow(uint64_t /*id*/, const transport::FlowTarget& /*target*/,
+                                   const transport::FlowRule& /*rule*/) {
+    return fail(std::errc::operation_not_supported);
+  }
+  virtual void detach_flow(uint64_t /*id*/) {}
+  virtual void send_frame(const transport::Request& /*frame*/) {}
 };
 
 // The shared-memory link of this host, over this process's attachment.

@@ -386,6 +386,25 @@ void respond_datagram(const Request& req, std::span<const unsigned char> grh, Re
   port.complete_receive(c);
 }
 
+void respond_frame(const Request& req, ResponderPort& port) {
+  const ResponderQp qp = port.qp();
+  if (qp.type != IBV_QPT_RAW_PACKET || req.qp_type != IBV_QPT_RAW_PACKET || !receives_in_state(qp.state)) return;
+  if (req.op != Operation::kSend) return;
+  MessageInProgress m;
+  m.op = req.op;
+  m.reliable = false;
+  m.receive_pd_id = qp.receive_pd_id;
+  if (!port.take_receive(m.wqe)) return;
+  iovec to[limits::kMaxSge];
+  int nto = 0;
+  ibv_wc_status status = scatter_next(m, req.length, port, to, nto);
+  if (status == IBV_WC_SUCCESS && port.write(to, nto, req.data, req.ndata, req.length) != CopyStatus::kOk)
+    status = IBV_WC_LOC_PROT_ERR;
+  ReceiveCompletion c = completion_for(m.wqe, status, IBV_WC_RECV, req.length, req);
+  c.src_qp = 0;  // a frame comes from the wire, not from a QP
+  port.complete_receive(c);
+}
+
 const char* answer_name(Answer answer) {
   switch (answer) {
     case Answer::kAck:

@@ -117,6 +117,13 @@ Response finish(MessageInProgress& message, const Request& request, ResponderPor
 // dropped silently, as UD allows.
 void respond_datagram(const Request& request, std::span<const unsigned char> grh, ResponderPort& port);
 
+// Raw packet QPs: one Ethernet frame (the request's data, a SEND from a raw
+// QP) to the raw QP behind `port`, which flow steering chose. It lands at
+// the start of the receive buffer; the completion's byte_len is the frame's
+// length. A frame that cannot be received (no receive WQE, QP not in RTR or
+// later) is dropped, as a NIC drops it.
+void respond_frame(const Request& request, ResponderPort& port);
+
 // True for the states in which a QP accepts incoming messages (RTR and later, but not ERROR).
 bool receives_in_state(uint32_t state);
 

@@ -234,7 +234,11 @@ TEST_F(DeviceQuery, QueryDeviceEx) {
   // On-demand paging, implicit too (loopback odp_test checks what it does).
   EXPECT_EQ(ex.odp_caps.general_caps, uint64_t{IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT});
   EXPECT_EQ(ex.tso_caps.max_tso, 0u);
-  EXPECT_EQ(ex.rss_caps.supported_qpts, 0u);
+  // RSS over receive work queues: raw packet QPs, Toeplitz (loopback raw_test).
+  EXPECT_EQ(ex.rss_caps.supported_qpts, 1u << IBV_QPT_RAW_PACKET);
+  EXPECT_EQ(ex.rss_caps.rx_hash_function, IBV_RX_HASH_FUNC_TOEPLITZ);
+  EXPECT_EQ(ex.rss_caps.max_rwq_indirection_table_size, 256u);
+  EXPECT_NE(ex.orig_attr.device_cap_flags & IBV_DEVICE_MANAGED_FLOW_STEERING, 0u);
   EXPECT_EQ(ex.tm_caps.max_num_tags, 0u);
   EXPECT_EQ(ex.max_dm_size, uint64_t{limits::kMaxDmSize});
   EXPECT_EQ(ex.device_cap_flags_ex & 0xffffffffu, ex.orig_attr.device_cap_flags);

@@ -68,6 +68,9 @@ bool opcode_allowed(ibv_qp_type type, uint32_t opcode) {
              opcode == IBV_WR_RDMA_WRITE_WITH_IMM || opcode == IBV_WR_BIND_MW || opcode == IBV_WR_LOCAL_INV;
     case IBV_QPT_UD:
       return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM;
+    case IBV_QPT_RAW_PACKET:
+      // A frame has no immediate data: SEND only (no TSO offered).
+      return opcode == IBV_WR_SEND;
     default:
       return false;
   }
@@ -85,7 +88,9 @@ static_assert(limits::kMaxQp == host::kMaxQpSlots, "max_qp must be what the host
 Result<QueuePair*> QueuePair::create(Context& context, ProtectionDomain* pd, QpInitAttr& init) {
   const bool xrc_send = init.type == IBV_QPT_XRC_SEND;
   const bool xrc_recv = init.type == IBV_QPT_XRC_RECV;
-  if (init.type != IBV_QPT_RC && init.type != IBV_QPT_UC && init.type != IBV_QPT_UD && !xrc_send && !xrc_recv)
+  const bool rss = !init.rss_spread.empty();
+  if (init.type != IBV_QPT_RC && init.type != IBV_QPT_UC && init.type != IBV_QPT_UD &&
+      init.type != IBV_QPT_RAW_PACKET && !xrc_send && !xrc_recv)
     return fail(std::errc::operation_not_supported);
   if (xrc_recv) {
     // A TGT QP: only its domain; it sends nothing and receives into the SRQs
@@ -97,8 +102,14 @@ Result<QueuePair*> QueuePair::create(Context& context, ProtectionDomain* pd, QpI
     init.max_send_wr = init.max_recv_wr = init.max_send_sge = init.max_recv_sge = init.max_inline_data = 0;
   } else {
     init.xrcd = nullptr;
-    if (pd == nullptr || init.send_cq == nullptr) return fail(std::errc::invalid_argument);
-    if (xrc_send) {
+    if (rss && init.type != IBV_QPT_RAW_PACKET) return fail(std::errc::invalid_argument);
+    if (pd == nullptr || (init.send_cq == nullptr && !rss)) return fail(std::errc::invalid_argument);
+    if (rss) {
+      // Receives only, into its work queues: no send or receive queue.
+      init.send_cq = init.recv_cq = nullptr;
+      init.srq = nullptr;
+      init.max_send_wr = init.max_recv_wr = init.max_recv_sge = init.max_inline_data = 0;
+    } else if (xrc_send) {
       // An INI QP receives nothing: no receive queue, CQ or SRQ.
       init.recv_cq = nullptr;
       init.srq = nullptr;
@@ -107,7 +118,7 @@ Result<QueuePair*> QueuePair::create(Context& context, ProtectionDomain* pd, QpI
       return fail(std::errc::invalid_argument);
     }
   }
-  const bool has_rq = init.srq == nullptr && !xrc_send && !xrc_recv;
+  const bool has_rq = init.srq == nullptr && !xrc_send && !xrc_recv && !rss;
   if (init.max_send_wr > static_cast<uint32_t>(limits::kMaxQpWr) ||
       init.max_send_sge > static_cast<uint32_t>(limits::kMaxSge) ||
       init.max_inline_data > limits::kMaxInlineData ||
@@ -259,7 +270,9 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   if ((mask & IBV_QP_DEST_QPN) != 0) channel_.reset();
   // A connected QP binds to its peer when it reaches RTR (the shm link takes
   // the peer's incarnation then, so a later QP with the same number is not it).
-  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD) open_channel_locked();
+  // (A raw QP has no peer: flow steering picks its frames' receivers.)
+  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type != IBV_QPT_UD && init_.type != IBV_QPT_RAW_PACKET)
+    open_channel_locked();
   // A UD QP receives from anyone: peers on other hosts need this process to listen.
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && init_.type == IBV_QPT_UD) node_.udp_link().listen();
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR && channel_)
@@ -411,6 +424,10 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
 }
 
 int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  if (!init_.rss_spread.empty()) {  // an RSS QP only receives
+    *bad_wr = wr;
+    return EINVAL;
+  }
   std::lock_guard guard(sq_lock_);
   const uint32_t st = shared_->state.load(std::memory_order_acquire);
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) {

@@ -22,6 +22,7 @@
 #include "engine/context.hpp"
 #include "engine/qp/qp_state.hpp"
 #include "engine/qp/send_wqe.hpp"
+#include "engine/user_count.hpp"
 #include "host/shared_queues.hpp"
 #include "link/link.hpp"
 #include "transport/completer.hpp"
@@ -50,6 +51,11 @@ struct QpInitAttr {
   // XRC_RECV (TGT) QPs: their domain. They have no PD, CQs or queues of
   // their own; each message names the XRC SRQ that receives it.
   XrcDomain* xrcd = nullptr;
+  // RSS (raw packet QPs made with an indirection table): no queues or CQs
+  // of its own; its flows spread frames over these work queues (their
+  // QPNs, a power of two of them) by `rx_hash`.
+  std::vector<uint32_t> rss_spread;
+  transport::RxHash rx_hash;
 };
 
 class QueuePair {
@@ -79,6 +85,8 @@ class QueuePair {
   const QpInitAttr& init_attr() const { return init_; }
   const QpAttributes& attrs() const { return attrs_; }
   uint32_t id() const { return id_; }
+  // Where the frames of this QP's flows go: the QP, or its work queues.
+  transport::FlowTarget flow_target() const { return {qpn_, init_.rss_spread, init_.rx_hash}; }
 
   // ibv_attach_mcast / ibv_detach_mcast of a UD QP: `mgid` is 16 bytes.
   Result<void> attach_multicast(const uint8_t* mgid);
@@ -86,6 +94,9 @@ class QueuePair {
 
   void* handle = nullptr;  // the application's ibv_qp
   EventCounters async_events;
+  // The flows steering frames to this QP (engine/flow.hpp): ibv_destroy_qp
+  // refuses (EBUSY) while any is attached, as the kernel does.
+  UserCount flows;
 
   // The owner polled a completion of this QP (CompletionQueue::poll). A send
   // WQE's slot stays taken until its completion, or a later one of the same

@@ -149,6 +149,16 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
   request.ndata = nlocal;
   request.length = length;
 
+  if (init_.type == IBV_QPT_RAW_PACKET) {
+    // One Ethernet frame onto the port's virtual segment (this process's,
+    // on the shm link), where flow steering picks its receivers. Like a
+    // frame on a wire, it is sent whether or not anyone takes it.
+    if (length < limits::kMinRawFrame || length > limits::kMaxRawFrame)
+      return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
+    node_.shm_link().send_frame(request);
+    return verdict(Verdict::complete(IBV_WC_SUCCESS));
+  }
+
   if (init_.type == IBV_QPT_UD) {
     if (length > device_info().active_mtu_bytes) return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
     const AddressVector& av = wqe.ah->av();

@@ -1,8 +1,16 @@
 // The shm link: the initiator executes the responder itself, on the target
 // QP's shared state, for peers on this host.
+#include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <vector>
 
+#include "common/log.hpp"
 #include "host/attachment.hpp"
+#include "host/raw_flows.hpp"
 #include "link/link.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
@@ -87,6 +95,62 @@ class ShmLink final : public link::Link {
     deliver(to.dest_qpn, request, grh);
   }
 
+  // The virtual Ethernet segment is the host's: every process's flows are
+  // in the host's raw flow table (host/raw_flows), so a frame reaches the raw
+  // QPs of any process of the host whose flows match. Each process keeps a
+  // FlowTable built from it, rebuilt when the table's generation moves.
+  Result<void> attach_flow(uint64_t id, const transport::FlowTarget& target, const transport::FlowRule& rule) override {
+    StoredFlow stored{};
+    if (target.spread.size() > std::size(stored.spread)) return fail(std::errc::invalid_argument);
+    stored.rule = rule;
+    stored.qpn = target.qpn;
+    stored.nspread = static_cast<uint32_t>(target.spread.size());
+    std::copy(target.spread.begin(), target.spread.end(), stored.spread);
+    stored.hash = target.hash;
+    std::lock_guard guard(flows_lock_);
+    host::RawFlows* table = raw_flows_locked();
+    if (table == nullptr) return fail(std::errc::not_enough_memory);
+    return table->add(host_.proc(), host_.pid(), id, &stored, sizeof stored, host_.registry());
+  }
+
+  void detach_flow(uint64_t id) override {
+    std::lock_guard guard(flows_lock_);
+    if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.proc(), id);
+  }
+
+  void send_frame(const transport::Request& frame) override {
+    // The headers flow steering looks at, gathered from the frame's pieces.
+    unsigned char headers[transport::kFlowHeaderBytes];
+    std::size_t have = 0;
+    for (int i = 0; i < frame.ndata && have < sizeof headers; ++i) {
+      const std::size_t n = std::min(frame.data[i].iov_len, sizeof headers - have);
+      std::memcpy(headers + have, frame.data[i].iov_base, n);
+      have += n;
+    }
+    transport::FrameKeys keys;
+    if (!transport::parse_frame(std::span<const uint8_t>(headers, have), keys)) return;
+    // Picked under the lock, delivered outside it (delivery copies into
+    // other QPs' memory). Reused, so that a send allocates nothing.
+    thread_local std::vector<uint32_t> receivers;
+    receivers.clear();
+    {
+      std::lock_guard guard(flows_lock_);
+      host::RawFlows* table = raw_flows_locked();
+      if (table == nullptr) return;
+      if (table->generation() != generation_) rebuild_locked(*table);
+      if (flows_.empty()) return;
+      flows_.select(keys, frame.src_qpn, receivers);
+    }
+    for (const uint32_t qpn : receivers) {
+      TargetQp target;
+      if (!resolve(host_, qpn, target)) continue;
+      MemoryAccess access(host_, target.proc);
+      if (!still_there(target)) continue;
+      ShmResponderPort port(host_, target);
+      transport::respond_frame(frame, port);
+    }
+  }
+
  private:
   void deliver(uint32_t qpn, const transport::Request& request, const unsigned char* grh) {
     TargetQp target;
@@ -97,7 +161,50 @@ class ShmLink final : public link::Link {
     transport::respond_datagram(request, std::span<const unsigned char>(grh, wire::kUdGrhBytes), port);
   }
 
+  // A flow as the host's table stores it (opaque bytes there).
+  struct StoredFlow {
+    transport::FlowRule rule;
+    uint32_t qpn;
+    uint32_t nspread;
+    uint32_t spread[256];
+    transport::RxHash hash;
+  };
+  static_assert(std::is_trivially_copyable_v<StoredFlow> && sizeof(StoredFlow) <= host::kRawFlowPayloadBytes);
+
+  host::RawFlows* raw_flows_locked() {
+    if (!raw_flows_ && !raw_flows_failed_) {
+      auto table = host::RawFlows::open();
+      if (table) {
+        raw_flows_.reset(*table);
+      } else {
+        raw_flows_failed_ = true;
+        SOFTHCA_WARN("raw flow table cannot be opened: raw packet qps receive nothing");
+      }
+    }
+    return raw_flows_.get();
+  }
+
+  void rebuild_locked(host::RawFlows& table) {
+    table.snapshot(snapshot_, host_.registry(), generation_);
+    flows_ = transport::FlowTable{};
+    uint64_t key = 0;
+    for (const host::RawFlowEntry& e : snapshot_) {
+      if (e.payload_len != sizeof(StoredFlow)) continue;
+      StoredFlow stored;
+      std::memcpy(&stored, e.payload, sizeof stored);
+      transport::FlowTarget target{stored.qpn, {stored.spread, stored.spread + std::min<uint32_t>(stored.nspread, 256)},
+                                   stored.hash};
+      flows_.add(++key, std::move(target), stored.rule);
+    }
+  }
+
   host::Attachment& host_;
+  std::mutex flows_lock_;
+  std::unique_ptr<host::RawFlows> raw_flows_;
+  bool raw_flows_failed_ = false;
+  uint64_t generation_ = 0;
+  std::vector<host::RawFlowEntry> snapshot_;
+  transport::FlowTable flows_;
 };
 
 }  // namespace

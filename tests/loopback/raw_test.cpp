@@ -1,0 +1,502 @@
+// Raw packet QPs and flow steering (ibv_create_flow) on softhca's virtual
+// Ethernet segment, between QPs of two contexts of this process: a frame
+// reaches the QPs whose flows match it, byte for byte, and nobody else;
+// destroying a flow stops delivery; a QP with flows cannot be destroyed;
+// malformed rules are refused with the errno the man page gives.
+#include <arpa/inet.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+
+#include "loopback.hpp"
+
+namespace loopback {
+namespace {
+
+const uint8_t kDstMac[6] = {0x02, 0x50, 0x56, 0x19, 0x20, 0xa7};
+const uint8_t kSrcMac[6] = {0x24, 0x8a, 0x07, 0xa5, 0x28, 0xc8};
+
+// Ethernet | IPv4 1.1.1.1 -> 2.2.2.2 | UDP src_port -> dst_port | payload.
+std::vector<uint8_t> udp_frame(uint16_t dst_port, size_t size = 128, uint16_t src_port = 1234) {
+  std::vector<uint8_t> f(size < 42 ? 42 : size);
+  for (size_t i = 42; i < f.size(); ++i) f[i] = static_cast<uint8_t>(i * 7);
+  uint8_t* p = f.data();
+  std::memcpy(p, kDstMac, 6);
+  std::memcpy(p + 6, kSrcMac, 6);
+  p[12] = 0x08;  // IPv4
+  const uint8_t ip[20] = {0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2};
+  std::memcpy(p + 14, ip, sizeof ip);
+  const uint8_t ports[4] = {static_cast<uint8_t>(src_port >> 8), static_cast<uint8_t>(src_port),
+                            static_cast<uint8_t>(dst_port >> 8), static_cast<uint8_t>(dst_port)};
+  std::memcpy(p + 34, ports, sizeof ports);
+  return f;
+}
+
+// A flow attr with one UDP-destination-port spec (or none).
+struct UdpFlowAttr {
+  ibv_flow_attr attr;
+  ibv_flow_spec_tcp_udp udp;
+};
+// The spec follows the attr with no gap, as ibv_create_flow reads it.
+static_assert(offsetof(UdpFlowAttr, udp) == sizeof(ibv_flow_attr));
+
+UdpFlowAttr udp_flow(uint16_t dst_port, uint16_t priority = 0) {
+  UdpFlowAttr a{};
+  a.attr.type = IBV_FLOW_ATTR_NORMAL;
+  a.attr.size = sizeof a;
+  a.attr.priority = priority;
+  a.attr.num_of_specs = 1;
+  a.attr.port = 1;
+  a.udp.type = IBV_FLOW_SPEC_UDP;
+  a.udp.size = sizeof a.udp;
+  a.udp.val.dst_port = htons(dst_port);
+  a.udp.mask.dst_port = 0xffff;
+  return a;
+}
+
+// A raw packet QP of its own context, moved to RTS with the masks rdma-core's
+// tests use (INIT: state and port; RTR, RTS: state).
+class RawQp {
+ public:
+  RawQp() {
+    if (!dev.ok()) return;
+    cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = cq;
+    init.qp_type = IBV_QPT_RAW_PACKET;
+    init.cap.max_send_wr = init.cap.max_recv_wr = 32;
+    init.cap.max_send_sge = init.cap.max_recv_sge = 2;
+    init.cap.max_inline_data = 128;
+    qp = ibv_create_qp(dev.pd, &init);
+  }
+  ~RawQp() {
+    if (qp) ibv_destroy_qp(qp);
+    if (cq) ibv_destroy_cq(cq);
+  }
+  bool ok() const { return qp != nullptr; }
+  int to_rts() {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    if (int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT)) return rc;
+    a = ibv_qp_attr{};
+    a.qp_state = IBV_QPS_RTR;
+    if (int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE)) return rc;
+    a.qp_state = IBV_QPS_RTS;
+    return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+  }
+
+  Device dev;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+};
+
+class Raw : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(tx.ok() && rx.ok());
+    ASSERT_EQ(tx.to_rts(), 0);
+    ASSERT_EQ(rx.to_rts(), 0);
+    tx_buf = std::make_unique<Buffer>(tx.dev.pd, 4096);
+    rx_buf = std::make_unique<Buffer>(rx.dev.pd, 4096);
+  }
+
+  // Sends `frame` from tx (signaled) and expects its successful completion.
+  void send(const std::vector<uint8_t>& frame, unsigned flags = IBV_SEND_SIGNALED) {
+    std::memcpy(tx_buf->data(), frame.data(), frame.size());
+    // Two SGEs: the frame is gathered.
+    const uint32_t head = static_cast<uint32_t>(frame.size() / 3);
+    ibv_sge sges[2] = {tx_buf->sge(0, head), tx_buf->sge(head, static_cast<uint32_t>(frame.size()) - head)};
+    ibv_send_wr wr = make_wr(7, IBV_WR_SEND, sges, 2, flags);
+    ASSERT_EQ(post_send(tx.qp, wr), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_one(tx.cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.opcode, IBV_WC_SEND);
+  }
+
+  void post_rx(uint64_t wr_id = 1) {
+    ibv_sge sge = rx_buf->sge(0, 2048);
+    ASSERT_EQ(post_recv(rx.qp, wr_id, &sge, 1), 0);
+  }
+
+  // The next frame rx receives: its completion, and its bytes checked.
+  void expect_received(const std::vector<uint8_t>& frame) {
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_one(rx.cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+    EXPECT_EQ(wc.byte_len, frame.size());
+    EXPECT_EQ(wc.qp_num, rx.qp->qp_num);
+    EXPECT_EQ(first_mismatch(rx_buf->span(0, frame.size()), frame), -1);
+  }
+
+  RawQp tx, rx;
+  std::unique_ptr<Buffer> tx_buf, rx_buf;
+};
+
+TEST_F(Raw, StateMachineTakesOnlyThePortAtInit) {
+  RawQp q;
+  ASSERT_TRUE(q.ok());
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qkey = 1;
+  EXPECT_EQ(ibv_modify_qp(q.qp, &a, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_QKEY), EINVAL);
+  EXPECT_EQ(ibv_modify_qp(q.qp, &a, IBV_QP_STATE), EINVAL);  // the port is required
+  EXPECT_EQ(q.to_rts(), 0);
+  EXPECT_EQ(qp_state(q.qp), IBV_QPS_RTS);
+}
+
+TEST_F(Raw, MatchingFrameIsReceivedWhole) {
+  UdpFlowAttr fa = udp_flow(5678);
+  ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr) << strerror(errno);
+  for (int i = 0; i < 3; ++i) {
+    post_rx();
+    const auto frame = udp_frame(5678, 100 + static_cast<size_t>(i) * 400);
+    send(frame);
+    expect_received(frame);
+  }
+  // Inline too.
+  post_rx();
+  const auto frame = udp_frame(5678, 96);
+  std::vector<uint8_t> copy = frame;
+  ibv_sge sge{reinterpret_cast<uint64_t>(copy.data()), static_cast<uint32_t>(copy.size()), 0};
+  ibv_send_wr wr = make_wr(8, IBV_WR_SEND, &sge, 1, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+  ASSERT_EQ(post_send(tx.qp, wr), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(tx.cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  expect_received(frame);
+  // The sender has no flow: it received nothing of its own.
+  EXPECT_TRUE(stays_empty(tx.cq, Millis(20)));
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+}
+
+TEST_F(Raw, UnmatchedFrameIsDropped) {
+  UdpFlowAttr fa = udp_flow(5678);
+  ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr);
+  post_rx();
+  send(udp_frame(5679));
+  EXPECT_TRUE(stays_empty(rx.cq, Millis(50)));
+  // The receive WQE is still there for the next matching frame.
+  const auto frame = udp_frame(5678);
+  send(frame);
+  expect_received(frame);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+}
+
+TEST_F(Raw, DestroyedFlowStopsDelivery) {
+  UdpFlowAttr fa = udp_flow(5678);
+  ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr);
+  post_rx();
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+  send(udp_frame(5678));
+  EXPECT_TRUE(stays_empty(rx.cq, Millis(50)));
+}
+
+TEST_F(Raw, QpWithFlowsCannotBeDestroyed) {
+  RawQp q;
+  ASSERT_TRUE(q.ok());
+  UdpFlowAttr fa = udp_flow(1);
+  ibv_flow* flow = ibv_create_flow(q.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr);
+  EXPECT_EQ(ibv_destroy_qp(q.qp), EBUSY);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+  EXPECT_EQ(ibv_destroy_qp(q.qp), 0);
+  q.qp = nullptr;
+}
+
+TEST_F(Raw, HigherPriorityFlowTakesTheFrame) {
+  RawQp other;
+  ASSERT_TRUE(other.ok());
+  ASSERT_EQ(other.to_rts(), 0);
+  Buffer other_buf(other.dev.pd, 4096);
+  ibv_sge sge = other_buf.sge(0, 2048);
+  ASSERT_EQ(post_recv(other.qp, 1, &sge, 1), 0);
+  post_rx();
+  UdpFlowAttr low = udp_flow(5678, 3);
+  UdpFlowAttr high = udp_flow(5678, 1);
+  ibv_flow* f_other = ibv_create_flow(other.qp, &low.attr);
+  ibv_flow* f_rx = ibv_create_flow(rx.qp, &high.attr);
+  ASSERT_NE(f_other, nullptr);
+  ASSERT_NE(f_rx, nullptr);
+  const auto frame = udp_frame(5678);
+  send(frame);
+  expect_received(frame);
+  EXPECT_TRUE(stays_empty(other.cq, Millis(50)));
+  EXPECT_EQ(ibv_destroy_flow(f_rx), 0);
+  EXPECT_EQ(ibv_destroy_flow(f_other), 0);
+}
+
+TEST_F(Raw, SnifferSeesEveryFrame) {
+  ibv_flow_attr sniff{};
+  sniff.type = IBV_FLOW_ATTR_SNIFFER;
+  sniff.size = sizeof sniff;
+  sniff.port = 1;
+  ibv_flow* flow = ibv_create_flow(rx.qp, &sniff);
+  ASSERT_NE(flow, nullptr) << strerror(errno);
+  post_rx();
+  const auto frame = udp_frame(9, 64);
+  send(frame);
+  expect_received(frame);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+}
+
+TEST_F(Raw, BadFlowsAreRefused) {
+  UdpFlowAttr fa = udp_flow(1);
+  fa.attr.port = 2;
+  errno = 0;
+  EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+
+  fa = udp_flow(1);
+  fa.udp.size = 4;
+  errno = 0;
+  EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+
+  fa = udp_flow(1);
+  fa.attr.flags = IBV_FLOW_ATTR_FLAGS_EGRESS;
+  errno = 0;
+  EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+
+  // Flows steer to raw packet QPs only.
+  ibv_cq* cq = ibv_create_cq(rx.dev.ctx, 4, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* rc = create_qp(rx.dev.pd, cq, cq, QpConfig{});
+  ASSERT_NE(rc, nullptr);
+  fa = udp_flow(1);
+  errno = 0;
+  EXPECT_EQ(ibv_create_flow(rc, &fa.attr), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(ibv_destroy_qp(rc), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+TEST_F(Raw, FrameShorterThanAnEthernetHeaderFails) {
+  ibv_sge sge = tx_buf->sge(0, 10);
+  ibv_send_wr wr = make_wr(9, IBV_WR_SEND, &sge, 1);
+  ASSERT_EQ(post_send(tx.qp, wr), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(tx.cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_LOC_LEN_ERR);
+}
+
+TEST_F(Raw, SendWithImmediateIsRefused) {
+  ibv_sge sge = tx_buf->sge(0, 64);
+  ibv_send_wr wr = make_wr(9, IBV_WR_SEND_WITH_IMM, &sge, 1);
+  EXPECT_EQ(post_send(tx.qp, wr), EINVAL);
+}
+
+// The segment is the host's: a frame from this process reaches a raw QP of
+// a forked child (which opens its own context after the fork) whose flow
+// matches it; one that its flow does not match does not.
+TEST(RawProcesses, FrameReachesAnotherProcess) {
+  int ready[2];
+  int done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: a raw QP with a flow on UDP port 5678; reports 0 if it got
+    // exactly the matching frame, byte for byte.
+    int result = 1;
+    {
+      RawQp q;
+      Buffer buf(q.dev.pd, 4096);
+      UdpFlowAttr fa = udp_flow(5678);
+      ibv_flow* flow = q.ok() && q.to_rts() == 0 ? ibv_create_flow(q.qp, &fa.attr) : nullptr;
+      ibv_sge sge = buf.sge(0, 2048);
+      if (flow != nullptr && post_recv(q.qp, 1, &sge, 1) == 0) {
+        char c = 'r';
+        if (::write(ready[1], &c, 1) == 1) {
+          ibv_wc wc{};
+          const auto expected = udp_frame(5678, 300);
+          if (poll_one(q.cq, &wc) && wc.status == IBV_WC_SUCCESS && wc.byte_len == expected.size() &&
+              std::memcmp(buf.data(), expected.data(), expected.size()) == 0 && stays_empty(q.cq, Millis(50)))
+            result = 0;
+        }
+        ibv_destroy_flow(flow);
+      }
+    }
+    char c = static_cast<char>(result);
+    if (::write(done[1], &c, 1) != 1) result = 1;
+    ::_exit(result);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  {
+    RawQp tx;
+    ASSERT_TRUE(tx.ok());
+    ASSERT_EQ(tx.to_rts(), 0);
+    Buffer buf(tx.dev.pd, 4096);
+    for (const uint16_t port : {uint16_t{5679}, uint16_t{5678}}) {
+      const auto frame = udp_frame(port, 300);
+      std::memcpy(buf.data(), frame.data(), frame.size());
+      ibv_sge sge = buf.sge(0, static_cast<uint32_t>(frame.size()));
+      ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+      ASSERT_EQ(post_send(tx.qp, wr), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_one(tx.cq, &wc));
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    }
+  }
+  ASSERT_TRUE(fd_readable(done[0], Millis(10000)));
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
+}
+
+// RSS: a raw packet QP over an indirection table of work queues; frames of
+// its flows land on the work queue a Toeplitz hash of their IPv4 addresses picks.
+class Rss : public Raw {
+ protected:
+  static constexpr int kWqs = 4;
+  static constexpr uint8_t kKey[40] = {0x2c, 0xc6, 0x81, 0xd1, 0x5b, 0xdb, 0xf4, 0xf7, 0xfc, 0xa2,
+                                       0x83, 0x19, 0xdb, 0x1a, 0x3e, 0x94, 0x6b, 0x9e, 0x38, 0xd9,
+                                       0x2c, 0x9c, 0x03, 0xd1, 0xad, 0x99, 0x44, 0xa7, 0xd9, 0x56,
+                                       0x3d, 0x59, 0x06, 0x3c, 0x25, 0xf3, 0xfc, 0x1f, 0xdc, 0x2a};
+
+  void SetUp() override {
+    Raw::SetUp();
+    ibv_context* ctx = rx.dev.ctx;
+    for (int i = 0; i < 2; ++i) {
+      cqs[i] = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
+      ASSERT_NE(cqs[i], nullptr);
+    }
+    for (int i = 0; i < kWqs; ++i) {
+      ibv_wq_init_attr wa{};
+      wa.wq_type = IBV_WQT_RQ;
+      wa.max_wr = 64;
+      wa.max_sge = 1;
+      wa.pd = rx.dev.pd;
+      wa.cq = cqs[i % 2];
+      wqs[i] = ibv_create_wq(ctx, &wa);
+      ASSERT_NE(wqs[i], nullptr) << strerror(errno);
+      ibv_wq_attr mod{};
+      mod.attr_mask = IBV_WQ_ATTR_STATE;
+      mod.wq_state = IBV_WQS_RDY;
+      ASSERT_EQ(ibv_modify_wq(wqs[i], &mod), 0);
+      ASSERT_EQ(wqs[i]->state, IBV_WQS_RDY);
+    }
+    ibv_rwq_ind_table_init_attr ta{};
+    ta.log_ind_tbl_size = 2;
+    ta.ind_tbl = wqs;
+    table = ibv_create_rwq_ind_table(ctx, &ta);
+    ASSERT_NE(table, nullptr) << strerror(errno);
+    rss_qp = create_rss_qp(IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4);
+    ASSERT_NE(rss_qp, nullptr) << strerror(errno);
+  }
+
+  void TearDown() override {
+    if (rss_qp) {
+      EXPECT_EQ(ibv_destroy_qp(rss_qp), 0);
+    }
+    if (table) {
+      EXPECT_EQ(ibv_destroy_rwq_ind_table(table), 0);
+    }
+    for (ibv_wq* wq : wqs) {
+      if (wq) {
+        EXPECT_EQ(ibv_destroy_wq(wq), 0);
+      }
+    }
+    for (ibv_cq* cq : cqs) {
+      if (cq) {
+        EXPECT_EQ(ibv_destroy_cq(cq), 0);
+      }
+    }
+  }
+
+  ibv_qp* create_rss_qp(uint64_t fields, uint8_t function = IBV_RX_HASH_FUNC_TOEPLITZ, uint8_t key_len = 40) {
+    ibv_qp_init_attr_ex qa{};
+    qa.qp_type = IBV_QPT_RAW_PACKET;
+    qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE;
+    qa.pd = rx.dev.pd;
+    qa.rwq_ind_tbl = table;
+    qa.rx_hash_conf.rx_hash_function = function;
+    qa.rx_hash_conf.rx_hash_key_len = key_len;
+    qa.rx_hash_conf.rx_hash_key = const_cast<uint8_t*>(kKey);
+    qa.rx_hash_conf.rx_hash_fields_mask = fields;
+    return ibv_create_qp_ex(rx.dev.ctx, &qa);
+  }
+
+  ibv_cq* cqs[2] = {};
+  ibv_wq* wqs[kWqs] = {};
+  ibv_rwq_ind_table* table = nullptr;
+  ibv_qp* rss_qp = nullptr;
+};
+
+TEST_F(Rss, FramesSpreadOverTheWorkQueues) {
+  constexpr int kFrames = 32;
+  for (ibv_wq* wq : wqs) {
+    for (int i = 0; i < kFrames; ++i) {
+      ibv_sge sge = rx_buf->sge(0, 2048);
+      ibv_recv_wr wr{};
+      wr.wr_id = wq->wq_num;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      ASSERT_EQ(ibv_post_wq_recv(wq, &wr, &bad), 0);
+    }
+  }
+  ibv_flow_attr all{};
+  all.type = IBV_FLOW_ATTR_NORMAL;
+  all.size = sizeof all;
+  all.port = 1;
+  ibv_flow* flow = ibv_create_flow(rss_qp, &all);  // no specs: every frame
+  ASSERT_NE(flow, nullptr) << strerror(errno);
+  for (int i = 0; i < kFrames; ++i) {
+    auto frame = udp_frame(5678);
+    frame[26] = static_cast<uint8_t>(i);  // the source address's first byte
+    frame[27] = static_cast<uint8_t>(i * 3);
+    send(frame);
+  }
+  std::vector<uint32_t> used;
+  size_t total = 0;
+  for (ibv_cq* cq : cqs) {
+    for (const ibv_wc& wc : poll_n(cq, kFrames, Millis(100))) {
+      ++total;
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+      EXPECT_EQ(wc.byte_len, 128u);
+      EXPECT_EQ(wc.qp_num, wc.wr_id);  // the work queue that received it
+      if (std::find(used.begin(), used.end(), wc.qp_num) == used.end()) used.push_back(wc.qp_num);
+    }
+  }
+  EXPECT_EQ(total, static_cast<size_t>(kFrames));
+  EXPECT_GT(used.size(), 1u);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+}
+
+TEST_F(Rss, ObjectsInUseRefuseDestruction) {
+  EXPECT_EQ(ibv_destroy_wq(wqs[0]), EBUSY);
+  EXPECT_EQ(ibv_destroy_rwq_ind_table(table), EBUSY);
+  // An RSS QP only receives.
+  ibv_sge sge = tx_buf->sge(0, 64);
+  ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+  EXPECT_EQ(post_send(rss_qp, wr), EINVAL);
+}
+
+TEST_F(Rss, BadHashConfigurationsAreRefused) {
+  errno = 0;
+  EXPECT_EQ(create_rss_qp(IBV_RX_HASH_SRC_IPV4, IBV_RX_HASH_FUNC_TOEPLITZ, 16), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(create_rss_qp(IBV_RX_HASH_INNER), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  errno = 0;
+  EXPECT_EQ(create_rss_qp(IBV_RX_HASH_SRC_IPV4, 2), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+}  // namespace
+}  // namespace loopback
