@@ -235,7 +235,10 @@ TEST_F(DeviceQuery, QueryDeviceEx) {
   EXPECT_EQ(ex.odp_caps.general_caps, uint64_t{IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT});
   EXPECT_EQ(ex.tso_caps.max_tso, 0u);
   EXPECT_EQ(ex.rss_caps.supported_qpts, 0u);
-  EXPECT_EQ(ex.tm_caps.max_num_tags, 0u);
+  // Tag matching SRQs, RC (loopback tag_matching_test checks what they do).
+  EXPECT_EQ(ex.tm_caps.flags, uint32_t{IBV_TM_CAP_RC});
+  EXPECT_EQ(ex.tm_caps.max_num_tags, limits::kTmMaxNumTags);
+  EXPECT_EQ(ex.tm_caps.max_rndv_hdr_size, limits::kTmMaxRndvHdrSize);
   EXPECT_EQ(ex.max_dm_size, uint64_t{limits::kMaxDmSize});
   EXPECT_EQ(ex.device_cap_flags_ex & 0xffffffffu, ex.orig_attr.device_cap_flags);
 
