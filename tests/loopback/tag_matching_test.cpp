@@ -6,7 +6,7 @@
 // application reports the count; a RNDV is READ from the sender, which gets
 // a FIN after its SEND's completion; DEL, max_num_tags, max_ops and the
 // refusals (no CQ, a basic SRQ, a peer on another host). Over shm: tag
-// matching is not offered on the udp link.
+// matching is not offered on the udp link, nor to UC or UD QPs.
 #include <infiniband/tm_types.h>
 
 #include "loopback.hpp"
@@ -323,6 +323,12 @@ TEST_F(TagMatching, RefusesWhatItCannotDo) {
   ibv_ops_wr* bad = nullptr;
   EXPECT_EQ(ibv_post_srq_ops(plain, &op, &bad), EOPNOTSUPP);
   EXPECT_EQ(ibv_destroy_srq(plain), 0);
+  // RC only (IBV_TM_CAP_RC).
+  QpConfig ud;
+  ud.type = IBV_QPT_UD;
+  errno = 0;
+  EXPECT_EQ(create_qp(dev.pd, ibv_cq_ex_to_cq(cq), ibv_cq_ex_to_cq(cq), ud, srq), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
   // A peer on another host (a GID not on this one) is reached by the udp
   // link, which does not carry tag matching.
   ibv_qp* c = create_qp(dev.pd, ibv_cq_ex_to_cq(cq), ibv_cq_ex_to_cq(cq), QpConfig{}, srq);

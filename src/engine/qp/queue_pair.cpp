@@ -107,6 +107,9 @@ Result<QueuePair*> QueuePair::create(Context& context, ProtectionDomain* pd, QpI
       return fail(std::errc::invalid_argument);
     }
   }
+  // A tag matching SRQ parses the TM header of RC messages only (IBV_TM_CAP_RC).
+  if (init.srq != nullptr && init.srq->tag_list() != nullptr && init.type != IBV_QPT_RC)
+    return fail(std::errc::operation_not_supported);
   const bool has_rq = init.srq == nullptr && !xrc_send && !xrc_recv;
   if (init.max_send_wr > static_cast<uint32_t>(limits::kMaxQpWr) ||
       init.max_send_sge > static_cast<uint32_t>(limits::kMaxSge) ||
