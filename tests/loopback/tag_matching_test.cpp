@@ -8,6 +8,9 @@
 // refusals (no CQ, a basic SRQ, a peer on another host). Over shm: tag
 // matching is not offered on the udp link, nor to UC or UD QPs.
 #include <infiniband/tm_types.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "loopback.hpp"
 
@@ -344,6 +347,165 @@ TEST_F(TagMatching, RefusesWhatItCannotDo) {
   EXPECT_EQ(qp_to_rtr(c, a->qp_num, far, QpConfig{}), EOPNOTSUPP);
   EXPECT_EQ(qp_state(c), IBV_QPS_INIT);
   EXPECT_EQ(ibv_destroy_qp(c), 0);
+}
+
+// Across processes: the list lives in the SRQ owner's segment and the
+// sender's process matches against it. The child sends an EAGER and a RNDV
+// (its own memory READ by its own process into the parent's tagged buffer)
+// and checks its FIN; it reports through its exit status (0 = good, else
+// the step that failed) and talks over two pipes.
+bool pipe_write(int fd, const void* data, size_t n) { return ::write(fd, data, n) == static_cast<ssize_t>(n); }
+bool pipe_read(int fd, void* data, size_t n) {
+  if (!fd_readable(fd, Millis{15000})) return false;
+  return ::read(fd, data, n) == static_cast<ssize_t>(n);
+}
+
+int sender_child(int rfd, int wfd) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ibv_qp* qp = cq ? create_qp(dev.pd, cq, cq, cfg) : nullptr;
+  if (!qp) return 11;
+  Buffer buf(dev.pd, 2 * kBytes);
+  if (!buf.mr() || qp_to_init(qp, cfg) != 0) return 12;
+  ibv_sge fin = buf.sge(0, 64);
+  if (post_recv(qp, 77, &fin, 1) != 0) return 13;
+  uint32_t peer = 0;
+  if (!pipe_write(wfd, &qp->qp_num, sizeof qp->qp_num) || !pipe_read(rfd, &peer, sizeof peer)) return 14;
+  if (qp_to_rtr(qp, peer, dev.gid, cfg) != 0 || qp_to_rts(qp, cfg) != 0) return 15;
+  char go = 0;
+  if (!pipe_write(wfd, "R", 1) || !pipe_read(rfd, &go, 1) || go != 'G') return 16;
+  write_tmh(buf.data(), IBV_TMH_EAGER, 0x21, 1);
+  fill_pattern(buf.span(16, 100), 5);
+  ibv_sge sge = buf.sge(0, 116);
+  ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+  ibv_wc wc{};
+  if (post_send(qp, wr) != 0 || !poll_one(cq, &wc, Millis{15000}) || wc.status != IBV_WC_SUCCESS) return 20;
+  fill_pattern(buf.span(kBytes, 200), 6);
+  write_tmh(buf.data(), IBV_TMH_RNDV, 0x22, 2);
+  write_be(buf.data() + 16, 8, buf.addr(kBytes));
+  write_be(buf.data() + 24, 4, buf.rkey());
+  write_be(buf.data() + 28, 4, 200);
+  sge = buf.sge(0, 64);
+  wr = make_wr(2, IBV_WR_SEND, &sge, 1);
+  if (post_send(qp, wr) != 0) return 30;
+  if (!poll_one(cq, &wc, Millis{15000}) || wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_SEND) return 31;
+  if (!poll_one(cq, &wc, Millis{15000}) || wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV ||
+      wc.wr_id != 77 || wc.byte_len != 16 || buf.data()[0] != IBV_TMH_FIN)
+    return 32;
+  char quit = 0;
+  if (!pipe_read(rfd, &quit, 1) || quit != 'Q') return 40;
+  ibv_destroy_qp(qp);
+  ibv_destroy_cq(cq);
+  return 0;
+}
+
+TEST(TagMatchingProcesses, AnotherProcessSendsEagerAndRendezvous) {
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  ASSERT_EQ(::pipe(to_parent), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(to_child[1]);
+    ::close(to_parent[0]);
+    ::_exit(sender_child(to_child[0], to_parent[1]));
+  }
+  ::close(to_child[0]);
+  ::close(to_parent[1]);
+  const int rfd = to_parent[0], wfd = to_child[1];
+  int status = -1;
+  // Whatever assertion returns early: the child is killed and reaped, the pipes closed.
+  struct Reaper {
+    pid_t pid;
+    int& status;
+    int rfd, wfd;
+    ~Reaper() {
+      if (status == -1) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+      }
+      ::close(rfd);
+      ::close(wfd);
+    }
+  } reaper{pid, status, rfd, wfd};
+  {
+    Device dev;  // after the fork: the child opens its own
+    ASSERT_TRUE(dev.ok());
+    ibv_cq_init_attr_ex cq_attr{};
+    cq_attr.cqe = 64;
+    cq_attr.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_TM_INFO};
+    ibv_cq_ex* cq = ibv_create_cq_ex(dev.ctx, &cq_attr);
+    ASSERT_NE(cq, nullptr);
+    ibv_srq_init_attr_ex srq_attr{};
+    srq_attr.attr.max_wr = 16;
+    srq_attr.attr.max_sge = 1;
+    srq_attr.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
+    srq_attr.srq_type = IBV_SRQT_TM;
+    srq_attr.pd = dev.pd;
+    srq_attr.cq = ibv_cq_ex_to_cq(cq);
+    srq_attr.tm_cap.max_num_tags = kMaxTags;
+    srq_attr.tm_cap.max_ops = kMaxOps;
+    ibv_srq* srq = ibv_create_srq_ex(dev.ctx, &srq_attr);
+    ASSERT_NE(srq, nullptr);
+    ibv_qp* b = create_qp(dev.pd, ibv_cq_ex_to_cq(cq), ibv_cq_ex_to_cq(cq), QpConfig{}, srq);
+    ASSERT_NE(b, nullptr);
+    {
+      Buffer b_buf(dev.pd, 2 * kBytes);
+      ASSERT_EQ(qp_to_init(b, QpConfig{}), 0);
+      uint32_t peer = 0;
+      ASSERT_TRUE(pipe_write(wfd, &b->qp_num, sizeof b->qp_num));
+      ASSERT_TRUE(pipe_read(rfd, &peer, sizeof peer));
+      ASSERT_EQ(qp_to_rtr(b, peer, dev.gid, QpConfig{}), 0);
+      ASSERT_EQ(qp_to_rts(b, QpConfig{}), 0);
+      char ready = 0;
+      ASSERT_TRUE(pipe_read(rfd, &ready, 1));
+      for (uint64_t tag : {0x21, 0x22}) {
+        ibv_sge sge = b_buf.sge(tag == 0x21 ? 0 : kBytes, kBytes);
+        ibv_ops_wr op{};
+        op.opcode = IBV_WR_TAG_ADD;
+        op.flags = IBV_OPS_SIGNALED;
+        op.tm.add.recv_wr_id = tag;
+        op.tm.add.sg_list = &sge;
+        op.tm.add.num_sge = 1;
+        op.tm.add.tag = tag;
+        op.tm.add.mask = ~0ull;
+        ibv_ops_wr* bad = nullptr;
+        ASSERT_EQ(ibv_post_srq_ops(srq, &op, &bad), 0);
+        ExWc wc;
+        ASSERT_TRUE(poll_ex(cq, wc));
+        EXPECT_EQ(wc.opcode, IBV_WC_TM_ADD);
+      }
+      ASSERT_TRUE(pipe_write(wfd, "G", 1));
+      ExWc wc;
+      ASSERT_TRUE(poll_ex(cq, wc, Millis{15000}));
+      EXPECT_EQ(wc.wr_id, 0x21u);
+      EXPECT_EQ(wc.wc_flags, unsigned{IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID});
+      EXPECT_EQ(wc.tm.priv, 1u);
+      std::vector<uint8_t> expect(100);
+      fill_pattern(expect, 5);
+      EXPECT_EQ(first_mismatch(b_buf.span(0, 100), expect), -1);
+      ASSERT_TRUE(poll_ex(cq, wc, Millis{15000}));
+      EXPECT_EQ(wc.wc_flags, unsigned{IBV_WC_TM_MATCH});
+      EXPECT_EQ(wc.tm.tag, 0x22u);
+      ASSERT_TRUE(poll_ex(cq, wc, Millis{15000}));
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+      EXPECT_EQ(wc.wc_flags, unsigned{IBV_WC_TM_DATA_VALID});
+      expect.resize(200);
+      fill_pattern(expect, 6);
+      EXPECT_EQ(first_mismatch(b_buf.span(kBytes, 200), expect), -1);
+      ASSERT_TRUE(pipe_write(wfd, "Q", 1));
+      const auto until = Clock::now() + Millis{15000};
+      int exited = -1;
+      while (::waitpid(pid, &exited, WNOHANG) == 0 && Clock::now() < until) ::usleep(1000);
+      EXPECT_TRUE(WIFEXITED(exited) && WEXITSTATUS(exited) == 0) << "child status " << exited;
+      status = exited;
+    }
+    EXPECT_EQ(ibv_destroy_qp(b), 0);
+    EXPECT_EQ(ibv_destroy_srq(srq), 0);
+    EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+  }
 }
 
 }  // namespace
