@@ -1,5 +1,6 @@
 // Shared receive queues.
 #include <cerrno>
+#include <cstring>
 
 #include "engine/context.hpp"
 #include "engine/protection_domain.hpp"
@@ -134,11 +135,14 @@ int post_srq_ops_op(ibv_srq* srq, ibv_ops_wr* op, ibv_ops_wr** bad_op) {
       }
       engine::TagOp t;
       t.wr_id = op->wr_id;
-      t.opcode = op->opcode;
+      // Read as a number: an application may pass any value, and one outside
+      // the enum's range is not a valid ibv_ops_wr_opcode to load.
+      static_assert(sizeof op->opcode == sizeof t.opcode);
+      std::memcpy(&t.opcode, &op->opcode, sizeof t.opcode);
       t.flags = static_cast<uint32_t>(op->flags);
       t.unexpected_cnt = op->tm.unexpected_cnt;
       t.handle = op->tm.handle;
-      if (op->opcode == IBV_WR_TAG_ADD) {
+      if (t.opcode == IBV_WR_TAG_ADD) {
         if (op->tm.add.num_sge < 0 || (op->tm.add.num_sge > 0 && op->tm.add.sg_list == nullptr)) {
           *bad_op = op;
           return EINVAL;
@@ -154,7 +158,7 @@ int post_srq_ops_op(ibv_srq* srq, ibv_ops_wr* op, ibv_ops_wr** bad_op) {
         *bad_op = op;
         return to_errno(ok.error());
       }
-      if (op->opcode == IBV_WR_TAG_ADD) op->tm.handle = t.handle;
+      if (t.opcode == IBV_WR_TAG_ADD) op->tm.handle = t.handle;
     }
   } catch (...) {
     *bad_op = op;
