@@ -47,6 +47,7 @@ void fill_ops(ContextHandle& h) {
   v.close_xrcd = close_xrcd_op;
   v.create_srq_ex = create_srq_ex_op;
   v.get_srq_num = get_srq_num_op;
+  v.post_srq_ops = post_srq_ops_op;
   v.open_qp = open_qp_op;
   v.advise_mr = advise_mr_op;
   v.alloc_dm = alloc_dm_op;

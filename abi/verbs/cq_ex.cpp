@@ -11,8 +11,9 @@
 //               start_poll that returned ENOENT) does nothing.
 // The readers return fields of `current`. They answer for every field, also
 // ones the wc_flags did not ask for (rdma-core providers leave those NULL);
-// fields this device never produces (cvlan, flow tag, tag matching) read as
-// 0 — their wc_flags are refused at creation. The completion timestamp is
+// fields this device never produces (cvlan, flow tag) read as 0 — their
+// wc_flags are refused at creation; tag matching info is there for the
+// completions of a tag matching SRQ's matched messages. The completion timestamp is
 // the device's free-running clock (ns, see ibv_query_device_ex's
 // hca_core_clock), recorded only for CQs created with
 // IBV_WC_EX_WITH_COMPLETION_TIMESTAMP or _WALLCLOCK; the wall-clock one is
@@ -35,7 +36,7 @@ using namespace softhca::abi;
 namespace {
 
 // The work-completion fields the engine records for every completion.
-constexpr uint64_t kSupportedWcFlags = uint64_t{IBV_WC_STANDARD_FLAGS} |
+constexpr uint64_t kSupportedWcFlags = uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_TM_INFO} |
                                        uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP} |
                                        uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK};
 constexpr uint32_t kSupportedCreateFlags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
@@ -89,11 +90,18 @@ void end_poll(ibv_cq_ex* cq) {
 }
 
 ibv_wc_opcode read_opcode(ibv_cq_ex* cq) { return static_cast<ibv_wc_opcode>(handle_of(cq).current.opcode); }
-uint32_t read_vendor_err(ibv_cq_ex* cq) { return handle_of(cq).current.vendor_err; }
+// A tag matching completion carries its tag in vendor_err and src_qp, its
+// app_ctx in imm_data (host::kCqeTmInfo): those read as 0 there.
+bool has_tm_info(const CqHandle& h) { return (h.current.flags & host::kCqeTmInfo) != 0; }
+uint32_t read_vendor_err(ibv_cq_ex* cq) {
+  return has_tm_info(handle_of(cq)) ? 0 : handle_of(cq).current.vendor_err;
+}
 uint32_t read_byte_len(ibv_cq_ex* cq) { return handle_of(cq).current.byte_len; }
-__be32 read_imm_data(ibv_cq_ex* cq) { return handle_of(cq).current.imm_data; }  // already network order
+__be32 read_imm_data(ibv_cq_ex* cq) {  // already network order
+  return has_tm_info(handle_of(cq)) ? 0 : handle_of(cq).current.imm_data;
+}
 uint32_t read_qp_num(ibv_cq_ex* cq) { return handle_of(cq).current.qp_num; }
-uint32_t read_src_qp(ibv_cq_ex* cq) { return handle_of(cq).current.src_qp; }
+uint32_t read_src_qp(ibv_cq_ex* cq) { return has_tm_info(handle_of(cq)) ? 0 : handle_of(cq).current.src_qp; }
 unsigned int read_wc_flags(ibv_cq_ex* cq) { return handle_of(cq).current.wc_flags; }
 uint32_t read_slid(ibv_cq_ex* cq) { return handle_of(cq).current.slid; }
 uint8_t read_sl(ibv_cq_ex* cq) { return handle_of(cq).current.sl; }
@@ -102,8 +110,15 @@ uint64_t read_completion_ts(ibv_cq_ex* cq) { return handle_of(cq).current.timest
 // Not produced by this device (their wc_flags are refused): read as 0.
 uint16_t read_cvlan(ibv_cq_ex*) { return 0; }
 uint32_t read_flow_tag(ibv_cq_ex*) { return 0; }
-void read_tm_info(ibv_cq_ex*, ibv_wc_tm_info* tm_info) {
-  if (tm_info != nullptr) std::memset(tm_info, 0, sizeof *tm_info);
+// The matched message's tag and app_ctx (completions with IBV_WC_TM_MATCH);
+// 0 for every other completion.
+void read_tm_info(ibv_cq_ex* cq, ibv_wc_tm_info* tm_info) {
+  if (tm_info == nullptr) return;
+  std::memset(tm_info, 0, sizeof *tm_info);
+  const CqHandle& h = handle_of(cq);
+  if (!has_tm_info(h)) return;
+  tm_info->tag = (uint64_t{h.current.src_qp} << 32) | h.current.vendor_err;
+  tm_info->priv = h.current.imm_data;
 }
 uint64_t read_completion_wallclock_ns(ibv_cq_ex* cq) {
   const uint64_t stamp = handle_of(cq).current.timestamp;

@@ -136,6 +136,12 @@ void fill_device_attr_ex(ibv_device_attr_ex& x) {
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
   x.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
   x.xrc_odp_caps = kConnectedOdp & ~uint32_t{IBV_ODP_SUPPORT_RECV};  // XRC receives into SRQs only
+  // Tag matching SRQs (RC QPs on this host: the shm link).
+  x.tm_caps.max_rndv_hdr_size = limits::kTmMaxRndvHdrSize;
+  x.tm_caps.max_num_tags = limits::kTmMaxNumTags;
+  x.tm_caps.flags = IBV_TM_CAP_RC;
+  x.tm_caps.max_ops = limits::kTmMaxOps;
+  x.tm_caps.max_sge = limits::kTmMaxSge;
   x.max_dm_size = limits::kMaxDmSize;
   // No TSO, RSS, WQs, packet pacing, raw packet, tag matching, CQ moderation
   // or PCI atomics: all zero.

@@ -13,6 +13,7 @@ int req_notify_cq_op(ibv_cq* cq, int solicited_only);
 int post_send_op(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
 int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+int post_srq_ops_op(ibv_srq* srq, ibv_ops_wr* op, ibv_ops_wr** bad_op);
 ibv_cq_ex* create_cq_ex_op(ibv_context* context, ibv_cq_init_attr_ex* attr);
 ibv_qp* create_qp_ex_op(ibv_context* context, ibv_qp_init_attr_ex* attr);
 // Flow steering of raw packet QPs (flow.cpp).

@@ -55,5 +55,11 @@ inline constexpr int kMtu = 5;           // IBV_MTU_4096
 inline constexpr uint32_t kMtuBytes = 4096;
 inline constexpr uint32_t kUdGrhBytes = 40;
 inline constexpr uint32_t kLocalCaAckDelay = 15;
+// Tag matching SRQs (ibv_query_device_ex's tm_caps): the tag list lives in
+// the SRQ's shared memory, max_num_tags entries of kTmMaxSge SGEs each.
+inline constexpr uint32_t kTmMaxNumTags = 1023;
+inline constexpr uint32_t kTmMaxOps = 1024;      // ops per ibv_post_srq_ops call
+inline constexpr uint32_t kTmMaxSge = 1;
+inline constexpr uint32_t kTmMaxRndvHdrSize = 64;  // TMH + RVH + 32 bytes the sender may add
 
 }  // namespace softhca::limits

@@ -98,6 +98,7 @@ void CompletionQueue::retire_locked(host::Cqe& cqe) {
     Node& node = context_.node();
     node.registry().fence_accesses(node.proc());
   }
+  if (cqe.flags & host::kCqeNoWqe) return;  // tag matching: no queue slot to free
   if (cqe.flags & host::kCqeXrcSrq) {
     const uint32_t srq_id = cqe.vendor_err;
     cqe.vendor_err = 0;
@@ -138,6 +139,11 @@ void to_wc(const host::Cqe& c, ibv_wc& wc) {
   wc.slid = c.slid;
   wc.sl = c.sl;
   wc.dlid_path_bits = c.dlid_path_bits;
+  if (c.flags & host::kCqeTmInfo) {  // those fields carry the tag (ibv_wc has no room for it)
+    wc.vendor_err = 0;
+    wc.src_qp = 0;
+    wc.imm_data = 0;
+  }
 }
 
 }  // namespace
@@ -161,7 +167,7 @@ uint32_t CompletionQueue::count_receives_locked(uint32_t qpn) {
   for (uint64_t position = tail; position < head; ++position) {
     host::CqSlot& slot = ring_->slot(position);
     if (slot.seq.load(std::memory_order_acquire) != position + 1) continue;
-    if (slot.cqe.qp_num != qpn || !(slot.cqe.opcode & IBV_WC_RECV)) continue;
+    if (slot.cqe.qp_num != qpn || !(slot.cqe.opcode & IBV_WC_RECV) || (slot.cqe.flags & host::kCqeNoWqe)) continue;
     bool purged = false;
     for (const Purge& p : purges_) purged |= p.qpn == qpn && position < p.until;
     if (!purged) ++count;

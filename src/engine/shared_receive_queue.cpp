@@ -7,12 +7,16 @@
 #include "engine/protection_domain.hpp"
 #include "engine/xrc_domain.hpp"
 #include "engine/queue_sizes.hpp"
+#include "transport/tag_matching.hpp"
 
 namespace softhca::engine {
 
 Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uint32_t max_wr, uint32_t max_sge,
-                                                       uint32_t limit, XrcSrqInit xrc) {
+                                                       uint32_t limit, XrcSrqInit xrc, TmSrqInit tm) {
   if ((xrc.xrcd == nullptr) != (xrc.cq == nullptr)) return fail(std::errc::invalid_argument);
+  if (tm.cq != nullptr && (xrc.xrcd != nullptr || tm.max_num_tags == 0 || tm.max_num_tags > limits::kTmMaxNumTags ||
+                           tm.max_ops == 0 || tm.max_ops > limits::kTmMaxOps))
+    return fail(std::errc::invalid_argument);
   if (max_wr == 0 || max_wr > static_cast<uint32_t>(limits::kMaxSrqWr) || max_sge == 0 ||
       max_sge > static_cast<uint32_t>(limits::kMaxSrqSge) || limit > max_wr)
     return fail(std::errc::invalid_argument);
@@ -39,6 +43,21 @@ Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uin
   srq->shared_->owner_srq_id = srq->id_;
   srq->shared_->limit.store(limit, std::memory_order_release);
   pd.attach();
+  if (tm.cq != nullptr) {
+    // The list lives next to the ring, where initiators in any process of
+    // the host match against it (ShmResponderPort::tag_list).
+    srq->tag_list_bytes_ = transport::TagList::bytes_for(tm.max_num_tags);
+    srq->tag_list_offset_ = node.segment().allocate(srq->tag_list_bytes_);
+    if (srq->tag_list_offset_ == 0) {
+      delete srq;
+      return fail(std::errc::not_enough_memory);
+    }
+    srq->tag_list_ = transport::TagList::init(node.segment().at<char>(srq->tag_list_offset_), tm.max_num_tags);
+    srq->tm_ = tm;
+    // Held as an XRC SRQ holds its CQ: the CQ cannot be destroyed first.
+    tm.cq->attach_xrc_srq(srq);
+    srq->shared_->tag_list_offset = srq->tag_list_offset_;
+  }
   if (xrc.xrcd != nullptr) {
     // Published like a QP, under a number of the QPN space, as a record that
     // no message can use as a QP (shm_port's select_xrc_srq reads it).
@@ -83,6 +102,8 @@ SharedReceiveQueue::~SharedReceiveQueue() {
     xrc_.cq->detach_xrc_srq(this);
     xrc_.xrcd->detach();
   }
+  if (tm_.cq != nullptr) tm_.cq->detach_xrc_srq(this);
+  if (tag_list_offset_) node.segment().release(tag_list_offset_, tag_list_bytes_);
   if (record_offset_) node.segment().release(record_offset_, sizeof(host::SharedQp));
   if (id_) node.srqs().remove(id_);
   if (shared_offset_) node.segment().release(shared_offset_, shared_bytes_);
@@ -125,6 +146,45 @@ void SharedReceiveQueue::query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& li
 }
 
 void SharedReceiveQueue::retire(uint32_t count) { host::SharedRq::retire(retired_, shared_->tail, count); }
+
+Result<void> SharedReceiveQueue::post_tag_op(TagOp& op) {
+  if (tag_list_ == nullptr) return fail(std::errc::operation_not_supported);
+  if (op.flags & ~uint32_t{IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC}) return fail(std::errc::invalid_argument);
+  ibv_wc_opcode opcode = IBV_WC_TM_SYNC;
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  switch (op.opcode) {
+    case IBV_WR_TAG_ADD: {
+      static_assert(sizeof(host::RecvSge) == sizeof(transport::ReceiveSge));
+      auto handle = tag_list_->add(op.tag, op.mask, op.recv_wr_id,
+                                   reinterpret_cast<const transport::ReceiveSge*>(op.sges), op.num_sge);
+      if (!handle) return fail(handle.error());
+      op.handle = *handle;
+      opcode = IBV_WC_TM_ADD;
+      break;
+    }
+    case IBV_WR_TAG_DEL:
+      opcode = IBV_WC_TM_DEL;
+      if (!tag_list_->remove(op.handle)) status = IBV_WC_TM_ERR;  // consumed meanwhile, or never there
+      break;
+    case IBV_WR_TAG_SYNC:
+      break;
+    default:
+      return fail(std::errc::invalid_argument);
+  }
+  if (op.flags & IBV_OPS_TM_SYNC) tag_list_->report(op.unexpected_cnt);
+  if ((op.flags & IBV_OPS_SIGNALED) || status != IBV_WC_SUCCESS) {
+    host::Cqe cqe{};
+    cqe.wr_id = op.wr_id;
+    cqe.status = status;
+    cqe.opcode = opcode;
+    cqe.flags = host::kCqeNoWqe;
+    // Still out of step after this operation: software has unexpected
+    // messages to handle and report before matching resumes.
+    if (!tag_list_->in_sync()) cqe.wc_flags = IBV_WC_TM_SYNC_REQ;
+    tm_.cq->push(cqe);
+  }
+  return {};
+}
 
 void SharedReceiveQueue::on_limit_reached() {
   pd_.context().raise_async_event(AsyncEvent{IBV_EVENT_SRQ_LIMIT_REACHED, handle, 0});

@@ -11,6 +11,10 @@
 #include "engine/context.hpp"
 #include "host/shared_queues.hpp"
 
+namespace softhca::transport {
+struct TagList;
+}
+
 namespace softhca::engine {
 
 class CompletionQueue;
@@ -24,16 +28,45 @@ struct XrcSrqInit {
   CompletionQueue* cq = nullptr;
 };
 
+// What makes an SRQ a tag matching SRQ (IBV_SRQT_TM): the CQ its list
+// operations complete on, and its tm_cap.
+struct TmSrqInit {
+  CompletionQueue* cq = nullptr;
+  uint32_t max_num_tags = 0;
+  uint32_t max_ops = 0;
+};
+
+// One ibv_post_srq_ops operation, in engine form.
+struct TagOp {
+  uint64_t wr_id = 0;
+  uint32_t opcode = 0;  // IBV_WR_TAG_ADD / DEL / SYNC
+  uint32_t flags = 0;   // IBV_OPS_SIGNALED, IBV_OPS_TM_SYNC
+  uint32_t unexpected_cnt = 0;
+  uint32_t handle = 0;  // DEL: the entry; ADD: set to the new entry's
+  uint64_t recv_wr_id = 0;
+  const host::RecvSge* sges = nullptr;
+  uint32_t num_sge = 0;
+  uint64_t tag = 0;
+  uint64_t mask = 0;
+};
+
 class SharedReceiveQueue {
  public:
   static Result<SharedReceiveQueue*> create(ProtectionDomain& pd, uint32_t max_wr, uint32_t max_sge,
-                                            uint32_t limit, XrcSrqInit xrc = {});
+                                            uint32_t limit, XrcSrqInit xrc = {}, TmSrqInit tm = {});
   ~SharedReceiveQueue();
 
   // Posts receive WQEs; on failure *bad is the index of the first one not posted.
   Result<void> post(uint64_t wr_id, const host::RecvSge* sges, uint32_t num_sge);
   Result<void> modify(uint32_t max_wr, uint32_t limit, int mask);
   void query(uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit) const;
+  // Tag matching SRQs: one list operation (ibv_post_srq_ops). Its
+  // completion goes to the SRQ's CQ when it is signaled or fails
+  // (IBV_WC_TM_ERR: a DEL of an entry that is not there); EINVAL for an
+  // unknown opcode or too many SGEs, ENOMEM when the list is full.
+  Result<void> post_tag_op(TagOp& op);
+  transport::TagList* tag_list() const { return tag_list_; }
+  uint32_t max_ops() const { return tm_.max_ops; }
   void on_limit_reached();
   // Receive completions of a QP on this SRQ were polled (or cleaned away with
   // their QP): the slots of their WQEs are free.
@@ -64,6 +97,10 @@ class SharedReceiveQueue {
   uint32_t id_ = 0;
   XrcSrqInit xrc_;
   uint32_t srq_num_ = 0;
+  TmSrqInit tm_;
+  transport::TagList* tag_list_ = nullptr;
+  uint64_t tag_list_offset_ = 0;
+  uint64_t tag_list_bytes_ = 0;
   uint64_t record_offset_ = 0;  // XRC: the host::SharedQp record published under srq_num_
   bool counted_ = false;  // holds a unit of the node's srq_quota()
   uint64_t shared_offset_ = 0;

@@ -57,6 +57,13 @@ inline constexpr uint8_t kCqeSendPosition = 1;
 // no CQ): `vendor_err` carries the owner's SRQ id, so that polling it frees
 // the SRQ's slot; reported as 0.
 inline constexpr uint8_t kCqeXrcSrq = 2;
+// Tag matching: the completion took no receive WQE (a tagged buffer's, or
+// a list operation's): polling it frees no queue slot.
+inline constexpr uint8_t kCqeNoWqe = 4;
+// Tag matching: `src_qp` and `vendor_err` carry the high and low halves of
+// the message's tag, `imm_data` its app_ctx (ibv_wc_read_tm_info); the
+// three read as 0.
+inline constexpr uint8_t kCqeTmInfo = 8;
 
 struct alignas(64) CqSlot {
   std::atomic<uint64_t> seq;  // h + 1 once entry h is published
@@ -211,6 +218,9 @@ struct SharedRq {
   uint32_t owner_srq_id;  // for SRQ_LIMIT_REACHED; 0 for a QP's own RQ
   uint32_t owner_proc;
   uint32_t pd_id;
+  // A tag matching SRQ: its transport::TagList, at this offset of the
+  // owner's segment; 0 for any other receive queue.
+  uint64_t tag_list_offset;
   alignas(64) std::atomic<uint64_t> head;
   alignas(64) std::atomic<uint64_t> tail;
   alignas(64) std::atomic<uint32_t> limit;  // SRQ limit; 0 = not armed

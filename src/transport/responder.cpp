@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "transport/tag_matching.hpp"
 #include "wire/ud_grh.hpp"
 
 namespace softhca::transport {
@@ -336,7 +337,169 @@ Response finish(MessageInProgress& m, const Request& req, ResponderPort& port) {
   return Response{Syndrome::ack(), 0};
 }
 
+namespace {
+
+// The first `n` bytes of a request's data (the requester's memory, readable
+// here: the shm link runs the responder in the requester's process).
+void copy_prefix(const Request& req, unsigned char* out, uint64_t n) {
+  for (int i = 0; i < req.ndata && n > 0; ++i) {
+    const uint64_t take = req.data[i].iov_len < n ? req.data[i].iov_len : n;
+    std::memcpy(out, req.data[i].iov_base, take);
+    out += take;
+    n -= take;
+  }
+}
+
+// `in` without its first `skip` bytes.
+int skip_iovecs(const iovec* in, int n, uint64_t skip, iovec* out) {
+  int nout = 0;
+  for (int i = 0; i < n; ++i) {
+    if (skip >= in[i].iov_len) {
+      skip -= in[i].iov_len;
+      continue;
+    }
+    out[nout++] = iovec{static_cast<char*>(in[i].iov_base) + skip, in[i].iov_len - skip};
+    skip = 0;
+  }
+  return nout;
+}
+
+// A message that takes an ordinary receive WQE of the TM SRQ (NO_TAG, or an
+// unexpected tagged one): placed whole, header included, completed as `opcode`.
+Response receive_whole(MessageInProgress& m, const Request& req, ResponderPort& port, ibv_wc_opcode opcode) {
+  Response r = place(m, req.data, req.ndata, req.length, port);
+  if (!passed(r)) return r;
+  port.established();
+  port.complete_receive(completion_for(m.wqe, IBV_WC_SUCCESS, opcode, m.placed, req));
+  return Response{Syndrome::ack(), 0};
+}
+
+// `length` bytes from `from` into the tagged buffer of `m.wqe`; the status
+// of the copy (kGone is reported as IBV_WC_GENERAL_ERR).
+ibv_wc_status fill_tagged(MessageInProgress& m, const iovec* from, int nfrom, uint64_t length, ResponderPort& port,
+                          bool& gone) {
+  iovec to[limits::kMaxSge];
+  int nto = 0;
+  const ibv_wc_status status = scatter_next(m, length, port, to, nto);
+  if (status != IBV_WC_SUCCESS) return status;
+  switch (port.write(to, nto, from, nfrom, length)) {
+    case CopyStatus::kOk:
+      m.placed = length;
+      return IBV_WC_SUCCESS;
+    case CopyStatus::kGone:
+      gone = true;
+      return IBV_WC_GENERAL_ERR;
+    case CopyStatus::kFault:
+      return IBV_WC_LOC_PROT_ERR;
+  }
+  return IBV_WC_GENERAL_ERR;
+}
+
+// A SEND to an RC QP on a tag matching SRQ (tag_matching.hpp): by its TM
+// header, into a matching tagged buffer (EAGER: the payload after the
+// header; RNDV: the sender's range, read), else into an ordinary receive
+// WQE whole (NO_TAG, FIN, a message too short for its header, and
+// unexpected tagged messages, which the unexpected count records).
+Response respond_tagged(const Request& req, ResponderPort& port, TagList& list) {
+  static thread_local MessageInProgress m;
+  unsigned char head[kTmHeaderBytes + kRndvHeaderBytes] = {};
+  copy_prefix(req, head, req.length < sizeof head ? req.length : sizeof head);
+  const TmHeader tmh = decode_tm_header(std::span<const unsigned char, kTmHeaderBytes>(head, kTmHeaderBytes));
+  const bool eager = req.length >= kTmHeaderBytes && tmh.opcode == static_cast<uint8_t>(TmOpcode::kEager);
+  const bool rndv = req.length >= kTmHeaderBytes + kRndvHeaderBytes && tmh.opcode == static_cast<uint8_t>(TmOpcode::kRndv);
+  if (!eager && !rndv) {
+    Response r = accept(req, port, true, m);
+    if (!passed(r)) return r;
+    return receive_whole(m, req, port, IBV_WC_TM_NO_TAG);
+  }
+  list.lock();
+  std::optional<TagEntry> entry = list.match_locked(tmh.tag);
+  if (!entry) {
+    // Unexpected: it needs an ordinary WQE (else RNR, and it is not counted).
+    Response r = accept(req, port, true, m);
+    if (passed(r)) list.count_unexpected_locked();
+    list.unlock();
+    if (!passed(r)) return r;
+    return receive_whole(m, req, port, IBV_WC_TM_RECV);
+  }
+  list.unlock();
+  // Matched: the tagged buffer is the message's receive WQE.
+  const ResponderQp qp = port.qp();
+  m.reset();
+  m.op = req.op;
+  m.receive_pd_id = qp.receive_pd_id;
+  m.wqe.wr_id = entry->wr_id;
+  m.wqe.num_sge = entry->num_sge;
+  for (uint32_t i = 0; i < entry->num_sge; ++i) m.wqe.sge[i] = entry->sge[i];
+  m.has_wqe = true;
+  Request about = req;
+  ReceiveCompletion c = completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_TM_RECV, 0, about);
+  c.no_wqe = true;
+  c.tm_info = true;
+  c.tm_tag = tmh.tag;
+  c.tm_priv = tmh.app_ctx;
+  bool gone = false;
+  if (eager) {
+    iovec payload[limits::kMaxSge + 1];
+    const int npayload = skip_iovecs(req.data, req.ndata, kTmHeaderBytes, payload);
+    const uint64_t length = req.length - kTmHeaderBytes;
+    const ibv_wc_status status = fill_tagged(m, payload, npayload, length, port, gone);
+    if (gone) return silence();
+    c.status = status;
+    c.byte_len = static_cast<uint32_t>(length);
+    c.wc_flags |= IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID;
+    port.complete_receive(c);
+    if (status != IBV_WC_SUCCESS) {
+      // As place(): the QP goes to ERROR, the requester gets the NAK.
+      port.fail_qp(IBV_EVENT_QP_FATAL);
+      return Response{Syndrome::nak(status == IBV_WC_LOC_LEN_ERR ? Answer::kNakInvalidRequest
+                                                                  : Answer::kNakRemoteOperational),
+                      0};
+    }
+    port.established();
+    return Response{Syndrome::ack(), 0};
+  }
+  // Rendezvous: the match is reported first, then the READ's data lands and
+  // a second completion says so (DATA_VALID); the requester gets a FIN. A
+  // READ that cannot be done (the range not readable, the buffer too small)
+  // ends in IBV_WC_TM_RNDV_INCOMPLETE: software then moves the data itself.
+  const RndvHeader rvh =
+      decode_rndv_header(std::span<const unsigned char, kRndvHeaderBytes>(head + kTmHeaderBytes, kRndvHeaderBytes));
+  c.wc_flags |= IBV_WC_TM_MATCH;
+  port.complete_receive(c);
+  port.established();
+  ReceiveCompletion data = completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_TM_RECV, rvh.length, about);
+  data.no_wqe = true;
+  iovec from{};
+  ibv_wc_status status = IBV_WC_TM_RNDV_INCOMPLETE;
+  if (port.requester_range(req.src_qpn, rvh.va, rvh.rkey, rvh.length, from)) {
+    status = fill_tagged(m, &from, 1, rvh.length, port, gone);
+    if (gone) return silence();
+    if (status != IBV_WC_SUCCESS) status = IBV_WC_TM_RNDV_INCOMPLETE;
+  }
+  data.status = status;
+  if (status == IBV_WC_SUCCESS) data.wc_flags |= IBV_WC_TM_DATA_VALID;
+  port.complete_receive(data);
+  Response r{Syndrome::ack(), 0};
+  if (status == IBV_WC_SUCCESS) {
+    r.rendezvous_fin = true;
+    r.fin_tag = tmh.tag;
+    r.fin_app_ctx = tmh.app_ctx;
+  }
+  return r;
+}
+
+}  // namespace
+
 Response respond(const Request& req, ResponderPort& port, bool reliable) {
+  if (reliable && (req.op == Operation::kSend || req.op == Operation::kSendWithImm)) {
+    if (TagList* list = port.tag_list()) {
+      ResponderQp qp = port.qp();
+      if (!same_transport(qp.type, req.qp_type) || !receives_in_state(qp.state)) return silence();
+      if (!operation_allowed(qp.type, req.op)) return fail(port, true, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+      return respond_tagged(req, port, *list);
+    }
+  }
   if (req.op == Operation::kRead || is_atomic(req.op)) {
     ResponderQp qp = port.qp();
     if (!same_transport(qp.type, req.qp_type) || !receives_in_state(qp.state)) return silence();

@@ -33,6 +33,12 @@ struct Response {
   // later (pending), or there is no room for it now (busy).
   bool pending = false;
   bool busy = false;
+  // Tag matching: a rendezvous READ completed at the responder; the
+  // requester receives this FIN header (its own receive WQE, after the
+  // SEND's completion).
+  bool rendezvous_fin = false;
+  uint64_t fin_tag = 0;
+  uint32_t fin_app_ctx = 0;
 };
 
 // The responder's context of a SEND or WRITE in progress (rxe's qp->resp).

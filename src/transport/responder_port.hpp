@@ -52,6 +52,13 @@ struct ReceiveCompletion {
   uint32_t wc_flags = 0;
   uint8_t sl = 0;
   bool solicited = false;
+  // Tag matching: the completion used a tagged buffer, not a receive WQE
+  // (no_wqe); with tm_info it reports the message's tag and app_ctx
+  // (ibv_wc_read_tm_info).
+  bool no_wqe = false;
+  bool tm_info = false;
+  uint64_t tm_tag = 0;
+  uint32_t tm_priv = 0;
 };
 
 enum class CopyStatus {
@@ -61,6 +68,8 @@ enum class CopyStatus {
 };
 
 enum class AtomicOp { kCompareSwap, kFetchAdd, kWrite };
+
+struct TagList;
 
 class ResponderPort {
  public:
@@ -95,6 +104,17 @@ class ResponderPort {
   virtual void established() = 0;
   // The responder's process is dead: it can send no NAK (asked on error paths only).
   virtual bool gone() = 0;
+  // The matching list of the QP's SRQ when it is a tag matching SRQ; links
+  // that cannot carry tag matching have none (the QP then refuses RTR
+  // towards them).
+  virtual TagList* tag_list() { return nullptr; }
+  // A rendezvous: the requester's range [va, va + length) under `rkey`, as
+  // readable here (the `from` of a write()), if the requester QP
+  // `requester_qpn` allows remote READ and the key covers it in its PD.
+  virtual bool requester_range(uint32_t /*requester_qpn*/, uint64_t /*va*/, uint32_t /*rkey*/, uint64_t /*length*/,
+                               iovec& /*out*/) {
+    return false;
+  }
 };
 
 }  // namespace softhca::transport

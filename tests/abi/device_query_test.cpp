@@ -239,7 +239,10 @@ TEST_F(DeviceQuery, QueryDeviceEx) {
   EXPECT_EQ(ex.rss_caps.rx_hash_function, IBV_RX_HASH_FUNC_TOEPLITZ);
   EXPECT_EQ(ex.rss_caps.max_rwq_indirection_table_size, 256u);
   EXPECT_NE(ex.orig_attr.device_cap_flags & IBV_DEVICE_MANAGED_FLOW_STEERING, 0u);
-  EXPECT_EQ(ex.tm_caps.max_num_tags, 0u);
+  // Tag matching SRQs, RC (loopback tag_matching_test checks what they do).
+  EXPECT_EQ(ex.tm_caps.flags, uint32_t{IBV_TM_CAP_RC});
+  EXPECT_EQ(ex.tm_caps.max_num_tags, limits::kTmMaxNumTags);
+  EXPECT_EQ(ex.tm_caps.max_rndv_hdr_size, limits::kTmMaxRndvHdrSize);
   EXPECT_EQ(ex.max_dm_size, uint64_t{limits::kMaxDmSize});
   EXPECT_EQ(ex.device_cap_flags_ex & 0xffffffffu, ex.orig_attr.device_cap_flags);
 

@@ -19,7 +19,7 @@ constexpr uint32_t kOtherPdKey = 0x2345;
 constexpr uint32_t kReadOnlyKey = 0x3456;
 constexpr uint64_t kIova = 0x10000;
 
-class FakePort final : public ResponderPort {
+class FakePort : public ResponderPort {
  public:
   explicit FakePort(size_t bytes = 4096) : memory(bytes, 0) {
     qp_.type = IBV_QPT_RC;

@@ -118,6 +118,9 @@ Result<QueuePair*> QueuePair::create(Context& context, ProtectionDomain* pd, QpI
       return fail(std::errc::invalid_argument);
     }
   }
+  // A tag matching SRQ parses the TM header of RC messages only (IBV_TM_CAP_RC).
+  if (init.srq != nullptr && init.srq->tag_list() != nullptr && init.type != IBV_QPT_RC)
+    return fail(std::errc::operation_not_supported);
   const bool has_rq = init.srq == nullptr && !xrc_send && !xrc_recv && !rss;
   if (init.max_send_wr > static_cast<uint32_t>(limits::kMaxQpWr) ||
       init.max_send_sge > static_cast<uint32_t>(limits::kMaxSge) ||
@@ -262,6 +265,17 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
   if (auto ok = check_modify_qp(ctx, attr, mask); !ok) {
     SOFTHCA_DEBUG("modify_qp on qp 0x%x in state %s rejected (mask 0x%x)", qpn_, qp_state_name(attrs_.state), mask);
     return ok;
+  }
+  if (init_.srq != nullptr && init_.srq->tag_list() != nullptr && (mask & IBV_QP_STATE) &&
+      attr.qp_state == IBV_QPS_RTR && attrs_.state != IBV_QPS_RTR) {
+    // Tag matching runs where the whole message is at hand: the shm link.
+    // A peer on another host (the udp link's packets) is refused.
+    QpAttributes next = attrs_;
+    apply_modify_qp(next, attr, mask, init_.type);
+    if (reaches_other_host(next.ah)) {
+      SOFTHCA_DEBUG("qp 0x%x: a tag matching srq takes peers on this host only", qpn_);
+      return fail(std::errc::operation_not_supported);
+    }
   }
   const ibv_qp_state from = attrs_.state;
   apply_modify_qp(attrs_, attr, mask, init_.type);
@@ -565,6 +579,7 @@ void QueuePair::progress_locked(uint64_t now_ns) {
       wqe.retry.deadline_ns = 0;
       complete_send_locked(wqe, verdict.status);
       if (verdict.status != IBV_WC_SUCCESS) enter_error_locked();
+      if (verdict.status == IBV_WC_SUCCESS && step.rendezvous_fin) deliver_fin_locked(step.fin_tag, step.fin_app_ctx);
       continue;
     }
     if (!parked_) {
@@ -697,6 +712,11 @@ Result<void> QueuePair::attach_multicast(const uint8_t* mgid) {
 
 Result<void> QueuePair::detach_multicast(const uint8_t* mgid) { return node_.detach_multicast(qpn_, mgid); }
 
+bool QueuePair::reaches_other_host(const QpAddressVector& ah) {
+  const bool force_udp = setting_number(SettingId::kLink) == 1;
+  return ah.is_global && (force_udp || !is_local_gid(std::span<const uint8_t, 16>(ah.dgid.data(), 16)));
+}
+
 void QueuePair::open_channel_locked() {
   const QpAddressVector& ah = attrs_.ah;
   link::ChannelConfig config;
@@ -720,8 +740,7 @@ void QueuePair::open_channel_locked() {
   // Without a GRH there is no address to route by: the peer is on this host.
   // With one, a GID of this host is reached through shared memory unless
   // SOFTHCA_LINK=udp asks for packets; any other GID over the udp link.
-  const bool force_udp = setting_number(SettingId::kLink) == 1;
-  const bool remote = ah.is_global && (force_udp || !is_local_gid(std::span<const uint8_t, 16>(ah.dgid.data(), 16)));
+  const bool remote = reaches_other_host(ah);
   // An XRC TGT QP sends nothing: on this host the initiator reaches it
   // directly and it needs no channel; from another host it receives
   // through the udp link's channel (its responder flow).

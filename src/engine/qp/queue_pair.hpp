@@ -121,11 +121,22 @@ class QueuePair {
     enum class Kind { kVerdict, kInFlight, kNoRoom };
     Kind kind = Kind::kVerdict;
     transport::Verdict verdict;
+    // Tag matching: the responder READ this SEND's rendezvous data; a FIN
+    // for our receive queue, after the SEND's completion.
+    bool rendezvous_fin = false;
+    uint64_t fin_tag = 0;
+    uint32_t fin_app_ctx = 0;
   };
   Step execute_locked(SendWqe& wqe, uint32_t position, uint64_t now_ns);
   // Opens the channel to the peer at RTR, over the link that reaches it.
   void open_channel_locked();
+  // Whether the address is reached through the udp link (another host, or
+  // SOFTHCA_LINK=udp) rather than shared memory.
+  static bool reaches_other_host(const QpAddressVector& ah);
   void complete_send_locked(const SendWqe& wqe, ibv_wc_status status);
+  // Tag matching: the FIN of a rendezvous this QP sent, into its next
+  // receive WQE (RECV completion; dropped when there is none).
+  void deliver_fin_locked(uint64_t tag, uint32_t app_ctx);
   void enter_error_locked();
   void flush_send_locked();
   // The WQE at the tail is done with `status`: moves the tail past it and

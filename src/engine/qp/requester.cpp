@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/clock.hpp"
+#include "common/log.hpp"
 #include "common/limits.hpp"
 #include "common/settings.hpp"
 #include "engine/address_handle.hpp"
@@ -12,9 +13,12 @@
 #include "engine/node.hpp"
 #include "engine/protection_domain.hpp"
 #include "engine/qp/queue_pair.hpp"
+#include "engine/shared_receive_queue.hpp"
+#include "engine/completion_queue.hpp"
 #include "host/memory_check.hpp"
 #include "transport/answer_counters.hpp"
 #include "transport/memory_key.hpp"
+#include "transport/tag_matching.hpp"
 #include "wire/ud_grh.hpp"
 
 namespace softhca::engine {
@@ -208,6 +212,7 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
                             : Verdict::complete(IBV_WC_SUCCESS));
   const transport::Response response = channel_->deliver(request, position);
   if (response.pending) return Step{Step::Kind::kInFlight, {}};
+
   if (response.busy) return Step{Step::Kind::kNoRoom, {}};
   // UC has no acknowledgements: the message is done once it is sent.
   if (!reliable) return verdict(Verdict::complete(IBV_WC_SUCCESS));
@@ -223,7 +228,43 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
     // The ACK carries the value the atomic replaced: it lands in the local SGE.
     scatter(local, nlocal, &response.atomic_original, sizeof response.atomic_original);
   }
-  return verdict(v);
+  Step step = verdict(v);
+  step.rendezvous_fin = response.rendezvous_fin;
+  step.fin_tag = response.fin_tag;
+  step.fin_app_ctx = response.fin_app_ctx;
+  return step;
+}
+
+void QueuePair::deliver_fin_locked(uint64_t tag, uint32_t app_ctx) {
+  host::SharedRq* rq = init_.srq != nullptr ? init_.srq->shared() : rq_;
+  if (rq == nullptr || init_.recv_cq == nullptr) return;
+  alignas(16) unsigned char storage[sizeof(host::RecvWqe) + limits::kMaxSge * sizeof(host::RecvSge)];
+  auto* wqe = reinterpret_cast<host::RecvWqe*>(storage);
+  if (!rq->take(wqe, nullptr)) {
+    SOFTHCA_DEBUG("qp 0x%x: no receive wqe for a rendezvous fin; dropped", qpn_);
+    return;
+  }
+  unsigned char header[transport::kTmHeaderBytes];
+  transport::encode_tm_header(transport::TmHeader{static_cast<uint8_t>(transport::TmOpcode::kFin), app_ctx, tag},
+                              header);
+  static_assert(sizeof(host::RecvSge) == sizeof(Sge));
+  const uint32_t pd_id = init_.srq != nullptr ? init_.srq->pd().id() : pd_->id();
+  iovec to[limits::kMaxSge + 1];
+  int nto = 0;
+  uint64_t room = 0;
+  const uint32_t num_sge = wqe->num_sge < limits::kMaxSge ? wqe->num_sge : limits::kMaxSge;
+  ibv_wc_status status = local_iovecs(node_, pd_id, reinterpret_cast<const Sge*>(wqe->sge), num_sge,
+                                      IBV_ACCESS_LOCAL_WRITE, to, &nto, &room);
+  if (status == IBV_WC_SUCCESS && room < sizeof header) status = IBV_WC_LOC_LEN_ERR;
+  if (status == IBV_WC_SUCCESS) scatter(to, nto, header, sizeof header);
+  host::Cqe cqe{};
+  cqe.wr_id = wqe->wr_id;
+  cqe.status = status;
+  cqe.opcode = IBV_WC_RECV;
+  cqe.byte_len = sizeof header;
+  cqe.qp_num = qpn_;
+  cqe.src_qp = attrs_.dest_qpn;
+  init_.recv_cq->push(cqe);
 }
 
 }  // namespace softhca::engine

@@ -2,6 +2,7 @@
 
 #include "host/memory_check.hpp"
 #include "link/shm/remote_memory.hpp"
+#include "transport/tag_matching.hpp"
 
 namespace softhca::shm {
 namespace {
@@ -299,6 +300,13 @@ void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
   cqe.wc_flags = c.wc_flags;
   cqe.sl = c.sl;
   cqe.solicited = c.solicited ? 1 : 0;
+  if (c.no_wqe) cqe.flags |= host::kCqeNoWqe;
+  if (c.tm_info) {
+    cqe.flags |= host::kCqeTmInfo;
+    cqe.src_qp = static_cast<uint32_t>(c.tm_tag >> 32);
+    cqe.vendor_err = static_cast<uint32_t>(c.tm_tag);
+    cqe.imm_data = c.tm_priv;
+  }
   uint64_t cq_offset = target_.qp->recv_cq_offset;
   if (xrc_srq_ != nullptr) {
     cq_offset = xrc_srq_->recv_cq_offset;
@@ -320,6 +328,31 @@ void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
                    host::Event{static_cast<uint32_t>(host::EventKind::kCqError), cq->owner_cq_id, 0, 0});
       return;
   }
+}
+
+// The SRQ of an RC QP may be a tag matching one (never an XRC SRQ).
+transport::TagList* ShmResponderPort::tag_list() {
+  if (xrc_srq_ != nullptr || target_.qp->srq_offset == 0) return nullptr;
+  const uint64_t offset = receive_queue()->tag_list_offset;
+  return offset ? reinterpret_cast<transport::TagList*>(target_.base + offset) : nullptr;
+}
+
+// The shm link runs the responder in the requester's process: the range is
+// that process's own memory, under a key it registered, in the requester
+// QP's PD, that QP allowing remote READ.
+bool ShmResponderPort::requester_range(uint32_t requester_qpn, uint64_t va, uint32_t rkey, uint64_t length,
+                                       iovec& out) {
+  TargetQp requester;
+  if (!resolve(host_, requester_qpn, requester) || requester.proc != host_.proc()) return false;
+  if ((requester.qp->access.load(std::memory_order_acquire) & IBV_ACCESS_REMOTE_READ) == 0) return false;
+  host::MrRecord mr;
+  if (!host_.registry().lookup_mr(rkey, mr) || mr.proc != host_.proc()) return false;
+  const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
+                                 static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+  if (!transport::remote_key_allows(key, requester.qp->pd_id, requester_qpn, IBV_ACCESS_REMOTE_READ, va, length))
+    return false;
+  out = iovec{transport::owner_address(key, va), static_cast<size_t>(length)};
+  return true;
 }
 
 void ShmResponderPort::raise(uint32_t detail) {

@@ -35,6 +35,8 @@ class ShmResponderPort final : public transport::ResponderPort {
   void fail_qp(ibv_event_type event) override;
   void established() override;
   bool gone() override;
+  transport::TagList* tag_list() override;
+  bool requester_range(uint32_t requester_qpn, uint64_t va, uint32_t rkey, uint64_t length, iovec& out) override;
 
  private:
   // The keys validated so far, as validated.
