@@ -20,10 +20,10 @@ namespace softhca::rsocket {
 
 namespace {
 
-int64_t now_ms() {
+int64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
 // One pass without sleeping: sets revents, returns how many are ready.
@@ -63,7 +63,13 @@ Result<int> poll(pollfd* fds, nfds_t nfds, int timeout_ms) {
     if (n < 0) return fail(static_cast<std::errc>(errno));
     return n;
   }
-  const int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
+  // The deadline in nanoseconds and each sleep rounded up: a deadline in
+  // whole milliseconds let rpoll(..., 1) give up after a few microseconds
+  // whenever the clock crossed a millisecond before the sleep (udpong then
+  // resends, and every early timeout left one more duplicate echo in flight
+  // for the rest of the run). poll(2) never returns before its timeout;
+  // neither do we.
+  const int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ns() + int64_t{timeout_ms} * 1'000'000;
   std::vector<pollfd> wait;
   std::vector<std::pair<nfds_t, size_t>> rsocket_slots;  // fds index, first wait slot
   for (;;) {
@@ -89,15 +95,15 @@ Result<int> poll(pollfd* fds, nfds_t nfds, int timeout_ms) {
     }
     int sleep_ms = -1;
     if (deadline != INT64_MAX) {
-      const int64_t left = deadline - now_ms();
+      const int64_t left = deadline - now_ns();
       if (left <= 0) return 0;
-      sleep_ms = static_cast<int>(std::min<int64_t>(left, INT_MAX));
+      sleep_ms = static_cast<int>(std::min<int64_t>((left + 999'999) / 1'000'000, INT_MAX));
     }
     const int n = ::poll(wait.data(), wait.size(), sleep_ms);
     if (n < 0) return fail(static_cast<std::errc>(errno));
     for (auto [index, slot] : rsocket_slots)
       if (wait[slot].revents != 0 || wait[slot + 1].revents != 0) sockets[index]->consume_wakeups();
-    if (n == 0 && deadline != INT64_MAX && now_ms() >= deadline) return check_all(fds, nfds, sockets);
+    if (n == 0 && deadline != INT64_MAX && now_ns() >= deadline) return check_all(fds, nfds, sockets);
   }
 }
 

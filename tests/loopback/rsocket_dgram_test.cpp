@@ -10,6 +10,7 @@
 #include <rdma/rsocket.h>
 #include <signal.h>
 #include <sys/select.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -461,6 +462,35 @@ TEST_F(RsocketDgram, ThreadsShareASocketThatSendsToItself) {
     EXPECT_EQ(buf, m);
     EXPECT_EQ(ntohs(from.sin_port), kBasePort + 26);
   }
+}
+
+// rpoll never gives up before its timeout, as poll(2) never does. udpong's
+// echo client sends, waits in rpoll(..., 1 ms) and resends when that
+// returns 0; every early 0 left one more duplicate echo in flight for the
+// rest of the run, and the run slowed by 10-20x. The deadline was kept in
+// whole milliseconds, so a call made late in a millisecond returned 0
+// within microseconds: each call here starts in the last microsecond of
+// one, on an idle socket and on one with a QP whose CQ is armed.
+TEST_F(RsocketDgram, PollTimeoutIsNeverCutShort) {
+  const int idle = bound(kBasePort + 27);
+  const int a = bound(kBasePort + 28);
+  const int b = bound(kBasePort + 29);
+  handshake(a, b, kBasePort + 28);
+  auto now_ns = [] {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  };
+  int early = 0;
+  for (int round = 0; round < 100; ++round) {
+    int64_t start;
+    do start = now_ns();
+    while (start % 1'000'000 < 999'000);
+    pollfd p{round % 2 == 0 ? idle : a, POLLIN, 0};
+    ASSERT_EQ(rpoll(&p, 1, 1), 0) << round;
+    if (now_ns() - start < 1'000'000) ++early;
+  }
+  EXPECT_EQ(early, 0);
 }
 
 }  // namespace
