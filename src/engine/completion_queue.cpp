@@ -221,6 +221,8 @@ bool CompletionQueue::poll_one(host::Cqe& out) {
 void CompletionQueue::arm(bool solicited_only) {
   shared_->armed.store(solicited_only ? host::SharedCq::kArmSolicited : host::SharedCq::kArmNext,
                        std::memory_order_seq_cst);
+  // seq_cst, as the poll's reads of the ring after it (CqRing::pop): see
+  // host::SharedCq::push_counted.
 }
 
 Result<void> CompletionQueue::resize(int cqe) {

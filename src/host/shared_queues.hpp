@@ -103,14 +103,15 @@ struct CqRing {
   bool pop(Cqe& out) {
     const uint64_t t = tail.load(std::memory_order_relaxed);
     CqSlot& s = slot(t);
-    if (s.seq.load(std::memory_order_acquire) != t + 1) return false;
+    // seq_cst (a plain load on x86): after an arm, see SharedCq::push_counted.
+    if (s.seq.load(std::memory_order_seq_cst) != t + 1) return false;
     out = s.cqe;
     tail.store(t + 1, std::memory_order_release);
     return true;
   }
   bool empty() {
     const uint64_t t = tail.load(std::memory_order_relaxed);
-    return slot(t).seq.load(std::memory_order_acquire) != t + 1;
+    return slot(t).seq.load(std::memory_order_seq_cst) != t + 1;
   }
 };
 
@@ -180,7 +181,12 @@ struct SharedCq {
       CqSlot& slot = ring->slot(h);
       slot.cqe = cqe;
       if (stamp_completions != 0) slot.cqe.timestamp = completion_clock_ns();
-      slot.seq.store(h + 1, std::memory_order_release);
+      // seq_cst, as are the load of `armed` after it, the owner's arm
+      // (CompletionQueue::arm) and its reads of the ring (CqRing::pop): a
+      // store then a load of another word, on both sides. With release/acquire the load could pass the store (x86 lets
+      // it), and an owner that arms and then finds the ring empty would sleep
+      // while this producer saw the CQ unarmed: a lost completion event.
+      slot.seq.store(h + 1, std::memory_order_seq_cst);
       return notify_after(cqe);
     }
   }
@@ -188,7 +194,7 @@ struct SharedCq {
   // An armed CQ fires once for the next completion (or for the next solicited
   // or error completion when armed for solicited only).
   Push notify_after(const Cqe& cqe) {
-    uint32_t arm = armed.load(std::memory_order_acquire);
+    uint32_t arm = armed.load(std::memory_order_seq_cst);  // see push_counted
     while (arm != 0) {
       const bool fires = arm == kArmNext || cqe.solicited || cqe.status != 0;
       if (!fires) break;
