@@ -15,7 +15,7 @@ Result<Flow*> Flow::create(QueuePair& qp, const ibv_flow_attr& attr) {
   if (qp.type() != IBV_QPT_RAW_PACKET) return fail(std::errc::operation_not_supported);
   auto rule = transport::parse_flow_rule(attr);
   if (!rule) {
-    SOFTHCA_DEBUG("create_flow on qp 0x%x rejected (type %u, %u specs)", qp.qpn(), static_cast<unsigned>(attr.type),
+    SOFTHCA_DEBUG("create_flow on qp 0x%x rejected (type %u, %u specs)", qp.qpn(), static_cast<unsigned>(transport::flow_attr_type(attr)),
                   static_cast<unsigned>(attr.num_of_specs));
     return fail(rule.error());
   }

@@ -117,7 +117,7 @@ void add_once(std::vector<uint32_t>& out, std::size_t from, uint32_t qpn) {
 
 Result<FlowRule> parse_flow_rule(const ibv_flow_attr& attr) {
   if (attr.comp_mask != 0) return fail(std::errc::invalid_argument);
-  const auto type = static_cast<uint32_t>(attr.type);
+  const uint32_t type = flow_attr_type(attr);
   if (type > IBV_FLOW_ATTR_SNIFFER) return fail(std::errc::invalid_argument);
   if (attr.flags & IBV_FLOW_ATTR_FLAGS_EGRESS) return fail(std::errc::operation_not_supported);
   if ((attr.flags & ~static_cast<uint32_t>(IBV_FLOW_ATTR_FLAGS_DONT_TRAP)) != 0) return fail(std::errc::invalid_argument);

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -54,6 +55,15 @@ struct FlowRule {
 // verbs defines but softhca does not offer (egress rules, tunnel, ESP,
 // MPLS, inner-header and action specs).
 Result<FlowRule> parse_flow_rule(const ibv_flow_attr& attr);
+
+// The rule type as the application wrote it: any number, read without
+// loading the enum (a value outside ibv_flow_attr_type would be undefined).
+inline uint32_t flow_attr_type(const ibv_flow_attr& attr) {
+  uint32_t type = 0;
+  static_assert(sizeof(attr.type) == sizeof(type));
+  std::memcpy(&type, &attr.type, sizeof type);
+  return type;
+}
 
 // The keys of a frame, in the layouts of the filters.
 struct FrameKeys {
