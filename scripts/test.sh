@@ -78,7 +78,25 @@ run_ctest() {
   else
     summary+=("WARN  $name: ran no tests${*:+ (ctest $*)}")
   fi
+  record_failures "$name" "$log"
   return "$rc"
+}
+
+# record_failures NAME LOG: name each failed test in the summary and keep the
+# end of its output, so that the last lines CI shows say what broke.
+record_failures() {
+  local name=$1 log=$2 test
+  while read -r test; do
+    summary+=("      $name failed: $test")
+    {
+      printf -- '--- %s: %s (last lines of its output)\n' "$name" "$test"
+      # The test's status line, then its output up to the next status line.
+      awk -v t="$test" '
+        $0 ~ /^ *[0-9]+\/[0-9]+ Test +#[0-9]+: / { inside = (index($0, " " t " ") > 0) }
+        /^[0-9]+% tests passed/ { inside = 0 }
+        inside' "$log" | tail -n 20
+    } >>"$logs/failures"
+  done < <(sed -n '/^The following tests FAILED:/,/^$/{s/^[[:space:]]*[0-9]* - \([^ ]*\) .*/\1/p}' "$log")
 }
 
 # variant NAME BUILD_DIR CMAKE_ARGS -- CTEST_ARGS: build, then test unless the build failed.
@@ -133,6 +151,9 @@ fi
 
 banner summary
 printf '%s\n' "${summary[@]}"
+if [[ -s $logs/failures ]]; then
+  head -n 60 "$logs/failures"
+fi
 echo "total time: $((SECONDS - t_all))s"
 echo "tests: $tests_passed passed, $tests_failed failed"
 if ((failed_steps > 0)); then
