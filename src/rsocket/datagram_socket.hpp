@@ -53,15 +53,9 @@
 
 namespace softhca::rsocket {
 
-// Queue sizes a datagram rsocket starts with (rdma-core's defaults); the
-// buffers are one slot of kDatagramSlotSize per queue entry.
-struct DatagramConfig {
-  uint16_t sq_size = 384;
-  uint16_t rq_size = 384;
-  uint32_t inline_size = 64;
-  uint32_t sbuf_size = 1u << 17;
-  uint32_t rbuf_size = 1u << 17;
-};
+// A datagram rsocket's buffers are one slot of kDatagramSlotSize per queue
+// entry (init_endpoint_locked fits the sizes to each other).
+using DatagramConfig = QueueConfig;
 
 class DatagramSocket final : public Socket {
  public:

@@ -7,9 +7,21 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cstdint>
+
 #include "common/result.hpp"
 
 namespace softhca::rsocket {
+
+// Queue and buffer sizes an rsocket starts with (rdma-core's defaults);
+// options change them until the buffers exist.
+struct QueueConfig {
+  uint16_t sq_size = 384;
+  uint16_t rq_size = 384;
+  uint32_t inline_size = 64;
+  uint32_t sbuf_size = 1u << 17;
+  uint32_t rbuf_size = 1u << 17;
+};
 
 class Socket {
  public:

@@ -37,15 +37,9 @@
 
 namespace softhca::rsocket {
 
-// Sizes an rsocket starts with (rdma-core's defaults); options change them
-// until the buffers exist.
-struct StreamConfig {
-  uint16_t sq_size = 384;
-  uint16_t rq_size = 384;
-  uint32_t inline_size = 64;
-  uint32_t sbuf_size = 1u << 17;
-  uint32_t rbuf_size = 1u << 17;
-  uint32_t iomap_size = 0;  // entries offered for riomap; 0: riomap unused
+// A stream rsocket's sizes also say how many riomap entries it offers.
+struct StreamConfig : QueueConfig {
+  uint32_t iomap_size = 0;  // 0: riomap unused
 };
 
 class StreamSocket final : public Socket {

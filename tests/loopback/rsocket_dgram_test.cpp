@@ -20,21 +20,16 @@
 #include <thread>
 #include <vector>
 
+#include "rsocket_fixture.hpp"
+
 namespace {
+
+using softhca::test::loopback;
+using softhca::test::sa;
 
 // Ports of this file: 7600..7649 (tests/system uses 765x for udpong).
 constexpr uint16_t kBasePort = 7600;
 constexpr int kWaitMs = 10000;
-
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_port = htons(port);
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return sin;
-}
-
-sockaddr* sa(sockaddr_in& sin) { return reinterpret_cast<sockaddr*>(&sin); }
 
 uint8_t pattern(size_t i, uint8_t seed) { return static_cast<uint8_t>(i * 131 + seed); }
 
@@ -44,26 +39,12 @@ std::vector<uint8_t> message(size_t len, uint8_t seed) {
   return m;
 }
 
-class RsocketDgram : public ::testing::Test {
+class RsocketDgram : public softhca::test::RsocketFixture {
  protected:
-  void SetUp() override {
-    signal(SIGALRM, [](int) {
-      static const char msg[] = "rsocket_dgram_test: a test hung for 50 s\n";
-      (void)!write(2, msg, sizeof msg - 1);
-      _exit(3);
-    });
-    alarm(50);
-  }
-  void TearDown() override {
-    for (int fd : open_) rclose(fd);
-    alarm(0);
-  }
-
   int bound(uint16_t port, int type_flags = 0) {
     const int fd = rsocket(AF_INET, SOCK_DGRAM | type_flags, 0);
     EXPECT_GE(fd, 0) << strerror(errno);
-    if (fd < 0) return fd;
-    open_.push_back(fd);
+    if (track(fd) < 0) return fd;
     sockaddr_in addr = loopback(port);
     EXPECT_EQ(rbind(fd, sa(addr), sizeof addr), 0) << strerror(errno);
     return fd;
@@ -88,8 +69,6 @@ class RsocketDgram : public ::testing::Test {
     ASSERT_EQ(rsendto(a, "ho", 2, 0, sa(from), sizeof from), 2) << strerror(errno);
     ASSERT_EQ(recv_within(b, buf, sizeof buf), 2);
   }
-
-  std::vector<int> open_;
 };
 
 TEST_F(RsocketDgram, SendtoAndRecvfromNameTheSender) {

@@ -24,46 +24,22 @@
 #include <thread>
 #include <vector>
 
+#include "rsocket_fixture.hpp"
+
 extern char** environ;
 
 namespace {
 
+using softhca::test::loopback;
+using softhca::test::sa;
+
 // Ports of this file: 7500..7539 (tests/system uses 755x for rsockets).
 constexpr uint16_t kBasePort = 7500;
 
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_port = htons(port);
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return sin;
-}
-
-sockaddr* sa(sockaddr_in& sin) { return reinterpret_cast<sockaddr*>(&sin); }
-
 uint8_t pattern(size_t i) { return static_cast<uint8_t>((i * 131 + 7) ^ (i >> 9)); }
 
-class Rsocket : public ::testing::Test {
+class Rsocket : public softhca::test::RsocketFixture {
  protected:
-  void SetUp() override {
-    signal(SIGALRM, [](int) {
-      static const char msg[] = "rsocket_test: a test hung for 50 s\n";
-      (void)!write(2, msg, sizeof msg - 1);
-      _exit(3);
-    });
-    alarm(50);
-  }
-  void TearDown() override {
-    for (int fd : open_) rclose(fd);
-    alarm(0);
-  }
-
-  int track(int fd) {
-    if (fd >= 0) open_.push_back(fd);
-    return fd;
-  }
-  void forget(int fd) { std::erase(open_, fd); }
-
   int listener(uint16_t port, int iomap_size = 0) {
     const int fd = track(rsocket(AF_INET, SOCK_STREAM, 0));
     EXPECT_GE(fd, 0) << strerror(errno);
@@ -105,8 +81,6 @@ class Rsocket : public ::testing::Test {
     EXPECT_EQ(rfcntl(c, F_SETFL, 0), 0);
     return {c, s};
   }
-
-  std::vector<int> open_;
 };
 
 bool send_all(int fd, const uint8_t* data, size_t len) {

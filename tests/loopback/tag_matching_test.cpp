@@ -59,6 +59,28 @@ void write_be(uint8_t* p, int n, uint64_t v) {
   for (int i = n - 1; i >= 0; --i, v >>= 8) p[i] = static_cast<uint8_t>(v);
 }
 
+// An extended CQ that reports tag matching details.
+ibv_cq_ex* create_tm_cq(ibv_context* ctx) {
+  ibv_cq_init_attr_ex cq_attr{};
+  cq_attr.cqe = 64;
+  cq_attr.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_TM_INFO};
+  return ibv_create_cq_ex(ctx, &cq_attr);
+}
+
+// A tag matching SRQ of kMaxTags tags and kMaxOps outstanding operations.
+ibv_srq* create_tm_srq(ibv_context* ctx, ibv_pd* pd, ibv_cq_ex* cq) {
+  ibv_srq_init_attr_ex srq_attr{};
+  srq_attr.attr.max_wr = 16;
+  srq_attr.attr.max_sge = 1;
+  srq_attr.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
+  srq_attr.srq_type = IBV_SRQT_TM;
+  srq_attr.pd = pd;
+  srq_attr.cq = ibv_cq_ex_to_cq(cq);
+  srq_attr.tm_cap.max_num_tags = kMaxTags;
+  srq_attr.tm_cap.max_ops = kMaxOps;
+  return ibv_create_srq_ex(ctx, &srq_attr);
+}
+
 class TagMatching : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -66,23 +88,11 @@ class TagMatching : public ::testing::Test {
     ibv_device_attr_ex caps{};
     ASSERT_EQ(ibv_query_device_ex(dev.ctx, nullptr, &caps), 0);
     ASSERT_TRUE(caps.tm_caps.flags & IBV_TM_CAP_RC);
-    ibv_cq_init_attr_ex cq_attr{};
-    cq_attr.cqe = 64;
-    cq_attr.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_TM_INFO};
-    cq = ibv_create_cq_ex(dev.ctx, &cq_attr);
+    cq = create_tm_cq(dev.ctx);
     ASSERT_NE(cq, nullptr) << std::strerror(errno);
-    a_cq = ibv_create_cq_ex(dev.ctx, &cq_attr);
+    a_cq = create_tm_cq(dev.ctx);
     ASSERT_NE(a_cq, nullptr);
-    ibv_srq_init_attr_ex srq_attr{};
-    srq_attr.attr.max_wr = 16;
-    srq_attr.attr.max_sge = 1;
-    srq_attr.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
-    srq_attr.srq_type = IBV_SRQT_TM;
-    srq_attr.pd = dev.pd;
-    srq_attr.cq = ibv_cq_ex_to_cq(cq);
-    srq_attr.tm_cap.max_num_tags = kMaxTags;
-    srq_attr.tm_cap.max_ops = kMaxOps;
-    srq = ibv_create_srq_ex(dev.ctx, &srq_attr);
+    srq = create_tm_srq(dev.ctx, dev.pd, cq);
     ASSERT_NE(srq, nullptr) << std::strerror(errno);
     a = create_qp(dev.pd, ibv_cq_ex_to_cq(a_cq), ibv_cq_ex_to_cq(a_cq), QpConfig{});
     b = create_qp(dev.pd, ibv_cq_ex_to_cq(cq), ibv_cq_ex_to_cq(cq), QpConfig{}, srq);
@@ -433,21 +443,9 @@ TEST(TagMatchingProcesses, AnotherProcessSendsEagerAndRendezvous) {
   {
     Device dev;  // after the fork: the child opens its own
     ASSERT_TRUE(dev.ok());
-    ibv_cq_init_attr_ex cq_attr{};
-    cq_attr.cqe = 64;
-    cq_attr.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_TM_INFO};
-    ibv_cq_ex* cq = ibv_create_cq_ex(dev.ctx, &cq_attr);
+    ibv_cq_ex* cq = create_tm_cq(dev.ctx);
     ASSERT_NE(cq, nullptr);
-    ibv_srq_init_attr_ex srq_attr{};
-    srq_attr.attr.max_wr = 16;
-    srq_attr.attr.max_sge = 1;
-    srq_attr.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
-    srq_attr.srq_type = IBV_SRQT_TM;
-    srq_attr.pd = dev.pd;
-    srq_attr.cq = ibv_cq_ex_to_cq(cq);
-    srq_attr.tm_cap.max_num_tags = kMaxTags;
-    srq_attr.tm_cap.max_ops = kMaxOps;
-    ibv_srq* srq = ibv_create_srq_ex(dev.ctx, &srq_attr);
+    ibv_srq* srq = create_tm_srq(dev.ctx, dev.pd, cq);
     ASSERT_NE(srq, nullptr);
     ibv_qp* b = create_qp(dev.pd, ibv_cq_ex_to_cq(cq), ibv_cq_ex_to_cq(cq), QpConfig{}, srq);
     ASSERT_NE(b, nullptr);
