@@ -10,10 +10,12 @@
 #include <rdma/rsocket.h>
 #include <signal.h>
 #include <sys/select.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -470,6 +472,180 @@ TEST_F(RsocketDgram, PollTimeoutIsNeverCutShort) {
     if (now_ns() - start < 1'000'000) ++early;
   }
   EXPECT_EQ(early, 0);
+}
+
+// A datagram numbered `seq`: its number, then bytes that depend on it.
+std::vector<uint8_t> numbered(uint32_t seq, size_t len) {
+  std::vector<uint8_t> m = message(len, static_cast<uint8_t>(seq));
+  std::memcpy(m.data(), &seq, sizeof seq);
+  return m;
+}
+
+// Whether `got` is numbered(seq, got.size()) for its own number; that number.
+bool intact(const std::vector<uint8_t>& got, uint32_t* seq) {
+  if (got.size() < sizeof *seq) return false;
+  std::memcpy(seq, got.data(), sizeof *seq);
+  return got == numbered(*seq, got.size());
+}
+
+// A sender that floods a socket nobody reads: its sends never block or fail
+// (UD drops what finds no receive slot, as UDP drops what finds no room),
+// and whatever the reader finds afterwards is whole, in order, and followed
+// by fresh datagrams once it has read.
+TEST_F(RsocketDgram, AFloodIntoAnUnreadSocketLeavesOnlyWholeDatagramsInOrder) {
+  const int a = bound(kBasePort + 30);
+  const int b = bound(kBasePort + 31);
+  handshake(a, b, kBasePort + 30);
+  sockaddr_in to_a = loopback(kBasePort + 30);
+  constexpr uint32_t kFlood = 5000;
+  for (uint32_t seq = 0; seq < kFlood; ++seq) {
+    const auto m = numbered(seq, 16 + seq % 1000);
+    ASSERT_EQ(rsendto(b, m.data(), m.size(), 0, sa(to_a), sizeof to_a), static_cast<ssize_t>(m.size())) << seq;
+  }
+  uint32_t received = 0;
+  int64_t last = -1;
+  for (;;) {
+    std::vector<uint8_t> got(2048);
+    const ssize_t n = rrecv(a, got.data(), got.size(), MSG_DONTWAIT);
+    if (n < 0) {
+      ASSERT_EQ(errno, EAGAIN);
+      break;
+    }
+    got.resize(static_cast<size_t>(n));
+    uint32_t seq = 0;
+    ASSERT_TRUE(intact(got, &seq)) << "datagram " << received;
+    ASSERT_GT(int64_t{seq}, last);
+    last = seq;
+    ++received;
+  }
+  EXPECT_GT(received, 0u);
+  EXPECT_LT(received, kFlood);  // the receive queue (384 slots) cannot hold them all
+  // Read slots are posted again: the socket still receives.
+  const auto after = numbered(kFlood, 100);
+  ASSERT_EQ(rsendto(b, after.data(), after.size(), 0, sa(to_a), sizeof to_a), 100);
+  std::vector<uint8_t> got(2048);
+  ASSERT_EQ(recv_within(a, got.data(), got.size()), 100);
+  got.resize(100);
+  EXPECT_EQ(got, after);
+}
+
+// The peer process dies (SIGKILL) while datagrams flow to it: the sender's
+// calls neither hang nor fail (a datagram to nobody is simply lost), and
+// the same socket goes on talking to a live peer.
+TEST_F(RsocketDgram, APeerKilledMidTrafficLeavesTheSenderWorking) {
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // A receiver that reads forever: its socket, QP and memory vanish with it.
+    close(ready[0]);
+    const int fd = rsocket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in addr = loopback(kBasePort + 32);
+    if (fd < 0 || rbind(fd, sa(addr), sizeof addr) != 0) _exit(2);
+    (void)!write(ready[1], "r", 1);
+    char buf[2048];
+    for (;;) {
+      sockaddr_in from{};
+      socklen_t len = sizeof from;
+      const ssize_t n = rrecvfrom(fd, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &len);
+      if (n > 0) (void)rsendto(fd, buf, static_cast<size_t>(n), 0, reinterpret_cast<sockaddr*>(&from), len);
+    }
+  }
+  close(ready[1]);
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{child};
+  char r = 0;
+  ASSERT_EQ(read(ready[0], &r, 1), 1);
+  close(ready[0]);
+  const int a = bound(kBasePort + 33);
+  sockaddr_in to_child = loopback(kBasePort + 32);
+  // Echoes first, so that the sender knows the child's QP and uses it.
+  for (uint32_t seq = 0; seq < 20; ++seq) {
+    const auto m = numbered(seq, 64);
+    ASSERT_EQ(rsendto(a, m.data(), m.size(), 0, sa(to_child), sizeof to_child), 64);
+    std::vector<uint8_t> got(2048);
+    ASSERT_EQ(recv_within(a, got.data(), got.size()), 64) << seq;
+  }
+  std::atomic<bool> killed{false};
+  std::thread killer([&] {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    killed = true;
+  });
+  uint32_t seq = 20;
+  while (!killed.load()) {
+    const auto m = numbered(seq++, 64);
+    ASSERT_EQ(rsendto(a, m.data(), m.size(), 0, sa(to_child), sizeof to_child), 64);
+  }
+  killer.join();
+  for (int i = 0; i < 1000; ++i, ++seq) {
+    const auto m = numbered(seq, 64);
+    ASSERT_EQ(rsendto(a, m.data(), m.size(), 0, sa(to_child), sizeof to_child), 64) << i;
+  }
+  // Echoes the child sent before it died may still be queued: read them away.
+  std::vector<uint8_t> drain(2048);
+  while (rrecv(a, drain.data(), drain.size(), MSG_DONTWAIT) > 0) {
+  }
+  const int b = bound(kBasePort + 34);
+  handshake(a, b, kBasePort + 33);
+  const auto m = numbered(seq, 512);
+  sockaddr_in to_b = loopback(kBasePort + 34);
+  ASSERT_EQ(rsendto(a, m.data(), m.size(), 0, sa(to_b), sizeof to_b), 512);
+  std::vector<uint8_t> got(2048);
+  ASSERT_EQ(recv_within(b, got.data(), got.size()), 512);
+  got.resize(512);
+  EXPECT_EQ(got, m);
+}
+
+// One thread sends while another closes the socket under it: the sender's
+// call either completes or fails with EBADF, never touches freed memory
+// (ASan watches), and every call after the close fails with EBADF.
+TEST_F(RsocketDgram, ClosingASocketWhileAnotherThreadSendsIsSafe) {
+  for (int round = 0; round < 20; ++round) {
+    const int a = rsocket(AF_INET, SOCK_DGRAM, 0);
+    ASSERT_GE(a, 0);
+    sockaddr_in addr = loopback(kBasePort + 35);
+    ASSERT_EQ(rbind(a, sa(addr), sizeof addr), 0) << strerror(errno);
+    const int b = bound(kBasePort + 36);
+    sockaddr_in to_b = loopback(kBasePort + 36);
+    std::atomic<int> sent{0};
+    std::atomic<bool> closed{false};
+    int last_errno = 0;
+    std::thread sender([&] {
+      for (;;) {
+        const bool after_close = closed.load();
+        const auto m = numbered(static_cast<uint32_t>(sent.load()), 200);
+        const ssize_t n = rsendto(a, m.data(), m.size(), 0, sa(to_b), sizeof to_b);
+        if (n < 0) {
+          last_errno = errno;
+          return;
+        }
+        EXPECT_FALSE(after_close) << "a send after rclose returned succeeded";
+        if (after_close) return;
+        ++sent;
+      }
+    });
+    while (sent.load() < 50 + round * 10) std::this_thread::yield();
+    ASSERT_EQ(rclose(a), 0);
+    closed = true;
+    sender.join();
+    EXPECT_EQ(last_errno, EBADF);
+    // Whatever reached b is whole.
+    std::vector<uint8_t> got(2048);
+    for (ssize_t n; (n = rrecv(b, got.data(), got.size(), MSG_DONTWAIT)) > 0; got.resize(2048)) {
+      got.resize(static_cast<size_t>(n));
+      uint32_t seq = 0;
+      EXPECT_TRUE(intact(got, &seq));
+    }
+    forget(b);
+    ASSERT_EQ(rclose(b), 0);
+  }
 }
 
 }  // namespace
