@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -436,6 +437,100 @@ int window_writer_child(int rfd, int wfd) {
   ibv_destroy_qp(qp);
   ibv_destroy_cq(cq);
   return 0;
+}
+
+// On-demand paging across processes: an ODP MR names addresses, not pages.
+// The child registers an explicit ODP MR and then replaces the pages under
+// it (mmap MAP_FIXED): the parent's next WRITE must land in the new pages,
+// where the child sees it, as on a NIC whose page tables follow the
+// process's. Then the child maps the range PROT_NONE: the next WRITE fails
+// with REM_ACCESS_ERR and neither process faults.
+constexpr size_t kOdpLen = 2 * 4096;
+
+int odp_remap_child(int rfd, int wfd) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  if (!cq) return 11;
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  if (!qp) return 12;
+  void* base = ::mmap(nullptr, kOdpLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return 13;
+  auto* bytes = static_cast<uint8_t*>(base);
+  ibv_mr* mr = ibv_reg_mr(dev.pd, base, kOdpLen, Buffer::kAllAccess | IBV_ACCESS_ON_DEMAND);
+  if (mr == nullptr) return 14;
+  const Endpoint mine{qp->qp_num, mr->rkey, reinterpret_cast<uint64_t>(base)};
+  Endpoint peer{};
+  if (!write_all(wfd, &mine, sizeof mine) || !read_all(rfd, &peer, sizeof peer, kChildDeadline)) return 16;
+  if (bring_up(qp, peer.qpn, dev.gid, cfg) != 0) return 17;
+  if (!write_all(wfd, "R", 1)) return 18;
+  // Each round: the parent wrote pattern `round` and says so; we check it.
+  for (uint8_t round = 1; round <= 2; ++round) {
+    char done = 0;
+    if (!read_all(rfd, &done, 1, kChildDeadline) || done != 'W') return 20 + round;
+    for (size_t i = 0; i < kOdpLen; ++i)
+      if (bytes[i] != round) return 30 + round;
+    // Fresh zero pages at the same addresses, under the same MR.
+    if (round == 1 && ::mmap(base, kOdpLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != base)
+      return 40;
+    if (round == 2 && ::mmap(base, kOdpLen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != base)
+      return 41;
+    if (!write_all(wfd, "M", 1)) return 42;
+  }
+  char quit = 0;
+  if (!read_all(rfd, &quit, 1, kChildDeadline) || quit != 'Q') return 50;
+  drain_async_events(dev.ctx);
+  if (ibv_dereg_mr(mr) != 0) return 51;
+  ibv_destroy_qp(qp);
+  ibv_destroy_cq(cq);
+  return 0;
+}
+
+TEST(OdpAcrossProcesses, WritesFollowThePagesMappedNowAndFailWhereNoneAre) {
+  Child child(odp_remap_child);
+  ASSERT_TRUE(child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.retry_cnt = 1;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_NE(qp, nullptr);
+  Buffer src(dev.pd, kOdpLen);
+  ASSERT_NE(src.mr(), nullptr);
+  Endpoint peer{};
+  ASSERT_TRUE(read_all(child.rfd, &peer, sizeof peer, kChildDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  const Endpoint mine{qp->qp_num, src.rkey(), src.addr()};
+  ASSERT_TRUE(write_all(child.wfd, &mine, sizeof mine));
+  ASSERT_EQ(bring_up(qp, peer.qpn, dev.gid, cfg), 0);
+  char ready = 0;
+  ASSERT_TRUE(read_all(child.rfd, &ready, 1, kChildDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  auto write_round = [&](uint8_t value) {
+    std::memset(src.span(0, kOdpLen).data(), value, kOdpLen);
+    ibv_sge sge = src.sge(0, static_cast<uint32_t>(kOdpLen));
+    ibv_send_wr wr = make_wr(value, IBV_WR_RDMA_WRITE, &sge, 1);
+    wr.wr.rdma.remote_addr = peer.addr;
+    wr.wr.rdma.rkey = peer.rkey;
+    ibv_wc wc{};
+    if (post_send(qp, wr) != 0 || !poll_one(cq, &wc, kChildDeadline)) return IBV_WC_GENERAL_ERR;
+    return wc.status;
+  };
+  for (uint8_t round = 1; round <= 2; ++round) {
+    ASSERT_EQ(write_round(round), IBV_WC_SUCCESS) << "round " << int{round};
+    ASSERT_TRUE(write_all(child.wfd, "W", 1));
+    char mapped = 0;
+    ASSERT_TRUE(read_all(child.rfd, &mapped, 1, kChildDeadline))
+        << "round " << int{round} << ": child exited with " << child.wait_exit(Millis{100});
+  }
+  // The range is PROT_NONE now: nothing to write into.
+  EXPECT_EQ(write_round(3), IBV_WC_REM_ACCESS_ERR);
+  ASSERT_TRUE(write_all(child.wfd, "Q", 1));
+  EXPECT_EQ(child.wait_exit(kChildDeadline), 0);
+  drain_async_events(dev.ctx);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
 }
 
 enum class WindowRevoke { kLocalInvalidate, kDealloc, kSendWithInvalidate };
