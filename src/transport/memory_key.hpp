@@ -45,6 +45,13 @@ inline bool is_implicit_odp(const MemoryKey& mr) {
   return (mr.access & IBV_ACCESS_ON_DEMAND) != 0 && mr.iova == 0 && mr.length == UINT64_MAX;
 }
 
+// Any on-demand-paging MR, explicit or implicit: it names addresses, not
+// pages, and the owner may unmap or replace the pages under it at any time,
+// so a copy into or out of the owner's own memory checks first that the
+// range is mapped now (a NIC takes a page fault that fails; a copy here
+// would fault the process).
+inline bool is_on_demand(const MemoryKey& mr) { return (mr.access & IBV_ACCESS_ON_DEMAND) != 0; }
+
 // An lkey (a local SGE, a receive WQE's SGE) names an MR, never a window.
 inline bool local_key_allows(const MemoryKey& mr, uint32_t pd_id, uint32_t access, uint64_t addr, uint64_t length) {
   return mr.kind == KeyKind::kRegion && key_allows(mr, pd_id, access, addr, length);

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "loopback.hpp"
 
@@ -198,6 +199,68 @@ TEST_F(OdpTest, ReceiveIntoUnmappedMemoryFailsBothSides) {
   EXPECT_EQ(rwc.wr_id, 7u);
   EXPECT_EQ(rwc.status, IBV_WC_LOC_PROT_ERR) << loopback::wc_str(rwc);
   EXPECT_EQ(ibv_dereg_mr(implicit), 0);
+}
+
+// An explicit ODP MR whose owner made its pages inaccessible after
+// registering it (here PROT_NONE; munmap is the same to a NIC): every use
+// fails as with an implicit MR, as a WRITE into it, an atomic on it, a
+// local SGE in it and a receive into it, and nothing faults. With the pages
+// back, the same MR works again.
+TEST_F(OdpTest, ExplicitMrOverPagesMadeInaccessibleFailsEveryUseUntilTheyReturn) {
+  Pages pages;
+  ASSERT_NE(pages.base, MAP_FAILED);
+  ibv_mr* odp = ibv_reg_mr(dev.pd, pages.mapped(), 4096, kRemote | IBV_ACCESS_ON_DEMAND);
+  ASSERT_NE(odp, nullptr) << "errno " << errno;
+  ASSERT_EQ(mprotect(pages.mapped(), 4096, PROT_NONE), 0);
+  Buffer local(dev.pd, 64);
+  const uint64_t target = reinterpret_cast<uint64_t>(pages.mapped());
+  ibv_sge sge = local.sge(0, 64);
+  ibv_send_wr write = loopback::make_wr(1, IBV_WR_RDMA_WRITE, &sge, 1);
+  write.wr.rdma = {target, odp->rkey};
+  ibv_wc wc = run(write);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << loopback::wc_str(wc);
+  loopback::drain_async_events(dev.ctx);
+  // The error moved both QPs to ERROR: fresh ones for each further case.
+  auto reconnect = [&] {
+    for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+    a = loopback::create_qp(dev.pd, cq_a, cq_a, cfg);
+    b = loopback::create_qp(dev.pd, cq_b, cq_b, cfg);
+    ASSERT_TRUE(a && b);
+    ASSERT_EQ(loopback::bring_up(a, b->qp_num, dev.gid, cfg), 0);
+    ASSERT_EQ(loopback::bring_up(b, a->qp_num, dev.gid, cfg), 0);
+  };
+  reconnect();
+  ibv_sge word = local.sge(0, 8);
+  ibv_send_wr atomic = loopback::make_wr(2, IBV_WR_ATOMIC_FETCH_AND_ADD, &word, 1);
+  atomic.wr.atomic.remote_addr = target;
+  atomic.wr.atomic.rkey = odp->rkey;
+  atomic.wr.atomic.compare_add = 1;
+  wc = run(atomic);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << loopback::wc_str(wc);
+  loopback::drain_async_events(dev.ctx);
+  reconnect();
+  ibv_sge from_odp{target, 64, odp->lkey};
+  ibv_send_wr out = loopback::make_wr(3, IBV_WR_RDMA_WRITE, &from_odp, 1);
+  out.wr.rdma = {local.addr(0), local.rkey()};
+  wc = run(out);
+  EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << loopback::wc_str(wc);
+  loopback::drain_async_events(dev.ctx);
+  reconnect();
+  ASSERT_EQ(loopback::post_recv(b, 7, &from_odp, 1), 0);
+  wc = run(loopback::make_wr(4, IBV_WR_SEND, &sge, 1));
+  EXPECT_EQ(wc.status, IBV_WC_REM_OP_ERR) << loopback::wc_str(wc);
+  ibv_wc rwc{};
+  ASSERT_TRUE(loopback::poll_one(cq_b, &rwc));
+  EXPECT_EQ(rwc.status, IBV_WC_LOC_PROT_ERR) << loopback::wc_str(rwc);
+  loopback::drain_async_events(dev.ctx);
+  reconnect();
+  // The pages are back: the MR reaches them again.
+  ASSERT_EQ(mprotect(pages.mapped(), 4096, PROT_READ | PROT_WRITE), 0);
+  loopback::fill_pattern(local.span(0, 64), 9);
+  wc = run(write);
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << loopback::wc_str(wc);
+  EXPECT_EQ(std::memcmp(pages.mapped(), local.span(0, 64).data(), 64), 0);
+  EXPECT_EQ(ibv_dereg_mr(odp), 0);
 }
 
 TEST_F(OdpTest, AdviseMrRules) {

@@ -439,6 +439,53 @@ int window_writer_child(int rfd, int wfd) {
   return 0;
 }
 
+// The same fence for device memory: the child writes 16 KiB WRITEs one at a
+// time into an MR over the parent's DM until one fails; the parent
+// deregisters that MR while they land and overwrites the DM as soon as the
+// call returned. No byte of the child's may land after.
+TEST(DeviceMemoryFence, NoWriteLandsInTheDmAfterItsMrWent) {
+  Child child(window_writer_child);
+  ASSERT_TRUE(child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_NE(qp, nullptr);
+  ibv_alloc_dm_attr dm_attr{};
+  dm_attr.length = kWindowLen;
+  ibv_dm* dm = ibv_alloc_dm(dev.ctx, &dm_attr);
+  ASSERT_NE(dm, nullptr) << "errno " << errno;
+  ibv_mr* mr = ibv_reg_dm_mr(dev.pd, dm, 0, kWindowLen,
+                             IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(mr, nullptr) << "errno " << errno;
+  Endpoint peer{};
+  ASSERT_TRUE(read_all(child.rfd, &peer, sizeof peer, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  ASSERT_EQ(bring_up(qp, peer.qpn, dev.gid, cfg), 0);
+  const Endpoint mine{qp->qp_num, mr->rkey, 0};  // zero-based
+  ASSERT_TRUE(write_all(child.wfd, &mine, sizeof mine));
+  ASSERT_TRUE(write_all(child.wfd, "G", 1));
+  char landing = 0;
+  ASSERT_TRUE(read_all(child.rfd, &landing, 1, kChildDeadline)) << "the WRITEs never started";
+  ASSERT_EQ(landing, 'W');
+  ASSERT_EQ(ibv_dereg_mr(mr), 0);
+  const std::vector<uint8_t> reused(kWindowLen, kReused);
+  ASSERT_EQ(ibv_memcpy_to_dm(dm, 0, reused.data(), reused.size()), 0);
+  int32_t status = -1;
+  ASSERT_TRUE(read_all(child.rfd, &status, sizeof status, kChildDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  EXPECT_EQ(status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(static_cast<ibv_wc_status>(status));
+  std::vector<uint8_t> seen(kWindowLen);
+  ASSERT_EQ(ibv_memcpy_from_dm(seen.data(), dm, 0, seen.size()), 0);
+  EXPECT_EQ(first_not(seen, kReused), -1) << "a WRITE landed in the DM after its MR was deregistered";
+  ASSERT_TRUE(write_all(child.wfd, "Q", 1));
+  EXPECT_EQ(child.wait_exit(kChildDeadline), 0);
+  drain_async_events(dev.ctx);
+  EXPECT_EQ(ibv_free_dm(dm), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
 // On-demand paging across processes: an ODP MR names addresses, not pages.
 // The child registers an explicit ODP MR and then replaces the pages under
 // it (mmap MAP_FIXED): the parent's next WRITE must land in the new pages,

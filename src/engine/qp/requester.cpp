@@ -64,9 +64,10 @@ ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t
     const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
                                    static_cast<transport::KeyKind>(mr.kind), mr.qpn};
     if (!transport::local_key_allows(key, pd_id, access, sge.addr, sge.length)) return IBV_WC_LOC_PROT_ERR;
-    // Through an implicit ODP MR nothing was checked at registration: the
-    // range must be mapped now, or the copy would fault in this process.
-    if (transport::is_implicit_odp(key) &&
+    // Through an ODP MR the pages may have gone since registration (through
+    // an implicit one nothing was ever checked): the range must be mapped
+    // now, or the copy would fault in this process.
+    if (transport::is_on_demand(key) &&
         !host::check_process_range(reinterpret_cast<const void*>(sge.addr), sge.length,
                                    (access & IBV_ACCESS_LOCAL_WRITE) ? host::MemoryNeed::kWrite
                                                                      : host::MemoryNeed::kRead))

@@ -37,17 +37,14 @@ bool ShmResponderPort::KeysInUse::still_valid(host::HostRegistry& registry) cons
   return true;
 }
 
-bool ShmResponderPort::KeysInUse::any_implicit_odp() const {
-  for (int i = 0; i < n_; ++i) {
-    const host::MrRecord& r = records_[i];
-    if (transport::is_implicit_odp(transport::MemoryKey{r.key, r.pd_id, r.access, r.iova, r.length, r.host_addr}))
-      return true;
-  }
+bool ShmResponderPort::KeysInUse::any_on_demand() const {
+  for (int i = 0; i < n_; ++i)
+    if (records_[i].access & IBV_ACCESS_ON_DEMAND) return true;
   return false;
 }
 
 bool ShmResponderPort::own_ranges_mapped(const iovec* ranges, int n, bool written) {
-  if (data_->proc != host_.proc() || !keys_.any_implicit_odp()) return true;
+  if (data_->proc != host_.proc() || !keys_.any_on_demand()) return true;
   for (int i = 0; i < n; ++i)
     if (ranges[i].iov_len != 0 &&
         !host::check_process_range(ranges[i].iov_base, ranges[i].iov_len,

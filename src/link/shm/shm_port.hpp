@@ -46,8 +46,9 @@ class ShmResponderPort final : public transport::ResponderPort {
       if (n_ < kMax) records_[n_++] = record;
     }
     bool still_valid(host::HostRegistry& registry) const;
-    // Whether one of them is an implicit ODP MR (nothing checked at registration).
-    bool any_implicit_odp() const;
+    // Whether one of them is an ODP MR (transport::is_on_demand): its pages
+    // are checked when used.
+    bool any_on_demand() const;
     // The validated MR that holds [addr, addr + length) of the owner, or nullptr.
     const host::MrRecord* holding(uint64_t addr, uint64_t length) const;
 
@@ -62,7 +63,7 @@ class ShmResponderPort final : public transport::ResponderPort {
   // The owner's memory `target` (n ranges) as seen here through its backing
   // file, into `local`; false if any range is not in a shared MR.
   bool local_views(const iovec* target, int n, iovec* local);
-  // False if `n` ranges of the owner, reached through an implicit ODP key in
+  // False if `n` ranges of the owner, reached through an ODP key in
   // this very process (copied with memcpy, not by the kernel), are not mapped
   // with the access the copy needs.
   bool own_ranges_mapped(const iovec* ranges, int n, bool written);
