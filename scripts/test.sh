@@ -13,6 +13,9 @@
 #
 # Every step runs even if an earlier one failed (except a failed package
 # install); a summary follows, and the exit status is 1 if any step failed.
+# A step whose ctest fails at most 3 tests reruns those once: a test that
+# passes then is reported FLAKY, with its failure's output, and does not fail
+# the step.
 # Environment: SOFTHCA_JOBS (build jobs, default nproc), SOFTHCA_TEST_JOBS
 # (ctest -j, default 2; tests on fixed TCP ports hold a RESOURCE_LOCK).
 set -u -o pipefail
@@ -34,6 +37,7 @@ while (($#)); do
 done
 
 test_jobs=${SOFTHCA_TEST_JOBS:-2}
+max_reruns=3      # a step with at most this many failed tests reruns them once
 sanitizer_labels='unit|loopback|abi'
 logs=$(mktemp -d "${TMPDIR:-/tmp}/softhca-test.XXXXXX") || exit 1
 trap 'rm -rf "$logs"' EXIT
@@ -79,7 +83,27 @@ run_ctest() {
     summary+=("WARN  $name: ran no tests${*:+ (ctest $*)}")
   fi
   record_failures "$name" "$log"
+  if ((rc != 0)) && [[ -n $line ]] && ((failed > 0 && failed <= max_reruns)); then
+    rerun_failed "$dir" "$name" "$@" && { rc=0; tests_failed=$((tests_failed - failed)); tests_passed=$((tests_passed + failed)); }
+  fi
   return "$rc"
+}
+
+# rerun_failed DIR NAME [CTEST_ARGS...]: runs the tests that just failed once
+# more, one at a time. A test that passes then is reported as FLAKY (with its
+# first failure's output, kept by record_failures) and does not fail the
+# step; one that fails twice does. A few failures only: many at once are not
+# flakes.
+rerun_failed() {
+  local dir=$1 name=$2 log=$logs/$2.rerun.log
+  shift 2
+  banner "$name: the failed tests once more"
+  "${ctest_wrapper[@]}" ctest --test-dir "$dir" --output-on-failure -j 1 --rerun-failed "$@" 2>&1 | tee "$log"
+  if ((PIPESTATUS[0] == 0)); then
+    summary+=("FLAKY $name: failed once, passed when rerun (see its output below; fix it)")
+    return 0
+  fi
+  return 1
 }
 
 # record_failures NAME LOG: name each failed test in the summary and keep the
@@ -126,6 +150,12 @@ if ((!skip_deps)); then
 fi
 
 ctest_wrapper=()   # prefix for ctest: sanitizer options, setarch
+# Sanitizer builds compile at -O1 with line tables only (-g1): reports keep
+# their file:line stacks, and the ASan+UBSan build takes about half the time
+# of -O2 -g (measured on one of the largest test files: 82 s -> 35 s).
+sanitizer_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 if wants release; then
   variant release build -DCMAKE_BUILD_TYPE=Release
 fi
@@ -134,7 +164,7 @@ if wants asan; then
   ctest_wrapper=(env
     "ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:check_initialization_order=1:strict_init_order=1}"
     "UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}")
-  variant asan build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSOFTHCA_SANITIZE=address \
+  variant asan build-asan "${sanitizer_flags[@]}" -DSOFTHCA_SANITIZE=address \
     -- -L "$sanitizer_labels"
 fi
 
@@ -145,7 +175,7 @@ if wants tsan; then
   if setarch "$(uname -m)" -R true 2>/dev/null; then
     ctest_wrapper+=(setarch "$(uname -m)" -R)
   fi
-  variant tsan build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSOFTHCA_SANITIZE=thread \
+  variant tsan build-tsan "${sanitizer_flags[@]}" -DSOFTHCA_SANITIZE=thread \
     -- -L "$sanitizer_labels"
 fi
 
