@@ -9,8 +9,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <thread>
 
+#include "child_process.hpp"
 #include "loopback.hpp"
 
 namespace loopback {
@@ -496,6 +500,148 @@ TEST_F(Rss, BadHashConfigurationsAreRefused) {
   errno = 0;
   EXPECT_EQ(create_rss_qp(IBV_RX_HASH_SRC_IPV4, 2), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+// ---------------------------------------------------------------------------
+// Hostile but legal: flows destroyed under traffic.
+
+constexpr uint16_t kFencePort = 6000;
+constexpr size_t kFenceFrame = 128;
+constexpr uint32_t kFenceSlots = 32;  // RawQp's receive queue depth
+constexpr size_t kFenceSlot = 256;
+constexpr uint8_t kAfterDestroy = 0xEE;
+
+// A raw QP that keeps all its receive WQEs posted (one buffer slice each),
+// so that a frame steered to it always has somewhere to land.
+struct FenceReceiver {
+  FenceReceiver() : buf(q.dev.pd, kFenceSlots * kFenceSlot) {}
+  bool up() {
+    if (!q.ok() || q.to_rts() != 0) return false;
+    for (uint32_t i = 0; i < kFenceSlots; ++i)
+      if (!repost(i)) return false;
+    return true;
+  }
+  bool repost(uint64_t slot) {
+    ibv_sge sge = buf.sge(slot * kFenceSlot, kFenceSlot);
+    return post_recv(q.qp, slot, &sge, 1) == 0;
+  }
+  // Receives (and reposts) until `frames` arrived; false at the deadline.
+  bool receive(int frames) {
+    const auto until = Clock::now() + kDeadline;
+    while (frames > 0) {
+      ibv_wc wc{};
+      if (ibv_poll_cq(q.cq, 1, &wc) == 1) {
+        if (wc.status != IBV_WC_SUCCESS || !repost(wc.wr_id)) return false;
+        --frames;
+      } else if (Clock::now() > until) {
+        return false;
+      }
+    }
+    return true;
+  }
+  // Reposts whatever completed, so that every WQE is posted again.
+  bool drain() {
+    ibv_wc wc{};
+    while (ibv_poll_cq(q.cq, 1, &wc) == 1)
+      if (!repost(wc.wr_id)) return false;
+    return true;
+  }
+  RawQp q;
+  Buffer buf;
+};
+
+// Rounds of: a flow steers the sender's frames to the receiver, frames
+// arrive, the flow is destroyed while the sender goes on; the receive
+// buffers are then overwritten, `more_frames` has the sender send 200 more,
+// and not one byte of them may land. Any WQE still posted would take one.
+void expect_no_frame_after_destroy_flow(FenceReceiver& rx, const std::function<bool(int)>& more_frames) {
+  for (int round = 0; round < 20; ++round) {
+    UdpFlowAttr fa = udp_flow(kFencePort);
+    ibv_flow* flow = ibv_create_flow(rx.q.qp, &fa.attr);
+    ASSERT_NE(flow, nullptr) << strerror(errno);
+    ASSERT_TRUE(rx.receive(16)) << "round " << round << ": the sender's frames did not arrive";
+    ASSERT_EQ(ibv_destroy_flow(flow), 0);
+    std::memset(rx.buf.data(), kAfterDestroy, kFenceSlots * kFenceSlot);
+    ASSERT_TRUE(more_frames(200)) << "round " << round << ": the sender stopped";
+    ASSERT_EQ(first_not(rx.buf.span(0, kFenceSlots * kFenceSlot), kAfterDestroy), -1)
+        << "round " << round << ": a frame landed after ibv_destroy_flow returned";
+    ASSERT_TRUE(rx.drain());
+  }
+}
+
+// Sends the fence test's frame from `tx` once; false if the send failed.
+bool send_fence_frame(RawQp& tx, Buffer& buf) {
+  ibv_sge sge = buf.sge(0, kFenceFrame);
+  ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+  ibv_wc wc{};
+  return post_send(tx.qp, wr) == 0 && poll_one(tx.cq, &wc) && wc.status == IBV_WC_SUCCESS;
+}
+
+TEST(RawFlowFence, NoFrameLandsAfterDestroyFlowReturnsToAnotherThread) {
+  FenceReceiver rx;
+  ASSERT_TRUE(rx.up());
+  RawQp tx;
+  ASSERT_TRUE(tx.ok());
+  ASSERT_EQ(tx.to_rts(), 0);
+  Buffer tx_buf(tx.dev.pd, 4096);
+  const auto frame = udp_frame(kFencePort, kFenceFrame);
+  std::memcpy(tx_buf.data(), frame.data(), frame.size());
+  std::atomic<uint64_t> sent{0};
+  std::atomic<bool> stop{false}, failed{false};
+  std::thread sender([&] {
+    while (!stop.load()) {
+      if (!send_fence_frame(tx, tx_buf)) {
+        failed = true;
+        return;
+      }
+      ++sent;
+    }
+  });
+  expect_no_frame_after_destroy_flow(rx, [&](int frames) {
+    const uint64_t target = sent.load() + static_cast<uint64_t>(frames);
+    const auto until = Clock::now() + kDeadline;
+    while (sent.load() < target && !failed.load() && Clock::now() < until) std::this_thread::yield();
+    return sent.load() >= target;
+  });
+  stop = true;
+  sender.join();
+}
+
+// The child's side of the fence test across processes: it sends the
+// frame without pause; on 'M' it sends 200 more and answers 'K'; on 'Q' it
+// exits.
+int frame_sender_child(int rfd, int wfd) {
+  RawQp tx;
+  if (!tx.ok() || tx.to_rts() != 0) return 10;
+  Buffer buf(tx.dev.pd, 4096);
+  const auto frame = udp_frame(kFencePort, kFenceFrame);
+  std::memcpy(buf.data(), frame.data(), frame.size());
+  if (!write_all(wfd, "R", 1)) return 11;
+  for (;;) {
+    if (!send_fence_frame(tx, buf)) return 20;
+    if (!fd_readable(rfd, Millis{0})) continue;
+    char command = 0;
+    if (::read(rfd, &command, 1) != 1) return 21;
+    if (command == 'Q') return 0;
+    for (int i = 0; i < 200; ++i)
+      if (!send_fence_frame(tx, buf)) return 22;
+    if (!write_all(wfd, "K", 1)) return 23;
+  }
+}
+
+TEST(RawFlowFence, NoFrameLandsAfterDestroyFlowReturnsToAnotherProcess) {
+  Child child(frame_sender_child);
+  ASSERT_TRUE(child.ok());
+  FenceReceiver rx;
+  ASSERT_TRUE(rx.up());
+  char ready = 0;
+  ASSERT_TRUE(read_all(child.rfd, &ready, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  expect_no_frame_after_destroy_flow(rx, [&](int) {
+    char done = 0;
+    return write_all(child.wfd, "M", 1) && read_all(child.rfd, &done, 1, kDeadline) && done == 'K';
+  });
+  ASSERT_TRUE(write_all(child.wfd, "Q", 1));
+  EXPECT_EQ(child.wait_exit(kDeadline), 0);
 }
 
 }  // namespace

@@ -113,9 +113,15 @@ class ShmLink final : public link::Link {
     return table->add(host_.proc(), host_.pid(), id, &stored, sizeof stored, host_.registry());
   }
 
+  // Once this returns no frame lands through the flow: a sender that picked
+  // its QP before the removal either sees the new generation under its
+  // MemoryAccess (and asks again) or is waited out by the fence here.
   void detach_flow(uint64_t id) override {
-    std::lock_guard guard(flows_lock_);
-    if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.proc(), id);
+    {
+      std::lock_guard guard(flows_lock_);
+      if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.proc(), id);
+    }
+    host_.registry().fence_accesses(host_.proc());
   }
 
   void send_frame(const transport::Request& frame) override {
@@ -132,20 +138,22 @@ class ShmLink final : public link::Link {
     // Picked under the lock, delivered outside it (delivery copies into
     // other QPs' memory). Reused, so that a send allocates nothing.
     thread_local std::vector<uint32_t> receivers;
-    receivers.clear();
+    host::RawFlows* table = nullptr;
+    uint64_t picked_at = 0;  // the table generation the receivers were picked from
     {
       std::lock_guard guard(flows_lock_);
-      host::RawFlows* table = raw_flows_locked();
-      if (table == nullptr) return;
-      if (table->generation() != generation_) rebuild_locked(*table);
-      if (flows_.empty()) return;
-      flows_.select(keys, frame.src_qpn, receivers);
+      table = raw_flows_locked();
+      if (table == nullptr || !select_locked(*table, keys, frame.src_qpn, receivers)) return;
+      picked_at = generation_;
     }
     for (const uint32_t qpn : receivers) {
       TargetQp target;
       if (!resolve(host_, qpn, target)) continue;
       MemoryAccess access(host_, target.proc);
       if (!still_there(target)) continue;
+      // A flow destroyed since the pick (detach_flow fences after it bumps
+      // the generation): the QP receives only if the table still says so.
+      if (table->generation() != picked_at && !still_receives(*table, keys, frame.src_qpn, qpn)) continue;
       ShmResponderPort port(host_, target);
       transport::respond_frame(frame, port);
     }
@@ -170,6 +178,24 @@ class ShmLink final : public link::Link {
     transport::RxHash hash;
   };
   static_assert(std::is_trivially_copyable_v<StoredFlow> && sizeof(StoredFlow) <= host::kRawFlowPayloadBytes);
+
+  // The receivers of a frame, into `out`, from the table as it is now;
+  // false when there are none.
+  bool select_locked(host::RawFlows& table, const transport::FrameKeys& keys, uint32_t sender_qpn,
+                     std::vector<uint32_t>& out) {
+    out.clear();
+    if (table.generation() != generation_) rebuild_locked(table);
+    if (flows_.empty()) return false;
+    flows_.select(keys, sender_qpn, out);
+    return !out.empty();
+  }
+
+  bool still_receives(host::RawFlows& table, const transport::FrameKeys& keys, uint32_t sender_qpn, uint32_t qpn) {
+    thread_local std::vector<uint32_t> now;
+    std::lock_guard guard(flows_lock_);
+    select_locked(table, keys, sender_qpn, now);
+    return std::find(now.begin(), now.end(), qpn) != now.end();
+  }
 
   host::RawFlows* raw_flows_locked() {
     if (!raw_flows_ && !raw_flows_failed_) {
