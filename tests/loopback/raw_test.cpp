@@ -503,7 +503,8 @@ TEST_F(Rss, BadHashConfigurationsAreRefused) {
 }
 
 // ---------------------------------------------------------------------------
-// Hostile but legal: flows destroyed under traffic.
+// Hostile but legal: flows destroyed under traffic, the table driven to its
+// limit thousands of times, a process holding flows killed.
 
 constexpr uint16_t kFencePort = 6000;
 constexpr size_t kFenceFrame = 128;
@@ -642,6 +643,190 @@ TEST(RawFlowFence, NoFrameLandsAfterDestroyFlowReturnsToAnotherProcess) {
   });
   ASSERT_TRUE(write_all(child.wfd, "Q", 1));
   EXPECT_EQ(child.wait_exit(kDeadline), 0);
+}
+
+// Creates flows on `qp` (each on its own port from `first_port`) until
+// creation fails; the flows, and the errno of the failure in `error`.
+std::vector<ibv_flow*> fill_flow_table(ibv_qp* qp, uint16_t first_port, int& error) {
+  std::vector<ibv_flow*> flows;
+  error = 0;
+  for (int i = 0; i < 100000; ++i) {
+    UdpFlowAttr fa = udp_flow(static_cast<uint16_t>(first_port + i));
+    errno = 0;
+    ibv_flow* flow = ibv_create_flow(qp, &fa.attr);
+    if (flow == nullptr) {
+      error = errno;
+      break;
+    }
+    flows.push_back(flow);
+  }
+  return flows;
+}
+
+// A new process's view of the segment: its own flow on `port` takes the
+// frame sent to `port` and nothing sent elsewhere. Sends from this process.
+void expect_fresh_process_steers(uint16_t port) {
+  Child child([port](int rfd, int wfd) {
+    RawQp q;
+    if (!q.ok() || q.to_rts() != 0) return 10;
+    Buffer buf(q.dev.pd, 4096);
+    UdpFlowAttr fa = udp_flow(port);
+    ibv_flow* flow = ibv_create_flow(q.qp, &fa.attr);
+    if (flow == nullptr) return 11;
+    ibv_sge sge = buf.sge(0, 2048);
+    if (post_recv(q.qp, 1, &sge, 1) != 0 || post_recv(q.qp, 2, &sge, 1) != 0) return 12;
+    if (!write_all(wfd, "R", 1)) return 13;
+    char sent = 0;
+    if (!read_all(rfd, &sent, 1, kDeadline)) return 14;
+    ibv_wc wc{};
+    const auto expected = udp_frame(port, 300);
+    if (!poll_one(q.cq, &wc) || wc.status != IBV_WC_SUCCESS || wc.byte_len != expected.size() ||
+        std::memcmp(buf.data(), expected.data(), expected.size()) != 0)
+      return 15;
+    if (ibv_poll_cq(q.cq, 1, &wc) != 0) return 16;  // the other port's frame was sent first
+    return ibv_destroy_flow(flow) == 0 ? 0 : 17;
+  });
+  ASSERT_TRUE(child.ok());
+  char ready = 0;
+  ASSERT_TRUE(read_all(child.rfd, &ready, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  RawQp tx;
+  ASSERT_TRUE(tx.ok());
+  ASSERT_EQ(tx.to_rts(), 0);
+  Buffer buf(tx.dev.pd, 4096);
+  for (const uint16_t to : {static_cast<uint16_t>(port + 1), port}) {
+    const auto frame = udp_frame(to, 300);
+    std::memcpy(buf.data(), frame.data(), frame.size());
+    ibv_sge sge = buf.sge(0, static_cast<uint32_t>(frame.size()));
+    ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+    ASSERT_EQ(post_send(tx.qp, wr), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_one(tx.cq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  }
+  ASSERT_TRUE(write_all(child.wfd, "S", 1));
+  EXPECT_EQ(child.wait_exit(kDeadline), 0);
+}
+
+// The host's table, filled to its limit and emptied again, thousands of
+// flows in all, in changing orders: the limit stays the same, each attempt
+// past it is ENOMEM, and afterwards a new process steers correctly.
+TEST_F(Raw, ThousandsOfFlowsToTheTableLimitAndBack) {
+  int limit = -1;
+  for (int round = 0; round < 20; ++round) {
+    int error = 0;
+    std::vector<ibv_flow*> flows = fill_flow_table(rx.qp, 10000, error);
+    EXPECT_EQ(error, ENOMEM) << "round " << round;
+    if (limit < 0) limit = static_cast<int>(flows.size());
+    ASSERT_GT(flows.size(), 0u);
+    ASSERT_EQ(static_cast<int>(flows.size()), limit) << "round " << round << ": the table lost entries";
+    // Full: one destroyed makes room for exactly one.
+    ASSERT_EQ(ibv_destroy_flow(flows[static_cast<size_t>(round) % flows.size()]), 0);
+    UdpFlowAttr fa = udp_flow(9000);
+    flows[static_cast<size_t>(round) % flows.size()] = ibv_create_flow(rx.qp, &fa.attr);
+    ASSERT_NE(flows[static_cast<size_t>(round) % flows.size()], nullptr) << strerror(errno);
+    errno = 0;
+    EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr);
+    EXPECT_EQ(errno, ENOMEM);
+    // Every other one first, then the rest backwards.
+    for (size_t i = round % 2; i < flows.size(); i += 2) ASSERT_EQ(ibv_destroy_flow(flows[i]), 0);
+    for (size_t i = flows.size(); i-- > 0;) {
+      if (i % 2 != static_cast<size_t>(round % 2)) {
+        ASSERT_EQ(ibv_destroy_flow(flows[i]), 0);
+      }
+    }
+  }
+  EXPECT_GE(limit * 20, 2000) << "fewer than thousands of flows";
+  // This process still steers: its own flow takes its frame.
+  UdpFlowAttr fa = udp_flow(5678);
+  ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr);
+  post_rx();
+  const auto frame = udp_frame(5678);
+  send(frame);
+  expect_received(frame);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+  expect_fresh_process_steers(7000);
+}
+
+// A child that holds a trapping flow (priority 0) on `port` and says when
+// it received a frame there; it waits to be killed.
+int trapping_child(int rfd, int wfd, uint16_t port) {
+  RawQp q;
+  if (!q.ok() || q.to_rts() != 0) return 10;
+  Buffer buf(q.dev.pd, 4096);
+  UdpFlowAttr fa = udp_flow(port, 0);
+  if (ibv_create_flow(q.qp, &fa.attr) == nullptr) return 11;
+  ibv_sge sge = buf.sge(0, 2048);
+  for (uint64_t i = 0; i < 8; ++i)
+    if (post_recv(q.qp, i, &sge, 1) != 0) return 12;
+  if (!write_all(wfd, "R", 1)) return 13;
+  ibv_wc wc{};
+  if (!poll_one(q.cq, &wc, kDeadline) || wc.status != IBV_WC_SUCCESS) return 14;
+  if (!write_all(wfd, "G", 1)) return 15;
+  char c;
+  read_all(rfd, &c, 1, Millis{30000});  // killed meanwhile
+  return 50;
+}
+
+// A killed process's flows stop steering at once: a frame its higher-
+// priority flow trapped while it lived now reaches this process's flow.
+TEST_F(Raw, AKilledProcessesFlowsNoLongerTakeFrames) {
+  constexpr uint16_t kPort = 5800;
+  Child child([](int r, int w) { return trapping_child(r, w, kPort); });
+  ASSERT_TRUE(child.ok());
+  char step = 0;
+  ASSERT_TRUE(read_all(child.rfd, &step, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  UdpFlowAttr fa = udp_flow(kPort, 1);
+  ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr);
+  post_rx();
+  const auto frame = udp_frame(kPort);
+  send(frame);
+  ASSERT_TRUE(read_all(child.rfd, &step, 1, kDeadline)) << "the child's flow did not take the frame";
+  ASSERT_EQ(step, 'G');
+  EXPECT_TRUE(stays_empty(rx.cq, Millis(20))) << "priority 1 received a frame that priority 0 trapped";
+  child.kill_now();
+  send(frame);
+  expect_received(frame);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+}
+
+// A process that filled the host's table is killed: its entries are taken
+// back, so this process can create as many flows as the table holds, and
+// they steer (to this process and to a new one).
+TEST_F(Raw, AKilledProcessesFullTableIsReclaimed) {
+  Child child([](int rfd, int wfd) {
+    RawQp q;
+    if (!q.ok() || q.to_rts() != 0) return 10;
+    int error = 0;
+    const uint32_t created = static_cast<uint32_t>(fill_flow_table(q.qp, 20000, error).size());
+    if (error != ENOMEM) return 11;
+    if (!write_all(wfd, &created, sizeof created)) return 12;
+    char c;
+    read_all(rfd, &c, 1, Millis{30000});  // killed meanwhile
+    return 50;
+  });
+  ASSERT_TRUE(child.ok());
+  uint32_t child_flows = 0;
+  ASSERT_TRUE(read_all(child.rfd, &child_flows, sizeof child_flows, kDeadline))
+      << "child exited with " << child.wait_exit(Millis{100});
+  ASSERT_GT(child_flows, 0u);
+  errno = 0;
+  UdpFlowAttr fa = udp_flow(5678);
+  EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr) << "the child should have filled the table";
+  EXPECT_EQ(errno, ENOMEM);
+  child.kill_now();
+  int error = 0;
+  std::vector<ibv_flow*> flows = fill_flow_table(rx.qp, 5678, error);
+  EXPECT_EQ(error, ENOMEM);
+  EXPECT_EQ(flows.size(), child_flows) << "the dead process's entries were not all taken back";
+  ASSERT_FALSE(flows.empty());
+  post_rx();
+  const auto frame = udp_frame(5678);  // the first flow's port
+  send(frame);
+  expect_received(frame);
+  for (ibv_flow* f : flows) ASSERT_EQ(ibv_destroy_flow(f), 0);
+  expect_fresh_process_steers(7000);
 }
 
 }  // namespace

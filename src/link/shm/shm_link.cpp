@@ -184,7 +184,7 @@ class ShmLink final : public link::Link {
   bool select_locked(host::RawFlows& table, const transport::FrameKeys& keys, uint32_t sender_qpn,
                      std::vector<uint32_t>& out) {
     out.clear();
-    if (table.generation() != generation_) rebuild_locked(table);
+    if (table.generation() != generation_ || !owners_running_locked()) rebuild_locked(table);
     if (flows_.empty()) return false;
     flows_.select(keys, sender_qpn, out);
     return !out.empty();
@@ -210,12 +210,32 @@ class ShmLink final : public link::Link {
     return raw_flows_.get();
   }
 
+  // Whether every process whose flows flows_ holds still lives. A killed
+  // process changes nothing in the table (its entries go when the table
+  // fills), yet its flows must stop taking frames at once: a trapping one
+  // would keep them from the live processes' flows below it. One load per
+  // process (its segment's owner_alive word), no system call per frame.
+  bool owners_running_locked() {
+    for (const uint32_t proc : owners_) {
+      const char* base = host_.segment_base(proc);
+      if (base == nullptr || !reinterpret_cast<const host::SegmentHeader*>(base)->owner_running()) return false;
+    }
+    return true;
+  }
+
   void rebuild_locked(host::RawFlows& table) {
     table.snapshot(snapshot_, host_.registry(), generation_);
     flows_ = transport::FlowTable{};
+    owners_.clear();
     uint64_t key = 0;
     for (const host::RawFlowEntry& e : snapshot_) {
       if (e.payload_len != sizeof(StoredFlow)) continue;
+      // The same test as owners_running_locked (snapshot's own, by pid, says
+      // a killed process that is not yet reaped is alive), so that a dead
+      // owner does not have every frame rebuild the table.
+      const char* base = host_.segment_base(e.proc);
+      if (base == nullptr || !reinterpret_cast<const host::SegmentHeader*>(base)->owner_running()) continue;
+      if (std::find(owners_.begin(), owners_.end(), e.proc) == owners_.end()) owners_.push_back(e.proc);
       StoredFlow stored;
       std::memcpy(&stored, e.payload, sizeof stored);
       transport::FlowTarget target{stored.qpn, {stored.spread, stored.spread + std::min<uint32_t>(stored.nspread, 256)},
@@ -231,6 +251,7 @@ class ShmLink final : public link::Link {
   uint64_t generation_ = 0;
   std::vector<host::RawFlowEntry> snapshot_;
   transport::FlowTable flows_;
+  std::vector<uint32_t> owners_;  // the processes whose flows flows_ holds
 };
 
 }  // namespace
