@@ -622,7 +622,7 @@ TEST(TagMatchingProcesses, AnotherProcessSendsEagerAndRendezvous) {
 // ---------------------------------------------------------------------------
 // Hostile but legal, across processes: a QP on a TM SRQ destroyed while a
 // peer streams EAGERs at it, a rendezvous sender killed before its data was
-// read.
+// read, a sender killed while it matches against the list.
 
 constexpr uint64_t kListedTag = 0x5;
 constexpr uint64_t kUnlistedTag = 0x6;
@@ -838,6 +838,79 @@ TEST(TagMatchingProcesses, ReadOfAKilledSendersRendezvousFails) {
   EXPECT_EQ(ibv_destroy_qp(b), 0);
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
   EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+}
+
+// The list's lock is taken by whichever process matches a message; a
+// sender killed while it holds it must not stop the list's owner. Rounds
+// of: a sender streams EAGERs that each walk a full list (the oldest
+// matching entry wins, so every match looks at every entry), is killed at
+// a changing moment (so that some kills land inside a walk), then the
+// owner runs list operations. A lock that a dead process held forever
+// would hang the owner: the operations run on a thread of their own, and
+// one that does not return in time fails the test (and ends the process,
+// since that thread cannot be stopped).
+TEST(TagMatchingProcesses, ASenderKilledWhileMatchingDoesNotStopTheOwner) {
+  for (int round = 0; round < 30 && !::testing::Test::HasFailure(); ++round) {
+    SCOPED_TRACE(round);
+    Child child([](int r, int w) { return eager_stream_child(r, w, kListedTag); });
+    ASSERT_TRUE(child.ok());
+    Device dev;  // after the fork: the child opens its own
+    ASSERT_TRUE(dev.ok());
+    ibv_device_attr_ex caps{};
+    ASSERT_EQ(ibv_query_device_ex(dev.ctx, nullptr, &caps), 0);
+    const uint32_t max_tags = caps.tm_caps.max_num_tags;
+    Buffer tagged(dev.pd, size_t{max_tags} * kStreamMessage);
+    ibv_cq_ex* cq = create_tm_cq(dev.ctx, 2 * max_tags);
+    ASSERT_NE(cq, nullptr);
+    ibv_srq* srq = create_tm_srq(dev.ctx, dev.pd, cq, max_tags);
+    ASSERT_NE(srq, nullptr);
+    auto add = [&](uint32_t i) {
+      ibv_sge sge = tagged.sge(size_t{i} * kStreamMessage, kStreamMessage);
+      ibv_ops_wr op{};
+      op.opcode = IBV_WR_TAG_ADD;
+      op.tm.add.sg_list = &sge;
+      op.tm.add.num_sge = 1;
+      op.tm.add.tag = kListedTag;
+      op.tm.add.mask = ~0ull;
+      ibv_ops_wr* bad = nullptr;
+      return ibv_post_srq_ops(srq, &op, &bad);
+    };
+    for (uint32_t i = 0; i < max_tags; ++i) ASSERT_EQ(add(i), 0);
+    ibv_qp* b = create_qp(dev.pd, ibv_cq_ex_to_cq(cq), ibv_cq_ex_to_cq(cq), QpConfig{}, srq);
+    ASSERT_NE(b, nullptr);
+    ASSERT_EQ(qp_to_init(b, QpConfig{}), 0);
+    ASSERT_TRUE(connect_over_pipes(b, dev.gid, QpConfig{}, child.rfd, child.wfd));
+    char going = 0;
+    ASSERT_TRUE(read_all(child.rfd, &going, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+    // A different moment each round, up to some hundred walks later.
+    const auto kill_at = Clock::now() + std::chrono::microseconds(round * 41);
+    while (Clock::now() < kill_at) {
+    }
+    child.kill_now();
+    std::atomic<bool> done{false};
+    int sync_rc = -1, add_rc = -1;
+    std::thread owner([&] {
+      ibv_ops_wr sync{};
+      sync.opcode = IBV_WR_TAG_SYNC;
+      ibv_ops_wr* bad = nullptr;
+      sync_rc = ibv_post_srq_ops(srq, &sync, &bad);
+      add_rc = add(0);  // ten or more messages took entries: there is room
+      done = true;
+    });
+    const auto until = Clock::now() + kDeadline;
+    while (!done.load() && Clock::now() < until) std::this_thread::yield();
+    if (!done.load()) {
+      ADD_FAILURE() << "ibv_post_srq_ops hangs on the list lock the killed sender held";
+      std::fflush(nullptr);
+      ::_exit(1);
+    }
+    owner.join();
+    EXPECT_EQ(sync_rc, 0);
+    EXPECT_EQ(add_rc, 0);
+    EXPECT_EQ(ibv_destroy_qp(b), 0);
+    EXPECT_EQ(ibv_destroy_srq(srq), 0);
+    EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+  }
 }
 
 }  // namespace
