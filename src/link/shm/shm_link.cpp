@@ -210,16 +210,23 @@ class ShmLink final : public link::Link {
     return raw_flows_.get();
   }
 
+  // Whether process `pid`, in registry slot `proc`, still runs: its
+  // segment is still its own (a newcomer may have the slot) and its
+  // progress thread holds owner_alive. Loads only, no system call.
+  bool running(uint32_t proc, uint32_t pid) {
+    const char* base = host_.segment_base(proc);
+    if (base == nullptr) return false;
+    const auto* header = reinterpret_cast<const host::SegmentHeader*>(base);
+    return header->pid == pid && header->owner_running();
+  }
+
   // Whether every process whose flows flows_ holds still lives. A killed
   // process changes nothing in the table (its entries go when the table
   // fills), yet its flows must stop taking frames at once: a trapping one
-  // would keep them from the live processes' flows below it. One load per
-  // process (its segment's owner_alive word), no system call per frame.
+  // would keep them from the live processes' flows below it.
   bool owners_running_locked() {
-    for (const uint32_t proc : owners_) {
-      const char* base = host_.segment_base(proc);
-      if (base == nullptr || !reinterpret_cast<const host::SegmentHeader*>(base)->owner_running()) return false;
-    }
+    for (const Owner& owner : owners_)
+      if (!running(owner.proc, owner.pid)) return false;
     return true;
   }
 
@@ -233,9 +240,9 @@ class ShmLink final : public link::Link {
       // The same test as owners_running_locked (snapshot's own, by pid, says
       // a killed process that is not yet reaped is alive), so that a dead
       // owner does not have every frame rebuild the table.
-      const char* base = host_.segment_base(e.proc);
-      if (base == nullptr || !reinterpret_cast<const host::SegmentHeader*>(base)->owner_running()) continue;
-      if (std::find(owners_.begin(), owners_.end(), e.proc) == owners_.end()) owners_.push_back(e.proc);
+      if (!running(e.proc, e.pid)) continue;
+      const Owner owner{e.proc, e.pid};
+      if (std::find(owners_.begin(), owners_.end(), owner) == owners_.end()) owners_.push_back(owner);
       StoredFlow stored;
       std::memcpy(&stored, e.payload, sizeof stored);
       transport::FlowTarget target{stored.qpn, {stored.spread, stored.spread + std::min<uint32_t>(stored.nspread, 256)},
@@ -251,7 +258,12 @@ class ShmLink final : public link::Link {
   uint64_t generation_ = 0;
   std::vector<host::RawFlowEntry> snapshot_;
   transport::FlowTable flows_;
-  std::vector<uint32_t> owners_;  // the processes whose flows flows_ holds
+  struct Owner {
+    uint32_t proc;
+    uint32_t pid;
+    bool operator==(const Owner&) const = default;
+  };
+  std::vector<Owner> owners_;  // the processes whose flows flows_ holds
 };
 
 }  // namespace
