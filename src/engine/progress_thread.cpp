@@ -21,10 +21,14 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 void ProgressThread::start(host::SegmentHeader& doorbell, Work& work) {
   doorbell_ = &doorbell;
   work_ = &work;
-  thread_ = std::thread([this] {
+  // Returns once the thread holds owner_alive: from then on peers see this
+  // process as running (its raw flows steer only while it does).
+  std::latch holding(1);
+  thread_ = std::thread([this, &holding] {
     pthread_setname_np(pthread_self(), "softhca-events");
-    loop();
+    loop(holding);
   });
+  holding.wait();
 }
 
 void ProgressThread::stop() {
@@ -39,11 +43,12 @@ void ProgressThread::stop() {
 // event (or its timer), bumps `doorbell`, and calls FUTEX_WAKE only if
 // `sleeping` is set; the thread sets `sleeping` before its last look at the
 // ring and waits only if the doorbell did not move since it looked.
-void ProgressThread::loop() {
+void ProgressThread::loop(std::latch& holding) {
   host::SegmentHeader& header = *doorbell_;
   // Held for the thread's life: peers read it to know this process lives
   // (SegmentHeader::owner_running); the kernel marks it if we die.
   const bool holds_alive = pthread_mutex_lock(&header.owner_alive) == 0;
+  holding.count_down();
   host::Event event;
   while (!stopping_.load()) {
     while (header.pop(event)) work_->on_event(event);

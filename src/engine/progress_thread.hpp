@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <latch>
 #include <thread>
 
 #include "host/shared_queues.hpp"
@@ -37,7 +38,8 @@ class ProgressThread {
   void stop();
 
  private:
-  void loop();
+  // Counts `holding` down once it holds the segment's owner_alive.
+  void loop(std::latch& holding);
 
   host::SegmentHeader* doorbell_ = nullptr;
   Work* work_ = nullptr;

@@ -7,6 +7,7 @@
 #include "engine/protection_domain.hpp"
 #include "engine/xrc_domain.hpp"
 #include "engine/queue_sizes.hpp"
+#include "host/process_identity.hpp"
 #include "transport/tag_matching.hpp"
 
 namespace softhca::engine {
@@ -152,11 +153,13 @@ Result<void> SharedReceiveQueue::post_tag_op(TagOp& op) {
   if (op.flags & ~uint32_t{IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC}) return fail(std::errc::invalid_argument);
   ibv_wc_opcode opcode = IBV_WC_TM_SYNC;
   ibv_wc_status status = IBV_WC_SUCCESS;
+  // A sender killed while it matched leaves its pid in the list's lock.
+  const transport::LockTaker me{host::self_pid(), &host::pid_alive};
   switch (op.opcode) {
     case IBV_WR_TAG_ADD: {
       static_assert(sizeof(host::RecvSge) == sizeof(transport::ReceiveSge));
       auto handle = tag_list_->add(op.tag, op.mask, op.recv_wr_id,
-                                   reinterpret_cast<const transport::ReceiveSge*>(op.sges), op.num_sge);
+                                   reinterpret_cast<const transport::ReceiveSge*>(op.sges), op.num_sge, me);
       if (!handle) return fail(handle.error());
       op.handle = *handle;
       opcode = IBV_WC_TM_ADD;
@@ -164,14 +167,14 @@ Result<void> SharedReceiveQueue::post_tag_op(TagOp& op) {
     }
     case IBV_WR_TAG_DEL:
       opcode = IBV_WC_TM_DEL;
-      if (!tag_list_->remove(op.handle)) status = IBV_WC_TM_ERR;  // consumed meanwhile, or never there
+      if (!tag_list_->remove(op.handle, me)) status = IBV_WC_TM_ERR;  // consumed meanwhile, or never there
       break;
     case IBV_WR_TAG_SYNC:
       break;
     default:
       return fail(std::errc::invalid_argument);
   }
-  if (op.flags & IBV_OPS_TM_SYNC) tag_list_->report(op.unexpected_cnt);
+  if (op.flags & IBV_OPS_TM_SYNC) tag_list_->report(op.unexpected_cnt, me);
   if ((op.flags & IBV_OPS_SIGNALED) || status != IBV_WC_SUCCESS) {
     host::Cqe cqe{};
     cqe.wr_id = op.wr_id;
@@ -180,7 +183,7 @@ Result<void> SharedReceiveQueue::post_tag_op(TagOp& op) {
     cqe.flags = host::kCqeNoWqe;
     // Still out of step after this operation: software has unexpected
     // messages to handle and report before matching resumes.
-    if (!tag_list_->in_sync()) cqe.wc_flags = IBV_WC_TM_SYNC_REQ;
+    if (!tag_list_->in_sync(me)) cqe.wc_flags = IBV_WC_TM_SYNC_REQ;
     tm_.cq->push(cqe);
   }
   return {};

@@ -9,5 +9,9 @@ namespace softhca::host {
 uint32_t self_pid();
 // After fork(), in the child.
 void refresh_self_pid();
+// Whether process `pid` still runs: not when it is gone, nor when it is a
+// zombie (killed, not yet reaped), whose memory and locks are no more use.
+// A system call or two: for slow paths only.
+bool pid_alive(uint32_t pid);
 
 }  // namespace softhca::host

@@ -72,7 +72,7 @@ Result<void> RawFlows::add(uint32_t proc, uint32_t pid, uint64_t id, const void*
   free_entry->payload_len = static_cast<uint32_t>(len);
   std::memcpy(free_entry->payload, payload, len);
   free_entry->in_use = 1;
-  layout_->generation.fetch_add(1, std::memory_order_acq_rel);
+  layout_->generation.fetch_add(1, std::memory_order_seq_cst);
   return {};
 }
 
@@ -81,7 +81,7 @@ void RawFlows::remove(uint32_t proc, uint64_t id) {
   for (RawFlowEntry& e : layout_->entries) {
     if (e.in_use != 0 && e.proc == proc && e.id == id) {
       e.in_use = 0;
-      layout_->generation.fetch_add(1, std::memory_order_acq_rel);
+      layout_->generation.fetch_add(1, std::memory_order_seq_cst);
       return;
     }
   }

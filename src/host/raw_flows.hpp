@@ -54,7 +54,10 @@ class RawFlows {
   Result<void> add(uint32_t proc, uint32_t pid, uint64_t id, const void* payload, std::size_t len,
                    const HostRegistry& registry);
   void remove(uint32_t proc, uint64_t id);
-  uint64_t generation() const { return layout_->generation.load(std::memory_order_acquire); }
+  // seq_cst, as the bump in add() and remove(): a sender that announced an
+  // access (HostRegistry::begin_access) and then reads the generation sees a
+  // removal whose fence_accesses did not see its announcement.
+  uint64_t generation() const { return layout_->generation.load(std::memory_order_seq_cst); }
   // The live entries now (those of processes `registry` says are alive).
   void snapshot(std::vector<RawFlowEntry>& out, const HostRegistry& registry, uint64_t& generation);
 

@@ -412,7 +412,7 @@ Response respond_tagged(const Request& req, ResponderPort& port, TagList& list) 
     if (!passed(r)) return r;
     return receive_whole(m, req, port, IBV_WC_TM_NO_TAG);
   }
-  list.lock();
+  list.lock(port.tag_list_taker());
   std::optional<TagEntry> entry = list.match_locked(tmh.tag);
   if (!entry) {
     // Unexpected: it needs an ordinary WQE (else RNR, and it is not counted).

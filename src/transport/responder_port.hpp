@@ -71,6 +71,17 @@ enum class AtomicOp { kCompareSwap, kFetchAdd, kWrite };
 
 struct TagList;
 
+// Who takes a list's lock. The lock word holds the holder's pid, so that a
+// holder killed in the middle of a walk (a sender on SIGKILL: the list is
+// in another process's memory) does not stop the list for good: a taker
+// that has waited long asks `alive` about that pid and, if the process is
+// gone, takes the lock over. Nonzero: 0 marks the lock free. Without
+// `alive` (the unit tests) a taker only waits.
+struct LockTaker {
+  uint32_t pid = 1;
+  bool (*alive)(uint32_t pid) = nullptr;
+};
+
 class ResponderPort {
  public:
   virtual ~ResponderPort() = default;
@@ -108,6 +119,8 @@ class ResponderPort {
   // that cannot carry tag matching have none (the QP then refuses RTR
   // towards them).
   virtual TagList* tag_list() { return nullptr; }
+  // Who this responder is when it takes that list's lock.
+  virtual LockTaker tag_list_taker() { return {}; }
   // A rendezvous: the requester's range [va, va + length) under `rkey`, as
   // readable here (the `from` of a write()), if the requester QP
   // `requester_qpn` allows remote READ and the key covers it in its PD.

@@ -1,6 +1,5 @@
 #include "transport/tag_matching.hpp"
 
-#include <mutex>
 #include <new>
 
 namespace softhca::transport {
@@ -19,7 +18,38 @@ void store_be(unsigned char* p, int n, uint64_t v) {
   }
 }
 
+// Spins between two questions about a holder's liveness: a walk of the
+// longest list takes microseconds, the question a system call or two.
+constexpr uint32_t kSpinsBetweenLivenessChecks = 1u << 16;
+
+// The list's lock held for a scope.
+class Held {
+ public:
+  Held(TagList& list, const LockTaker& me) : list_(list) { list_.lock(me); }
+  ~Held() { list_.unlock(); }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+
+ private:
+  TagList& list_;
+};
+
 }  // namespace
+
+void TagList::lock(const LockTaker& me) {
+  for (uint32_t spins = 1;; ++spins) {
+    uint32_t holder = 0;
+    if (lock_word.compare_exchange_weak(holder, me.pid, std::memory_order_acquire, std::memory_order_relaxed)) return;
+    if (holder != 0 && me.alive != nullptr && spins % kSpinsBetweenLivenessChecks == 0 && !me.alive(holder) &&
+        lock_word.compare_exchange_strong(holder, me.pid, std::memory_order_acquire, std::memory_order_relaxed)) {
+      uint32_t in_use = 0;
+      for (uint32_t i = 0; i < max_tags; ++i) in_use += entries()[i].in_use != 0;
+      used = in_use;
+      return;
+    }
+    __builtin_ia32_pause();
+  }
+}
 
 TmHeader decode_tm_header(std::span<const unsigned char, kTmHeaderBytes> bytes) {
   TmHeader h;
@@ -50,10 +80,10 @@ TagList* TagList::init(void* memory, uint32_t max_tags) {
   return list;
 }
 
-Result<uint32_t> TagList::add(uint64_t tag, uint64_t mask, uint64_t wr_id, const ReceiveSge* sges,
-                              uint32_t num_sge) {
+Result<uint32_t> TagList::add(uint64_t tag, uint64_t mask, uint64_t wr_id, const ReceiveSge* sges, uint32_t num_sge,
+                              const LockTaker& me) {
   if (num_sge > limits::kTmMaxSge || (num_sge > 0 && sges == nullptr)) return fail(std::errc::invalid_argument);
-  std::lock_guard guard(*this);
+  Held guard(*this, me);
   if (used >= max_tags) return fail(std::errc::not_enough_memory);
   for (uint32_t i = 0; i < max_tags; ++i) {
     const uint32_t slot = (next_slot + i) % max_tags;
@@ -73,21 +103,21 @@ Result<uint32_t> TagList::add(uint64_t tag, uint64_t mask, uint64_t wr_id, const
   return fail(std::errc::not_enough_memory);  // unreachable while `used` is right
 }
 
-bool TagList::remove(uint32_t handle) {
-  std::lock_guard guard(*this);
+bool TagList::remove(uint32_t handle, const LockTaker& me) {
+  Held guard(*this, me);
   if (handle >= max_tags || !entries()[handle].in_use) return false;
   entries()[handle].in_use = 0;
   --used;
   return true;
 }
 
-void TagList::report(uint32_t unexpected_cnt) {
-  std::lock_guard guard(*this);
+void TagList::report(uint32_t unexpected_cnt, const LockTaker& me) {
+  Held guard(*this, me);
   synced = unexpected_cnt;
 }
 
-bool TagList::in_sync() {
-  std::lock_guard guard(*this);
+bool TagList::in_sync(const LockTaker& me) {
+  Held guard(*this, me);
   return in_sync_locked();
 }
 

@@ -82,22 +82,23 @@ struct TagList {
 
   TagEntry* entries() { return reinterpret_cast<TagEntry*>(this + 1); }
 
-  void lock() {
-    while (lock_word.exchange(1, std::memory_order_acquire) != 0) __builtin_ia32_pause();
-  }
+  // Taking the lock over from a dead holder recounts `used`, which the
+  // holder may have left half-updated (an entry's in_use is one store).
+  void lock(const LockTaker& me = {});
   void unlock() { lock_word.store(0, std::memory_order_release); }
 
-  // Owner side (each takes the lock).
+  // Owner side (each takes the lock as `me`).
   // IBV_WR_TAG_ADD: the new entry's handle; ENOMEM when the list is full,
   // EINVAL for more SGEs than an entry holds.
-  Result<uint32_t> add(uint64_t tag, uint64_t mask, uint64_t wr_id, const ReceiveSge* sges, uint32_t num_sge);
+  Result<uint32_t> add(uint64_t tag, uint64_t mask, uint64_t wr_id, const ReceiveSge* sges, uint32_t num_sge,
+                       const LockTaker& me = {});
   // IBV_WR_TAG_DEL: false when the handle names no entry (consumed by a
   // message meanwhile, or never added).
-  bool remove(uint32_t handle);
+  bool remove(uint32_t handle, const LockTaker& me = {});
   // IBV_OPS_TM_SYNC: software has handled `unexpected_cnt` unexpected messages.
-  void report(uint32_t unexpected_cnt);
+  void report(uint32_t unexpected_cnt, const LockTaker& me = {});
   // Whether software has seen every unexpected message (matching is on).
-  bool in_sync();
+  bool in_sync(const LockTaker& me = {});
 
   // Responder side, under lock()/unlock().
   // The oldest entry whose tag equals the message's under the entry's

@@ -9,8 +9,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <thread>
 
+#include "child_process.hpp"
 #include "loopback.hpp"
 
 namespace loopback {
@@ -496,6 +501,357 @@ TEST_F(Rss, BadHashConfigurationsAreRefused) {
   errno = 0;
   EXPECT_EQ(create_rss_qp(IBV_RX_HASH_SRC_IPV4, 2), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+// ---------------------------------------------------------------------------
+// Hostile but legal: flows destroyed under traffic, the table driven to its
+// limit thousands of times, a process holding flows killed.
+
+constexpr uint16_t kFencePort = 6000;
+constexpr size_t kFenceFrame = 128;
+constexpr uint32_t kFenceSlots = 32;  // RawQp's receive queue depth
+constexpr size_t kFenceSlot = 256;
+constexpr uint8_t kAfterDestroy = 0xEE;
+
+// A raw QP that keeps all its receive WQEs posted (one buffer slice each),
+// so that a frame steered to it always has somewhere to land.
+struct FenceReceiver {
+  FenceReceiver() : buf(q.dev.pd, kFenceSlots * kFenceSlot) {}
+  bool up() {
+    if (!q.ok() || q.to_rts() != 0) return false;
+    for (uint32_t i = 0; i < kFenceSlots; ++i)
+      if (!repost(i)) return false;
+    return true;
+  }
+  bool repost(uint64_t slot) {
+    ibv_sge sge = buf.sge(slot * kFenceSlot, kFenceSlot);
+    return post_recv(q.qp, slot, &sge, 1) == 0;
+  }
+  // Receives (and reposts) until `frames` arrived; false at the deadline.
+  bool receive(int frames) {
+    const auto until = Clock::now() + kDeadline;
+    while (frames > 0) {
+      ibv_wc wc{};
+      if (ibv_poll_cq(q.cq, 1, &wc) == 1) {
+        if (wc.status != IBV_WC_SUCCESS || !repost(wc.wr_id)) return false;
+        --frames;
+      } else if (Clock::now() > until) {
+        return false;
+      }
+    }
+    return true;
+  }
+  // Reposts whatever completed, so that every WQE is posted again.
+  bool drain() {
+    ibv_wc wc{};
+    while (ibv_poll_cq(q.cq, 1, &wc) == 1)
+      if (!repost(wc.wr_id)) return false;
+    return true;
+  }
+  RawQp q;
+  Buffer buf;
+};
+
+// Rounds of: a flow steers the sender's frames to the receiver, frames
+// arrive, the flow is destroyed while the sender goes on; the receive
+// buffers are then overwritten, `more_frames` has the sender send 200 more,
+// and not one byte of them may land. Any WQE still posted would take one.
+void expect_no_frame_after_destroy_flow(FenceReceiver& rx, const std::function<bool(int)>& more_frames) {
+  for (int round = 0; round < 20; ++round) {
+    UdpFlowAttr fa = udp_flow(kFencePort);
+    ibv_flow* flow = ibv_create_flow(rx.q.qp, &fa.attr);
+    ASSERT_NE(flow, nullptr) << strerror(errno);
+    ASSERT_TRUE(rx.receive(16)) << "round " << round << ": the sender's frames did not arrive";
+    ASSERT_EQ(ibv_destroy_flow(flow), 0);
+    std::memset(rx.buf.data(), kAfterDestroy, kFenceSlots * kFenceSlot);
+    ASSERT_TRUE(more_frames(200)) << "round " << round << ": the sender stopped";
+    ASSERT_EQ(first_not(rx.buf.span(0, kFenceSlots * kFenceSlot), kAfterDestroy), -1)
+        << "round " << round << ": a frame landed after ibv_destroy_flow returned";
+    ASSERT_TRUE(rx.drain());
+  }
+}
+
+// Sends the fence test's frame from `tx` once; false if the send failed.
+bool send_fence_frame(RawQp& tx, Buffer& buf) {
+  ibv_sge sge = buf.sge(0, kFenceFrame);
+  ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+  ibv_wc wc{};
+  return post_send(tx.qp, wr) == 0 && poll_one(tx.cq, &wc) && wc.status == IBV_WC_SUCCESS;
+}
+
+TEST(RawFlowFence, NoFrameLandsAfterDestroyFlowReturnsToAnotherThread) {
+  FenceReceiver rx;
+  ASSERT_TRUE(rx.up());
+  RawQp tx;
+  ASSERT_TRUE(tx.ok());
+  ASSERT_EQ(tx.to_rts(), 0);
+  Buffer tx_buf(tx.dev.pd, 4096);
+  const auto frame = udp_frame(kFencePort, kFenceFrame);
+  std::memcpy(tx_buf.data(), frame.data(), frame.size());
+  std::atomic<uint64_t> sent{0};
+  std::atomic<bool> stop{false}, failed{false};
+  std::thread sender([&] {
+    while (!stop.load()) {
+      if (!send_fence_frame(tx, tx_buf)) {
+        failed = true;
+        return;
+      }
+      ++sent;
+    }
+  });
+  expect_no_frame_after_destroy_flow(rx, [&](int frames) {
+    const uint64_t target = sent.load() + static_cast<uint64_t>(frames);
+    const auto until = Clock::now() + kDeadline;
+    while (sent.load() < target && !failed.load() && Clock::now() < until) std::this_thread::yield();
+    return sent.load() >= target;
+  });
+  stop = true;
+  sender.join();
+}
+
+// The child's side of the fence test across processes: it sends the
+// frame without pause; on 'M' it sends 200 more and answers 'K'; on 'Q' it
+// exits.
+int frame_sender_child(int rfd, int wfd) {
+  RawQp tx;
+  if (!tx.ok() || tx.to_rts() != 0) return 10;
+  Buffer buf(tx.dev.pd, 4096);
+  const auto frame = udp_frame(kFencePort, kFenceFrame);
+  std::memcpy(buf.data(), frame.data(), frame.size());
+  if (!write_all(wfd, "R", 1)) return 11;
+  for (;;) {
+    if (!send_fence_frame(tx, buf)) return 20;
+    if (!fd_readable(rfd, Millis{0})) continue;
+    char command = 0;
+    if (::read(rfd, &command, 1) != 1) return 21;
+    if (command == 'Q') return 0;
+    for (int i = 0; i < 200; ++i)
+      if (!send_fence_frame(tx, buf)) return 22;
+    if (!write_all(wfd, "K", 1)) return 23;
+  }
+}
+
+TEST(RawFlowFence, NoFrameLandsAfterDestroyFlowReturnsToAnotherProcess) {
+  Child child(frame_sender_child);
+  ASSERT_TRUE(child.ok());
+  FenceReceiver rx;
+  ASSERT_TRUE(rx.up());
+  char ready = 0;
+  ASSERT_TRUE(read_all(child.rfd, &ready, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  expect_no_frame_after_destroy_flow(rx, [&](int) {
+    char done = 0;
+    return write_all(child.wfd, "M", 1) && read_all(child.rfd, &done, 1, kDeadline) && done == 'K';
+  });
+  ASSERT_TRUE(write_all(child.wfd, "Q", 1));
+  EXPECT_EQ(child.wait_exit(kDeadline), 0);
+}
+
+// Creates flows on `qp` (each on its own port from `first_port`) until
+// creation fails; the flows, and the errno of the failure in `error`.
+std::vector<ibv_flow*> fill_flow_table(ibv_qp* qp, uint16_t first_port, int& error) {
+  std::vector<ibv_flow*> flows;
+  error = 0;
+  for (int i = 0; i < 100000; ++i) {
+    UdpFlowAttr fa = udp_flow(static_cast<uint16_t>(first_port + i));
+    errno = 0;
+    ibv_flow* flow = ibv_create_flow(qp, &fa.attr);
+    if (flow == nullptr) {
+      error = errno;
+      break;
+    }
+    flows.push_back(flow);
+  }
+  return flows;
+}
+
+// A new process's view of the segment: its own flow on `port` takes the
+// frame sent to `port` and nothing sent elsewhere. Sends from this process.
+void expect_fresh_process_steers(uint16_t port) {
+  Child child([port](int rfd, int wfd) {
+    RawQp q;
+    if (!q.ok() || q.to_rts() != 0) return 10;
+    Buffer buf(q.dev.pd, 4096);
+    UdpFlowAttr fa = udp_flow(port);
+    ibv_flow* flow = ibv_create_flow(q.qp, &fa.attr);
+    if (flow == nullptr) return 11;
+    ibv_sge sge = buf.sge(0, 2048);
+    if (post_recv(q.qp, 1, &sge, 1) != 0 || post_recv(q.qp, 2, &sge, 1) != 0) return 12;
+    if (!write_all(wfd, "R", 1)) return 13;
+    char sent = 0;
+    if (!read_all(rfd, &sent, 1, kDeadline)) return 14;
+    ibv_wc wc{};
+    const auto expected = udp_frame(port, 300);
+    if (!poll_one(q.cq, &wc) || wc.status != IBV_WC_SUCCESS || wc.byte_len != expected.size() ||
+        std::memcmp(buf.data(), expected.data(), expected.size()) != 0)
+      return 15;
+    if (ibv_poll_cq(q.cq, 1, &wc) != 0) return 16;  // the other port's frame was sent first
+    return ibv_destroy_flow(flow) == 0 ? 0 : 17;
+  });
+  ASSERT_TRUE(child.ok());
+  char ready = 0;
+  ASSERT_TRUE(read_all(child.rfd, &ready, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  RawQp tx;
+  ASSERT_TRUE(tx.ok());
+  ASSERT_EQ(tx.to_rts(), 0);
+  Buffer buf(tx.dev.pd, 4096);
+  for (const uint16_t to : {static_cast<uint16_t>(port + 1), port}) {
+    const auto frame = udp_frame(to, 300);
+    std::memcpy(buf.data(), frame.data(), frame.size());
+    ibv_sge sge = buf.sge(0, static_cast<uint32_t>(frame.size()));
+    ibv_send_wr wr = make_wr(1, IBV_WR_SEND, &sge, 1);
+    ASSERT_EQ(post_send(tx.qp, wr), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_one(tx.cq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  }
+  ASSERT_TRUE(write_all(child.wfd, "S", 1));
+  EXPECT_EQ(child.wait_exit(kDeadline), 0);
+}
+
+// The host's table, filled to its limit and emptied again, thousands of
+// flows in all, in changing orders: the limit stays the same, each attempt
+// past it is ENOMEM, and afterwards a new process steers correctly.
+TEST_F(Raw, ThousandsOfFlowsToTheTableLimitAndBack) {
+  int limit = -1;
+  for (int round = 0; round < 20; ++round) {
+    int error = 0;
+    std::vector<ibv_flow*> flows = fill_flow_table(rx.qp, 10000, error);
+    EXPECT_EQ(error, ENOMEM) << "round " << round;
+    if (limit < 0) limit = static_cast<int>(flows.size());
+    ASSERT_GT(flows.size(), 0u);
+    ASSERT_EQ(static_cast<int>(flows.size()), limit) << "round " << round << ": the table lost entries";
+    // Full: one destroyed makes room for exactly one.
+    ASSERT_EQ(ibv_destroy_flow(flows[static_cast<size_t>(round) % flows.size()]), 0);
+    UdpFlowAttr fa = udp_flow(9000);
+    flows[static_cast<size_t>(round) % flows.size()] = ibv_create_flow(rx.qp, &fa.attr);
+    ASSERT_NE(flows[static_cast<size_t>(round) % flows.size()], nullptr) << strerror(errno);
+    errno = 0;
+    EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr);
+    EXPECT_EQ(errno, ENOMEM);
+    // Every other one first, then the rest backwards.
+    for (size_t i = round % 2; i < flows.size(); i += 2) ASSERT_EQ(ibv_destroy_flow(flows[i]), 0);
+    for (size_t i = flows.size(); i-- > 0;) {
+      if (i % 2 != static_cast<size_t>(round % 2)) {
+        ASSERT_EQ(ibv_destroy_flow(flows[i]), 0);
+      }
+    }
+  }
+  EXPECT_GE(limit * 20, 2000) << "fewer than thousands of flows";
+  // This process still steers: its own flow takes its frame.
+  UdpFlowAttr fa = udp_flow(5678);
+  ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+  ASSERT_NE(flow, nullptr);
+  post_rx();
+  const auto frame = udp_frame(5678);
+  send(frame);
+  expect_received(frame);
+  EXPECT_EQ(ibv_destroy_flow(flow), 0);
+  expect_fresh_process_steers(7000);
+}
+
+// A child that holds a trapping flow (priority 0) on `port` and says when
+// it received a frame there; it waits to be killed.
+int trapping_child(int rfd, int wfd, uint16_t port) {
+  RawQp q;
+  if (!q.ok() || q.to_rts() != 0) return 10;
+  Buffer buf(q.dev.pd, 4096);
+  UdpFlowAttr fa = udp_flow(port, 0);
+  if (ibv_create_flow(q.qp, &fa.attr) == nullptr) return 11;
+  ibv_sge sge = buf.sge(0, 2048);
+  for (uint64_t i = 0; i < 8; ++i)
+    if (post_recv(q.qp, i, &sge, 1) != 0) return 12;
+  if (!write_all(wfd, "R", 1)) return 13;
+  ibv_wc wc{};
+  if (!poll_one(q.cq, &wc, kDeadline) || wc.status != IBV_WC_SUCCESS) return 14;
+  if (!write_all(wfd, "G", 1)) return 15;
+  char c;
+  read_all(rfd, &c, 1, Millis{30000});  // killed meanwhile
+  return 50;
+}
+
+// A killed process's flows stop steering at once: a frame its higher-
+// priority flow trapped while it lived now reaches this process's flow.
+// With `newcomer`, a new process has taken the dead one's registry slot
+// before the frame: the slot's process runs, but it is not the flow's.
+class RawKilled : public Raw {
+ protected:
+  void expect_flows_stop_trapping(bool newcomer) {
+    constexpr uint16_t kPort = 5800;
+    Child child([](int r, int w) { return trapping_child(r, w, kPort); });
+    ASSERT_TRUE(child.ok());
+    char step = 0;
+    ASSERT_TRUE(read_all(child.rfd, &step, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+    UdpFlowAttr fa = udp_flow(kPort, 1);
+    ibv_flow* flow = ibv_create_flow(rx.qp, &fa.attr);
+    ASSERT_NE(flow, nullptr);
+    post_rx();
+    const auto frame = udp_frame(kPort);
+    send(frame);
+    ASSERT_TRUE(read_all(child.rfd, &step, 1, kDeadline)) << "the child's flow did not take the frame";
+    ASSERT_EQ(step, 'G');
+    EXPECT_TRUE(stays_empty(rx.cq, Millis(20))) << "priority 1 received a frame that priority 0 trapped";
+    child.kill_now();
+    std::optional<Child> next;
+    if (newcomer) {
+      next.emplace([](int rfd, int wfd) {
+        Device dev;
+        if (!dev.ok() || !write_all(wfd, "R", 1)) return 10;
+        char quit;
+        return read_all(rfd, &quit, 1, kDeadline) ? 0 : 11;
+      });
+      ASSERT_TRUE(next->ok());
+      ASSERT_TRUE(read_all(next->rfd, &step, 1, kDeadline)) << "newcomer exited with " << next->wait_exit(Millis{100});
+    }
+    send(frame);
+    expect_received(frame);
+    EXPECT_EQ(ibv_destroy_flow(flow), 0);
+    if (next) {
+      ASSERT_TRUE(write_all(next->wfd, "Q", 1));
+      EXPECT_EQ(next->wait_exit(kDeadline), 0);
+    }
+  }
+};
+
+TEST_F(RawKilled, ItsFlowsNoLongerTakeFrames) { expect_flows_stop_trapping(false); }
+
+TEST_F(RawKilled, ItsFlowsNoLongerTakeFramesWhenANewcomerHasItsSlot) { expect_flows_stop_trapping(true); }
+
+// A process that filled the host's table is killed: its entries are taken
+// back, so this process can create as many flows as the table holds, and
+// they steer (to this process and to a new one).
+TEST_F(RawKilled, ItsFullTableIsTakenBack) {
+  Child child([](int rfd, int wfd) {
+    RawQp q;
+    if (!q.ok() || q.to_rts() != 0) return 10;
+    int error = 0;
+    const uint32_t created = static_cast<uint32_t>(fill_flow_table(q.qp, 20000, error).size());
+    if (error != ENOMEM) return 11;
+    if (!write_all(wfd, &created, sizeof created)) return 12;
+    char c;
+    read_all(rfd, &c, 1, Millis{30000});  // killed meanwhile
+    return 50;
+  });
+  ASSERT_TRUE(child.ok());
+  uint32_t child_flows = 0;
+  ASSERT_TRUE(read_all(child.rfd, &child_flows, sizeof child_flows, kDeadline))
+      << "child exited with " << child.wait_exit(Millis{100});
+  ASSERT_GT(child_flows, 0u);
+  errno = 0;
+  UdpFlowAttr fa = udp_flow(5678);
+  EXPECT_EQ(ibv_create_flow(rx.qp, &fa.attr), nullptr) << "the child should have filled the table";
+  EXPECT_EQ(errno, ENOMEM);
+  child.kill_now();
+  int error = 0;
+  std::vector<ibv_flow*> flows = fill_flow_table(rx.qp, 5678, error);
+  EXPECT_EQ(error, ENOMEM);
+  EXPECT_EQ(flows.size(), child_flows) << "the dead process's entries were not all taken back";
+  ASSERT_FALSE(flows.empty());
+  post_rx();
+  const auto frame = udp_frame(5678);  // the first flow's port
+  send(frame);
+  expect_received(frame);
+  for (ibv_flow* f : flows) ASSERT_EQ(ibv_destroy_flow(f), 0);
+  expect_fresh_process_steers(7000);
 }
 
 }  // namespace

@@ -116,6 +116,24 @@ TEST(TagList, IsLimitedToMaxNumTagsAndMaxSge) {
   EXPECT_TRUE(l.list->add(3, ~0ull, 3, s, 1));
 }
 
+TEST(TagList, ALockWhoseHolderDiedIsTakenOverAndItsCountRepaired) {
+  List l(2);
+  const ReceiveSge s = sge();
+  auto h = l.list->add(1, ~0ull, 1, &s, 1);
+  ASSERT_TRUE(h);
+  // Process 42 matched the entry and died between its two stores: the
+  // entry is off the list, the count not yet lowered, the lock still its.
+  l.list->lock(LockTaker{42, nullptr});
+  l.list->entries()[*h].in_use = 0;
+  const LockTaker survivor{7, [](uint32_t pid) { return pid != 42; }};
+  EXPECT_TRUE(l.list->add(2, ~0ull, 2, &s, 1, survivor));
+  EXPECT_TRUE(l.list->add(3, ~0ull, 3, &s, 1, survivor));  // room for two again
+  EXPECT_FALSE(l.list->add(4, ~0ull, 4, &s, 1, survivor));
+  // A holder that lives is waited for, not taken over: the lock is free here.
+  l.list->lock(survivor);
+  l.list->unlock();
+}
+
 TEST(TagList, AnUnexpectedMessageStopsMatchingUntilSoftwareReportsIt) {
   List l(4);
   const ReceiveSge s = sge();

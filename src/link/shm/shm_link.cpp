@@ -113,9 +113,15 @@ class ShmLink final : public link::Link {
     return table->add(host_.proc(), host_.pid(), id, &stored, sizeof stored, host_.registry());
   }
 
+  // Once this returns no frame lands through the flow: a sender that picked
+  // its QP before the removal either sees the new generation under its
+  // MemoryAccess (and asks again) or is waited out by the fence here.
   void detach_flow(uint64_t id) override {
-    std::lock_guard guard(flows_lock_);
-    if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.proc(), id);
+    {
+      std::lock_guard guard(flows_lock_);
+      if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.proc(), id);
+    }
+    host_.registry().fence_accesses(host_.proc());
   }
 
   void send_frame(const transport::Request& frame) override {
@@ -132,20 +138,22 @@ class ShmLink final : public link::Link {
     // Picked under the lock, delivered outside it (delivery copies into
     // other QPs' memory). Reused, so that a send allocates nothing.
     thread_local std::vector<uint32_t> receivers;
-    receivers.clear();
+    host::RawFlows* table = nullptr;
+    uint64_t picked_at = 0;  // the table generation the receivers were picked from
     {
       std::lock_guard guard(flows_lock_);
-      host::RawFlows* table = raw_flows_locked();
-      if (table == nullptr) return;
-      if (table->generation() != generation_) rebuild_locked(*table);
-      if (flows_.empty()) return;
-      flows_.select(keys, frame.src_qpn, receivers);
+      table = raw_flows_locked();
+      if (table == nullptr || !select_locked(*table, keys, frame.src_qpn, receivers)) return;
+      picked_at = generation_;
     }
     for (const uint32_t qpn : receivers) {
       TargetQp target;
       if (!resolve(host_, qpn, target)) continue;
       MemoryAccess access(host_, target.proc);
       if (!still_there(target)) continue;
+      // A flow destroyed since the pick (detach_flow fences after it bumps
+      // the generation): the QP receives only if the table still says so.
+      if (table->generation() != picked_at && !still_receives(*table, keys, frame.src_qpn, qpn)) continue;
       ShmResponderPort port(host_, target);
       transport::respond_frame(frame, port);
     }
@@ -171,6 +179,24 @@ class ShmLink final : public link::Link {
   };
   static_assert(std::is_trivially_copyable_v<StoredFlow> && sizeof(StoredFlow) <= host::kRawFlowPayloadBytes);
 
+  // The receivers of a frame, into `out`, from the table as it is now;
+  // false when there are none.
+  bool select_locked(host::RawFlows& table, const transport::FrameKeys& keys, uint32_t sender_qpn,
+                     std::vector<uint32_t>& out) {
+    out.clear();
+    if (table.generation() != generation_ || !owners_running_locked()) rebuild_locked(table);
+    if (flows_.empty()) return false;
+    flows_.select(keys, sender_qpn, out);
+    return !out.empty();
+  }
+
+  bool still_receives(host::RawFlows& table, const transport::FrameKeys& keys, uint32_t sender_qpn, uint32_t qpn) {
+    thread_local std::vector<uint32_t> now;
+    std::lock_guard guard(flows_lock_);
+    select_locked(table, keys, sender_qpn, now);
+    return std::find(now.begin(), now.end(), qpn) != now.end();
+  }
+
   host::RawFlows* raw_flows_locked() {
     if (!raw_flows_ && !raw_flows_failed_) {
       auto table = host::RawFlows::open();
@@ -184,12 +210,39 @@ class ShmLink final : public link::Link {
     return raw_flows_.get();
   }
 
+  // Whether process `pid`, in registry slot `proc`, still runs: its
+  // segment is still its own (a newcomer may have the slot) and its
+  // progress thread holds owner_alive. Loads only, no system call.
+  bool running(uint32_t proc, uint32_t pid) {
+    const char* base = host_.segment_base(proc);
+    if (base == nullptr) return false;
+    const auto* header = reinterpret_cast<const host::SegmentHeader*>(base);
+    return header->pid == pid && header->owner_running();
+  }
+
+  // Whether every process whose flows flows_ holds still lives. A killed
+  // process changes nothing in the table (its entries go when the table
+  // fills), yet its flows must stop taking frames at once: a trapping one
+  // would keep them from the live processes' flows below it.
+  bool owners_running_locked() {
+    for (const Owner& owner : owners_)
+      if (!running(owner.proc, owner.pid)) return false;
+    return true;
+  }
+
   void rebuild_locked(host::RawFlows& table) {
     table.snapshot(snapshot_, host_.registry(), generation_);
     flows_ = transport::FlowTable{};
+    owners_.clear();
     uint64_t key = 0;
     for (const host::RawFlowEntry& e : snapshot_) {
       if (e.payload_len != sizeof(StoredFlow)) continue;
+      // The same test as owners_running_locked (snapshot's own, by pid, says
+      // a killed process that is not yet reaped is alive), so that a dead
+      // owner does not have every frame rebuild the table.
+      if (!running(e.proc, e.pid)) continue;
+      const Owner owner{e.proc, e.pid};
+      if (std::find(owners_.begin(), owners_.end(), owner) == owners_.end()) owners_.push_back(owner);
       StoredFlow stored;
       std::memcpy(&stored, e.payload, sizeof stored);
       transport::FlowTarget target{stored.qpn, {stored.spread, stored.spread + std::min<uint32_t>(stored.nspread, 256)},
@@ -205,6 +258,12 @@ class ShmLink final : public link::Link {
   uint64_t generation_ = 0;
   std::vector<host::RawFlowEntry> snapshot_;
   transport::FlowTable flows_;
+  struct Owner {
+    uint32_t proc;
+    uint32_t pid;
+    bool operator==(const Owner&) const = default;
+  };
+  std::vector<Owner> owners_;  // the processes whose flows flows_ holds
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "link/shm/shm_port.hpp"
 
 #include "host/memory_check.hpp"
+#include "host/process_identity.hpp"
 #include "link/shm/remote_memory.hpp"
 #include "transport/tag_matching.hpp"
 
@@ -326,6 +327,9 @@ void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
       return;
   }
 }
+
+// The list's owner, or another sender, may have been killed holding it.
+transport::LockTaker ShmResponderPort::tag_list_taker() { return {host::self_pid(), &host::pid_alive}; }
 
 // The SRQ of an RC QP may be a tag matching one (never an XRC SRQ).
 transport::TagList* ShmResponderPort::tag_list() {

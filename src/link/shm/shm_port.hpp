@@ -36,6 +36,7 @@ class ShmResponderPort final : public transport::ResponderPort {
   void established() override;
   bool gone() override;
   transport::TagList* tag_list() override;
+  transport::LockTaker tag_list_taker() override;
   bool requester_range(uint32_t requester_qpn, uint64_t va, uint32_t rkey, uint64_t length, iovec& out) override;
 
  private:
