@@ -35,6 +35,19 @@ struct Endpoint {
 
 constexpr Millis kChildDeadline{15000};
 
+// The one RC QP of a side of these tests, with a CQ of its own (16 entries)
+// for both queues; nullptr (and no CQ left behind) when either fails.
+ibv_qp* rc_qp_with_cq(Device& dev, const QpConfig& cfg, ibv_cq** cq) {
+  *cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  if (*cq == nullptr) return nullptr;
+  ibv_qp* qp = create_qp(dev.pd, *cq, *cq, cfg);
+  if (qp == nullptr) {
+    ibv_destroy_cq(*cq);
+    *cq = nullptr;
+  }
+  return qp;
+}
+
 // Buffer layout of the data test.
 constexpr size_t kWriteLen = 65536;      // parent writes into the child's [0, 64K)
 constexpr size_t kReadOff = 65536;       // parent reads the child's [64K, 128K)
@@ -238,10 +251,9 @@ int fence_writer_child(int rfd, int wfd) {
   if (!dev.ok()) return 10;
   QpConfig cfg;
   cfg.retry_cnt = 1;
-  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
-  if (!cq) return 11;
-  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
-  if (!qp) return 12;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = rc_qp_with_cq(dev, cfg, &cq);
+  if (!qp) return 11;
   Buffer src(dev.pd, kFenceLen, Buffer::kAllAccess, kWritten);
   if (!src.mr()) return 13;
   const Endpoint mine{qp->qp_num, src.rkey(), src.addr()};
@@ -274,9 +286,8 @@ TEST_P(DeregFence, NoWriteLandsAfterDeregReturns) {
   Device dev;
   ASSERT_TRUE(dev.ok());
   QpConfig cfg;
-  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
-  ASSERT_NE(cq, nullptr);
-  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = rc_qp_with_cq(dev, cfg, &cq);
   ASSERT_NE(qp, nullptr);
   std::vector<uint8_t> target(kFenceLen, 0);
   ibv_mr* mr = ibv_reg_mr(dev.pd, target.data(), target.size(), Buffer::kAllAccess);
@@ -321,10 +332,9 @@ int window_writer_child(int rfd, int wfd) {
   if (!dev.ok()) return 10;
   QpConfig cfg;
   cfg.retry_cnt = 1;
-  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
-  if (!cq) return 11;
-  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
-  if (!qp) return 12;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = rc_qp_with_cq(dev, cfg, &cq);
+  if (!qp) return 11;
   Buffer src(dev.pd, kWindowLen, Buffer::kAllAccess, kWritten);
   if (!src.mr()) return 13;
   const Endpoint mine{qp->qp_num, src.rkey(), src.addr()};
@@ -365,9 +375,8 @@ TEST(DeviceMemoryFence, NoWriteLandsInTheDmAfterItsMrWent) {
   Device dev;
   ASSERT_TRUE(dev.ok());
   QpConfig cfg;
-  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
-  ASSERT_NE(cq, nullptr);
-  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = rc_qp_with_cq(dev, cfg, &cq);
   ASSERT_NE(qp, nullptr);
   ibv_alloc_dm_attr dm_attr{};
   dm_attr.length = kWindowLen;
@@ -414,10 +423,9 @@ int odp_remap_child(int rfd, int wfd) {
   Device dev;
   if (!dev.ok()) return 10;
   QpConfig cfg;
-  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
-  if (!cq) return 11;
-  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
-  if (!qp) return 12;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = rc_qp_with_cq(dev, cfg, &cq);
+  if (!qp) return 11;
   void* base = ::mmap(nullptr, kOdpLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) return 13;
   auto* bytes = static_cast<uint8_t*>(base);
@@ -457,9 +465,8 @@ TEST(OdpAcrossProcesses, WritesFollowThePagesMappedNowAndFailWhereNoneAre) {
   ASSERT_TRUE(dev.ok());
   QpConfig cfg;
   cfg.retry_cnt = 1;
-  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
-  ASSERT_NE(cq, nullptr);
-  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = rc_qp_with_cq(dev, cfg, &cq);
   ASSERT_NE(qp, nullptr);
   Buffer src(dev.pd, kOdpLen);
   ASSERT_NE(src.mr(), nullptr);
@@ -507,9 +514,8 @@ TEST_P(WindowFenceProcesses, NoWriteLandsAfterTheWindowWent) {
   Device dev;
   ASSERT_TRUE(dev.ok());
   QpConfig cfg;
-  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
-  ASSERT_NE(cq, nullptr);
-  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = rc_qp_with_cq(dev, cfg, &cq);
   ASSERT_NE(qp, nullptr);
   std::vector<uint8_t> target(kWindowLen, 0);
   ibv_mr* mr = ibv_reg_mr(dev.pd, target.data(), target.size(), Buffer::kAllAccess | IBV_ACCESS_MW_BIND);
