@@ -646,6 +646,17 @@ TEST(RawFlowFence, NoFrameLandsAfterDestroyFlowReturnsToAnotherProcess) {
   EXPECT_EQ(child.wait_exit(kDeadline), 0);
 }
 
+// TSan cannot follow fork() in a process that already runs threads: the
+// child dies as soon as it starts one ("starting new threads after
+// multi-threaded fork is not supported"). The tests below that fork after
+// their fixture opened its contexts (whose progress threads run) skip the
+// forking part there; the Release and ASan runs cover it.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kForkAfterThreadsWorks = false;
+#else
+constexpr bool kForkAfterThreadsWorks = true;
+#endif
+
 // Creates flows on `qp` (each on its own port from `first_port`) until
 // creation fails; the flows, and the errno of the failure in `error`.
 std::vector<ibv_flow*> fill_flow_table(ibv_qp* qp, uint16_t first_port, int& error) {
@@ -746,7 +757,7 @@ TEST_F(Raw, ThousandsOfFlowsToTheTableLimitAndBack) {
   send(frame);
   expect_received(frame);
   EXPECT_EQ(ibv_destroy_flow(flow), 0);
-  expect_fresh_process_steers(7000);
+  if (kForkAfterThreadsWorks) expect_fresh_process_steers(7000);
 }
 
 // A child that holds a trapping flow (priority 0) on `port` and says when
@@ -775,6 +786,11 @@ int trapping_child(int rfd, int wfd, uint16_t port) {
 // before the frame: the slot's process runs, but it is not the flow's.
 class RawKilled : public Raw {
  protected:
+  void SetUp() override {
+    if (!kForkAfterThreadsWorks) GTEST_SKIP() << "TSan cannot follow a fork of a process that runs threads";
+    Raw::SetUp();
+  }
+
   void expect_flows_stop_trapping(bool newcomer) {
     constexpr uint16_t kPort = 5800;
     Child child([](int r, int w) { return trapping_child(r, w, kPort); });
