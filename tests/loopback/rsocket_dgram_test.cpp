@@ -603,9 +603,11 @@ TEST_F(RsocketDgram, APeerKilledMidTrafficLeavesTheSenderWorking) {
   EXPECT_EQ(got, m);
 }
 
-// One thread sends while another closes the socket under it: the sender's
-// call either completes or fails with EBADF, never touches freed memory
-// (ASan watches), and every call after the close fails with EBADF.
+// One thread sends while another closes the socket under it: a call that
+// overlaps the close completes, or fails with EBADF (the descriptor went
+// first) or EPIPE (the socket stopped sending first); it never touches freed
+// memory (ASan watches); and a call made after rclose returned fails with
+// EBADF.
 TEST_F(RsocketDgram, ClosingASocketWhileAnotherThreadSendsIsSafe) {
   for (int round = 0; round < 20; ++round) {
     const int a = rsocket(AF_INET, SOCK_DGRAM, 0);
@@ -616,26 +618,32 @@ TEST_F(RsocketDgram, ClosingASocketWhileAnotherThreadSendsIsSafe) {
     sockaddr_in to_b = loopback(kBasePort + 36);
     std::atomic<int> sent{0};
     std::atomic<bool> closed{false};
-    int last_errno = 0;
+    int overlapping_errno = 0;  // of a failed call that began before the close returned
+    int after_errno = 0;        // of the first call begun after it
+    ssize_t after_result = 0;
     std::thread sender([&] {
       for (;;) {
         const bool after_close = closed.load();
         const auto m = numbered(static_cast<uint32_t>(sent.load()), 200);
         const ssize_t n = rsendto(a, m.data(), m.size(), 0, sa(to_b), sizeof to_b);
-        if (n < 0) {
-          last_errno = errno;
+        const int error = n < 0 ? errno : 0;
+        if (after_close) {
+          after_result = n;
+          after_errno = error;
           return;
         }
-        EXPECT_FALSE(after_close) << "a send after rclose returned succeeded";
-        if (after_close) return;
-        ++sent;
+        if (n < 0 && overlapping_errno == 0) overlapping_errno = error;
+        if (n >= 0) ++sent;
       }
     });
     while (sent.load() < 50 + round * 10) std::this_thread::yield();
     ASSERT_EQ(rclose(a), 0);
     closed = true;
     sender.join();
-    EXPECT_EQ(last_errno, EBADF);
+    EXPECT_TRUE(overlapping_errno == 0 || overlapping_errno == EBADF || overlapping_errno == EPIPE)
+        << "a send that overlapped rclose failed with " << strerror(overlapping_errno);
+    EXPECT_EQ(after_result, -1) << "a send after rclose returned succeeded";
+    EXPECT_EQ(after_errno, EBADF);
     // Whatever reached b is whole.
     std::vector<uint8_t> got(2048);
     for (ssize_t n; (n = rrecv(b, got.data(), got.size(), MSG_DONTWAIT)) > 0; got.resize(2048)) {
