@@ -60,6 +60,17 @@ class RsocketDgram : public softhca::test::RsocketFixture {
     return rrecvfrom(fd, buf, len, flags, reinterpret_cast<sockaddr*>(from), from != nullptr ? &from_len : nullptr);
   }
 
+  // `m` from socket `from` to the socket bound on `to_port` (`to`), which
+  // receives it whole within the bounded wait.
+  static void expect_delivered(int from, int to, uint16_t to_port, const std::vector<uint8_t>& m) {
+    sockaddr_in dest = loopback(to_port);
+    ASSERT_EQ(rsendto(from, m.data(), m.size(), 0, sa(dest), sizeof dest), static_cast<ssize_t>(m.size()));
+    std::vector<uint8_t> got(2048);
+    ASSERT_EQ(recv_within(to, got.data(), got.size()), static_cast<ssize_t>(m.size()));
+    got.resize(m.size());
+    EXPECT_EQ(got, m);
+  }
+
   // One datagram each way, so that both sides know each other's QPN and
   // later datagrams take the UD QPs.
   void handshake(int a, int b, uint16_t a_port) {
@@ -521,12 +532,7 @@ TEST_F(RsocketDgram, AFloodIntoAnUnreadSocketLeavesOnlyWholeDatagramsInOrder) {
   EXPECT_GT(received, 0u);
   EXPECT_LT(received, kFlood);  // the receive queue (384 slots) cannot hold them all
   // Read slots are posted again: the socket still receives.
-  const auto after = numbered(kFlood, 100);
-  ASSERT_EQ(rsendto(b, after.data(), after.size(), 0, sa(to_a), sizeof to_a), 100);
-  std::vector<uint8_t> got(2048);
-  ASSERT_EQ(recv_within(a, got.data(), got.size()), 100);
-  got.resize(100);
-  EXPECT_EQ(got, after);
+  expect_delivered(b, a, kBasePort + 30, numbered(kFlood, 100));
 }
 
 // The peer process dies (SIGKILL) while datagrams flow to it: the sender's
@@ -594,13 +600,7 @@ TEST_F(RsocketDgram, APeerKilledMidTrafficLeavesTheSenderWorking) {
   }
   const int b = bound(kBasePort + 34);
   handshake(a, b, kBasePort + 33);
-  const auto m = numbered(seq, 512);
-  sockaddr_in to_b = loopback(kBasePort + 34);
-  ASSERT_EQ(rsendto(a, m.data(), m.size(), 0, sa(to_b), sizeof to_b), 512);
-  std::vector<uint8_t> got(2048);
-  ASSERT_EQ(recv_within(b, got.data(), got.size()), 512);
-  got.resize(512);
-  EXPECT_EQ(got, m);
+  expect_delivered(a, b, kBasePort + 34, numbered(seq, 512));
 }
 
 // One thread sends while another closes the socket under it: a call that
