@@ -71,7 +71,7 @@ PeerBackings::View Attachment::backing_view(uint32_t proc, uint64_t length) {
   const ProcSlot& slot = registry_->proc(proc);
   const uint32_t fd_plus1 = slot.backing_fd_plus1.load(std::memory_order_acquire);
   const uint32_t pid = slot.pid.load(std::memory_order_acquire);
-  if (fd_plus1 == 0 || pid == 0 || proc == proc_) return {};
+  if (fd_plus1 == 0 || pid == 0) return {};
   return backings_.map(pid, slot.start_time, fd_plus1 - 1, slot.backing_inode.load(std::memory_order_relaxed), length);
 }
 

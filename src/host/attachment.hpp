@@ -30,7 +30,9 @@ class Attachment {
 
   // The base of the segment of registry process `proc` (ours or a peer's), or nullptr.
   char* segment_base(uint32_t proc);
-  // The backing file of registered memory of process `proc` (a peer's),
+  // The backing file of registered memory of process `proc` (a peer's, or
+  // this process's own: its MRs are reached through the file, not through
+  // addresses the application may have unmapped since),
   // mapped here over at least its first `length` bytes (base nullptr if it
   // cannot be). The window stays mapped while this attachment lives.
   PeerBackings::View backing_view(uint32_t proc, uint64_t length);

@@ -114,7 +114,8 @@ void ResponderFlow::remember(const ReadOrAtomic& r) {
   while (recent_.size() > config_.resources) recent_.pop_front();
 }
 
-void ResponderFlow::send_read_response(const ReadOrAtomic& read, const iovec& from, PacketSink& out) {
+void ResponderFlow::send_read_response(const ReadOrAtomic& read, const iovec& from, ResponderPort& port,
+                                       PacketSink& out) {
   std::vector<unsigned char> bounce(config_.mtu);
   const uint64_t length = read.request.length;
   for (uint32_t i = 0; i < read.npsn; ++i) {
@@ -142,8 +143,12 @@ void ResponderFlow::send_read_response(const ReadOrAtomic& read, const iovec& fr
     const uint64_t bytes = length - offset < config_.mtu ? length - offset : config_.mtu;
     iovec chunk{bounce.data(), static_cast<size_t>(bytes)};
     if (bytes > 0) {
+      // Through the port, which reaches the owner's registered pages (and
+      // reports a fault) rather than loading from an address the owner may
+      // have unmapped since: a stopped response is asked for again, and
+      // the READ then fails its checks.
       const iovec part{static_cast<char*>(from.iov_base) + offset, static_cast<size_t>(bytes)};
-      std::memcpy(bounce.data(), part.iov_base, bytes);
+      if (port.read(&chunk, 1, &part, 1, bytes) != CopyStatus::kOk) return;
     }
     out.send(h, &chunk, bytes > 0 ? 1 : 0, static_cast<uint32_t>(bytes));
   }
@@ -178,7 +183,7 @@ void ResponderFlow::duplicate(const wire::ParsedPacket& packet, ResponderPort& p
     again.npsn = packets_for(again.request.length, config_.mtu);
     if (psn_diff(psn_add(again.psn, again.npsn), psn_add(r.psn, r.npsn)) > 0) return;  // not within the READ
     iovec from;
-    if (recheck_read(again.request, port, from).syndrome.answer == Answer::kAck) send_read_response(again, from, out);
+    if (recheck_read(again.request, port, from).syndrome.answer == Answer::kAck) send_read_response(again, from, port, out);
     return;
   }
   // A SEND or WRITE already received: say how far we are.
@@ -284,7 +289,7 @@ void ResponderFlow::read(const wire::ParsedPacket& packet, ResponderPort& port, 
   epsn_ = psn_add(psn, r.npsn);
   msn_ = psn_add(msn_, 1);
   remember(r);
-  send_read_response(r, from, out);
+  send_read_response(r, from, port, out);
 }
 
 void ResponderFlow::atomic(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {

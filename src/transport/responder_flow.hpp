@@ -57,7 +57,7 @@ class ResponderFlow {
   Request request_of(const wire::ParsedPacket& packet, Operation op) const;
   void answer(const Syndrome& syndrome, uint32_t psn, PacketSink& out);
   void ack(uint32_t psn, PacketSink& out);
-  void send_read_response(const ReadOrAtomic& read, const iovec& from, PacketSink& out);
+  void send_read_response(const ReadOrAtomic& read, const iovec& from, ResponderPort& port, PacketSink& out);
   void send_atomic_ack(const ReadOrAtomic& atomic, PacketSink& out);
   void remember(const ReadOrAtomic& r);
   void rnr_naked(uint32_t psn);

@@ -3,6 +3,9 @@
 // scatter, bytes outside the target SGEs stay untouched, and the work
 // completions carry the right opcode, byte_len, imm_data, wc_flags, qp_num and
 // src_qp. Then the atomics: results, memory, concurrency, and their errors.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cerrno>
 #include <set>
@@ -720,6 +723,60 @@ TEST(RcAtomic, QpWithoutRemoteAtomicAccessIsRemoteAccessError) {
   ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
   EXPECT_EQ(*reinterpret_cast<uint64_t*>(target.data()), 0u);
+}
+
+// An MR keeps its pages, as a NIC's pins them: an application that unmaps
+// memory it still has registered has only lost its own view of it. WRITEs,
+// READs and atomics through the MR still land in and come from those pages,
+// and nothing faults: before, a WRITE from a QP of the same process, or one
+// placed by the udp link's thread, stored through the unmapped address and
+// killed the process.
+TEST(RegisteredPages, OutliveTheApplicationsMappingOfThem) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpPair pair(dev, QpConfig{}, 16);
+  ASSERT_TRUE(pair.ok());
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t length = 2 * page;
+  void* pages = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(pages, MAP_FAILED);
+  std::memset(pages, 0x11, length);
+  ibv_mr* mr = ibv_reg_mr(dev.pd, pages, length, Buffer::kAllAccess);
+  ASSERT_NE(mr, nullptr) << "errno " << errno;
+  ASSERT_EQ(munmap(pages, length), 0);
+  auto run = [&](ibv_send_wr wr) {
+    ibv_wc wc{};
+    wc.status = IBV_WC_GENERAL_ERR;
+    if (post_send(pair.a, wr) == 0 && !poll_one(pair.a_send_cq, &wc)) wc.status = IBV_WC_GENERAL_ERR;
+    return wc;
+  };
+  const uint64_t remote = reinterpret_cast<uint64_t>(pages);
+  Buffer pattern(dev.pd, length), back(dev.pd, length), word(dev.pd, 8);
+  fill_pattern(pattern.span(0, length), 77);
+  ibv_sge from = pattern.sge(0, static_cast<uint32_t>(length));
+  ibv_send_wr write = make_wr(1, IBV_WR_RDMA_WRITE, &from, 1);
+  write.wr.rdma = {remote, mr->rkey};
+  ibv_wc wc = run(write);
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  ibv_sge into = back.sge(0, static_cast<uint32_t>(length));
+  ibv_send_wr read = make_wr(2, IBV_WR_RDMA_READ, &into, 1);
+  read.wr.rdma = {remote, mr->rkey};
+  wc = run(read);
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(first_mismatch(back.span(0, length), pattern.span(0, length)), -1);
+  ibv_sge original = word.sge(0, 8);
+  ibv_send_wr add = make_wr(3, IBV_WR_ATOMIC_FETCH_AND_ADD, &original, 1);
+  add.wr.atomic.remote_addr = remote;
+  add.wr.atomic.rkey = mr->rkey;
+  add.wr.atomic.compare_add = 5;
+  wc = run(add);
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  uint64_t first = 0;
+  std::memcpy(&first, pattern.data(), 8);
+  uint64_t got = 0;
+  std::memcpy(&got, word.data(), 8);
+  EXPECT_EQ(got, first);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// Copies between this process and another process's registered memory: memcpy
-// when the target is this process, otherwise one process_vm_readv/writev call
-// (single copy, no intermediate buffer).
+// Copies between this process and registered memory that a process (another
+// or this one) could not move into its shared file: one process_vm_readv/writev
+// call (single copy, no intermediate buffer, faults reported, not taken).
 #pragma once
 
 #include <sys/uio.h>

@@ -64,7 +64,11 @@ const host::MrRecord* ShmResponderPort::KeysInUse::holding(uint64_t addr, uint64
 
 bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
   TargetQp& owner = *data_;
-  if (owner.proc == host_.proc()) return false;  // our own memory: write_to copies directly
+  // Our own registered memory too goes through our window onto its file, not
+  // through the address the application registered: as a NIC writes into
+  // the pages an MR pinned, a WRITE must land even where the application
+  // has since unmapped that address (it crashed the process before, over
+  // the udp link and between QPs of one process).
   // A dead owner's file is still mapped here, so a copy into it would
   // succeed: only a live owner's memory is reached this way. (Else the
   // process_vm path answers ESRCH and the operation is lost, as with a NIC
