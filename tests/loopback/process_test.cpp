@@ -215,7 +215,10 @@ std::string mapping_of(const void* addr) {
 
 // With SOFTHCA_SHARED_MR at its default, registering heap memory moves its
 // pages into the process's shared file (so peers copy into it without a
-// system call), keeps its bytes, and deregistering moves them back.
+// system call), keeps its bytes, and deregistering moves them back. Where
+// malloc put the buffer depends on what the process freed before: glibc
+// raises its mmap threshold after large frees, so in a process that ran
+// other tests first 1 MiB comes from the brk heap, not a mapping of its own.
 TEST(SharedMr, HeapMemoryMovesIntoTheSharedFileWhileRegistered) {
   if (const char* v = std::getenv("SOFTHCA_SHARED_MR"); v != nullptr && std::string(v) == "off")
     GTEST_SKIP() << "SOFTHCA_SHARED_MR=off";
@@ -223,7 +226,8 @@ TEST(SharedMr, HeapMemoryMovesIntoTheSharedFileWhileRegistered) {
   ASSERT_TRUE(dev.ok());
   std::vector<uint8_t> bytes(1 << 20);
   fill_pattern(bytes, 7);
-  EXPECT_EQ(mapping_of(bytes.data() + 4096), "");
+  const std::string before = mapping_of(bytes.data() + 4096);
+  EXPECT_TRUE(before == "" || before == "[heap]") << before;
   ibv_mr* mr = ibv_reg_mr(dev.pd, bytes.data(), bytes.size(), Buffer::kAllAccess);
   ASSERT_NE(mr, nullptr);
   EXPECT_NE(mapping_of(bytes.data() + 4096).find("softhca-registered"), std::string::npos)
@@ -232,7 +236,7 @@ TEST(SharedMr, HeapMemoryMovesIntoTheSharedFileWhileRegistered) {
   fill_pattern(expect, 7);
   EXPECT_EQ(first_mismatch(bytes, expect), -1);
   ASSERT_EQ(ibv_dereg_mr(mr), 0);
-  EXPECT_EQ(mapping_of(bytes.data() + 4096), "");
+  EXPECT_EQ(mapping_of(bytes.data() + 4096), before);
   EXPECT_EQ(first_mismatch(bytes, expect), -1);
 }
 
