@@ -28,8 +28,18 @@ uint64_t window_for(uint64_t length) {
 }  // namespace
 
 PeerBackings::~PeerBackings() {
-  for (auto& [key, w] : windows_) ::munmap(w.base, w.length);
+  for (auto& [key, w] : windows_) {
+    ::munmap(w.base, w.length);
+    for (const Mapping& m : w.outgrown) ::munmap(m.base, m.length);
+  }
   for (const Retired& r : retired_) ::munmap(r.base, r.length);
+}
+
+size_t PeerBackings::outgrown() {
+  std::lock_guard guard(mutex_);
+  size_t n = 0;
+  for (const auto& [key, w] : windows_) n += w.outgrown.size();
+  return n;
 }
 
 size_t PeerBackings::windows() {
@@ -44,6 +54,7 @@ size_t PeerBackings::retired() {
 
 void PeerBackings::retire_locked(const Window& w, uint64_t now_ns) {
   retired_.push_back(Retired{w.base, w.length, now_ns});
+  for (const Mapping& m : w.outgrown) retired_.push_back(Retired{m.base, m.length, now_ns});
 }
 
 void PeerBackings::sweep_locked(uint64_t now_ns) {
@@ -71,28 +82,40 @@ PeerBackings::View PeerBackings::map(uint32_t pid, uint64_t start_time, uint32_t
       it->second.length >= length)
     return View{it->second.base, it->second.length};
   const uint64_t now = monotonic_ns();
+  // Too small: the new window takes the old one along, still mapped.
+  std::vector<Mapping> outgrown;
   if (it != windows_.end()) {
-    retire_locked(it->second, now);  // too small, or another process's or file's
+    if (it->second.start_time == start_time && it->second.inode == inode) {
+      outgrown = std::move(it->second.outgrown);
+      outgrown.push_back(Mapping{it->second.base, it->second.length});
+    } else {
+      retire_locked(it->second, now);  // another process's or file's
+    }
     windows_.erase(it);
   }
   sweep_locked(now);
+  // No new window after all: the old ones go as a dead peer's do.
+  auto none = [&] {
+    for (const Mapping& m : outgrown) retired_.push_back(Retired{m.base, m.length, now});
+    return View{};
+  };
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%u/fd/%u", pid, fd);
   const int peer_fd = ::open(path, O_RDWR | O_CLOEXEC);
   if (peer_fd < 0) {
     SOFTHCA_DEBUG("cannot open the registered memory of process %u: %s", pid, std::strerror(errno));
-    return View{};
+    return none();
   }
   struct stat st {};
   if (::fstat(peer_fd, &st) != 0 || static_cast<uint64_t>(st.st_ino) != inode) {
     ::close(peer_fd);  // the descriptor is another file now
-    return View{};
+    return none();
   }
   const uint64_t window = window_for(length);
   void* mem = ::mmap(nullptr, window, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, peer_fd, 0);
   ::close(peer_fd);
-  if (mem == MAP_FAILED) return View{};
-  windows_.emplace(key, Window{start_time, inode, static_cast<char*>(mem), window});
+  if (mem == MAP_FAILED) return none();
+  windows_.emplace(key, Window{start_time, inode, static_cast<char*>(mem), window, std::move(outgrown)});
   return View{static_cast<char*>(mem), window};
 }
 

@@ -3,14 +3,18 @@
 // reaches their shared MRs with memcpy instead of process_vm_writev.
 //
 // A peer's file only grows; a mapping is a window from offset 0, grown (by a
-// new, larger window) when an MR lies beyond it. A window replaced by a
-// larger one, or whose peer died (checked whenever a window is looked up
-// anew), is retired: another thread may still be copying through it, so it
-// is unmapped only `grace` later, at a later lookup or at destruction. (The
-// shm link uses a window only after seeing its owner alive, so a copy under
-// way when the owner died is the only user left.) Until then a dead peer's
-// registered memory stays allocated. Mapped pages beyond what the peer
-// registered cost nothing but address space.
+// new, larger window) when an MR lies beyond it. A window that a larger one
+// replaced stays mapped as long as its peer lives: callers keep windows (a
+// channel keeps its target's) and go on using one while it is long enough
+// for what they reach, and it maps the same file, so it costs address
+// space only. Once its peer died (checked whenever a window is looked up
+// anew) every window of the peer is retired: another thread may still be
+// copying through it, so it is unmapped only `grace` later, at a later
+// lookup or at destruction. (The shm link uses a window only after seeing
+// its owner alive, so a copy under way when the owner died is the only
+// user left.) Until then a dead peer's registered memory stays allocated.
+// Mapped pages beyond what the peer registered cost nothing but address
+// space.
 #pragma once
 
 #include <cstdint>
@@ -38,16 +42,23 @@ class PeerBackings {
   };
   View map(uint32_t pid, uint64_t start_time, uint32_t fd, uint64_t inode, uint64_t length);
 
-  // Windows in use and retired but still mapped, for tests and stat.
+  // Windows in use, outgrown by a larger one of the same live peer, and
+  // retired but still mapped, for tests and stat.
   size_t windows();
+  size_t outgrown();
   size_t retired();
 
  private:
+  struct Mapping {
+    char* base;
+    uint64_t length;
+  };
   struct Window {
     uint64_t start_time;
     uint64_t inode;
     char* base;
     uint64_t length;
+    std::vector<Mapping> outgrown;  // smaller windows of the same file, still mapped
   };
   struct Retired {
     char* base;

@@ -502,6 +502,34 @@ TEST(PeerBackings, APeersFileIsMappedAndItsWindowGoesWhenThePeerDies) {
   for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
 }
 
+// A window that a larger one replaced stays mapped while its peer lives:
+// a channel that keeps it goes on copying through it. (It was retired and,
+// a grace later, unmapped under that channel.)
+TEST(PeerBackings, AnOutgrownWindowStaysMappedWhileItsPeerLives) {
+  Pages pages(1);
+  auto shared = MemoryBacking::process().share(pages.bytes, kPage);
+  ASSERT_TRUE(shared);
+  std::memcpy(pages.bytes, "outgrown", 8);
+  PeerBackings backings(0);  // no grace
+  const uint32_t self = static_cast<uint32_t>(::getpid());
+  const uint64_t start = process_start_time(self);
+  const auto fd = static_cast<uint32_t>(MemoryBacking::process().fd());
+  const uint64_t inode = MemoryBacking::process().inode();
+  const auto small = backings.map(self, start, fd, inode, kPage);
+  ASSERT_NE(small.base, nullptr);
+  const auto large = backings.map(self, start, fd, inode, small.length + 1);
+  ASSERT_NE(large.base, nullptr);
+  EXPECT_GT(large.length, small.length);
+  EXPECT_EQ(backings.windows(), 1u);
+  EXPECT_EQ(backings.outgrown(), 1u);
+  // Another lookup sweeps: nothing of a live peer is unmapped.
+  (void)backings.map(self, start, fd, inode, kPage);
+  EXPECT_EQ(backings.retired(), 0u);
+  EXPECT_EQ(std::memcmp(small.base + shared->offset, "outgrown", 8), 0);
+  EXPECT_EQ(std::memcmp(large.base + shared->offset, "outgrown", 8), 0);
+  MemoryBacking::process().unshare(*shared);
+}
+
 sigjmp_buf fault_jump;
 std::atomic<int> own_handler_calls{0};
 
