@@ -68,11 +68,24 @@ char* Attachment::segment_base(uint32_t proc) {
 }
 
 PeerBackings::View Attachment::backing_view(uint32_t proc, uint64_t length) {
+  if (proc == proc_) {
+    const uint64_t known = own_length_.load(std::memory_order_acquire);
+    if (known >= length && known != 0) return PeerBackings::View{own_base_.load(std::memory_order_relaxed), known};
+  }
   const ProcSlot& slot = registry_->proc(proc);
   const uint32_t fd_plus1 = slot.backing_fd_plus1.load(std::memory_order_acquire);
   const uint32_t pid = slot.pid.load(std::memory_order_acquire);
   if (fd_plus1 == 0 || pid == 0) return {};
-  return backings_.map(pid, slot.start_time, fd_plus1 - 1, slot.backing_inode.load(std::memory_order_relaxed), length);
+  const PeerBackings::View view =
+      backings_.map(pid, slot.start_time, fd_plus1 - 1, slot.backing_inode.load(std::memory_order_relaxed), length);
+  if (proc == proc_ && view.base != nullptr) {
+    std::lock_guard guard(own_mutex_);
+    if (view.length > own_length_.load(std::memory_order_relaxed)) {
+      own_base_.store(view.base, std::memory_order_relaxed);
+      own_length_.store(view.length, std::memory_order_release);
+    }
+  }
+  return view;
 }
 
 void Attachment::notify(uint32_t proc, uint32_t pid, const Event& event) {

@@ -4,7 +4,9 @@
 // engine's node holds one; the shm link reaches other processes through it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 
 #include "common/result.hpp"
 #include "host/host_registry.hpp"
@@ -52,6 +54,15 @@ class Attachment {
   ProcessSegment* segment_ = nullptr;
   PeerSegments peers_;
   PeerBackings backings_;
+  // Our own window, kept here: the udp link and a QP of this process reach
+  // our MRs through it at every packet, and PeerBackings::map takes a lock.
+  // A window of a live process is never unmapped (peer_backings.hpp), so a
+  // reader that sees a length may use any base stored before it: the base
+  // is stored first, the length after it with release, and only ever grows
+  // (under own_mutex_).
+  std::mutex own_mutex_;
+  std::atomic<char*> own_base_{nullptr};
+  std::atomic<uint64_t> own_length_{0};
   uint32_t proc_ = 0;
   uint32_t pid_ = 0;
   bool registered_ = false;
