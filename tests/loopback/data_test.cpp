@@ -726,42 +726,57 @@ TEST(RcAtomic, QpWithoutRemoteAtomicAccessIsRemoteAccessError) {
 }
 
 // An MR keeps its pages, as a NIC's pins them: an application that unmaps
-// memory it still has registered has only lost its own view of it. WRITEs,
-// READs and atomics through the MR still land in and come from those pages,
-// and nothing faults: before, a WRITE from a QP of the same process, or one
-// placed by the udp link's thread, stored through the unmapped address and
-// killed the process.
-TEST(RegisteredPages, OutliveTheApplicationsMappingOfThem) {
-  Device dev;
-  ASSERT_TRUE(dev.ok());
-  QpPair pair(dev, QpConfig{}, 16);
-  ASSERT_TRUE(pair.ok());
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t length = 2 * page;
-  void* pages = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(pages, MAP_FAILED);
-  std::memset(pages, 0x11, length);
-  ibv_mr* mr = ibv_reg_mr(dev.pd, pages, length, Buffer::kAllAccess);
-  ASSERT_NE(mr, nullptr) << "errno " << errno;
-  ASSERT_EQ(munmap(pages, length), 0);
-  auto run = [&](ibv_send_wr wr) {
+// memory it still has registered has only lost its own view of it.
+class RegisteredPages : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dev.ok());
+    ASSERT_TRUE(pair.ok());
+  }
+  // One signaled WR on `a`; its completion.
+  ibv_wc run(ibv_send_wr wr) {
     ibv_wc wc{};
     wc.status = IBV_WC_GENERAL_ERR;
     if (post_send(pair.a, wr) == 0 && !poll_one(pair.a_send_cq, &wc)) wc.status = IBV_WC_GENERAL_ERR;
     return wc;
-  };
-  const uint64_t remote = reinterpret_cast<uint64_t>(pages);
+  }
+  // Two whole pages holding `seed`'s pattern, registered, then unmapped by
+  // the application; their address and MR.
+  ibv_mr* register_then_unmap(uint64_t seed, uint64_t& addr) {
+    void* pages = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (pages == MAP_FAILED) return nullptr;
+    fill_pattern(std::span<uint8_t>(static_cast<uint8_t*>(pages), length), seed);
+    ibv_mr* mr = ibv_reg_mr(dev.pd, pages, length, Buffer::kAllAccess);
+    munmap(pages, length);
+    addr = reinterpret_cast<uint64_t>(pages);
+    return mr;
+  }
+  ibv_send_wr rdma(uint64_t id, ibv_wr_opcode op, ibv_sge* sge, uint64_t remote, uint32_t rkey) {
+    ibv_send_wr wr = make_wr(id, op, sge, 1);
+    wr.wr.rdma = {remote, rkey};
+    return wr;
+  }
+
+  Device dev;
+  QpPair pair{dev, QpConfig{}, 16};
+  const size_t length = 2 * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+};
+
+// WRITEs, READs and atomics into an MR whose pages the application unmapped
+// land in and come from those pages, and nothing faults: before, a WRITE
+// from a QP of the same process, or one placed by the udp link's thread,
+// stored through the unmapped address and killed the process.
+TEST_F(RegisteredPages, AsATargetOutliveTheApplicationsMappingOfThem) {
+  uint64_t remote = 0;
+  ibv_mr* mr = register_then_unmap(1, remote);
+  ASSERT_NE(mr, nullptr) << "errno " << errno;
   Buffer pattern(dev.pd, length), back(dev.pd, length), word(dev.pd, 8);
   fill_pattern(pattern.span(0, length), 77);
   ibv_sge from = pattern.sge(0, static_cast<uint32_t>(length));
-  ibv_send_wr write = make_wr(1, IBV_WR_RDMA_WRITE, &from, 1);
-  write.wr.rdma = {remote, mr->rkey};
-  ibv_wc wc = run(write);
+  ibv_wc wc = run(rdma(1, IBV_WR_RDMA_WRITE, &from, remote, mr->rkey));
   ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   ibv_sge into = back.sge(0, static_cast<uint32_t>(length));
-  ibv_send_wr read = make_wr(2, IBV_WR_RDMA_READ, &into, 1);
-  read.wr.rdma = {remote, mr->rkey};
-  wc = run(read);
+  wc = run(rdma(2, IBV_WR_RDMA_READ, &into, remote, mr->rkey));
   ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   EXPECT_EQ(first_mismatch(back.span(0, length), pattern.span(0, length)), -1);
   ibv_sge original = word.sge(0, 8);
@@ -771,11 +786,29 @@ TEST(RegisteredPages, OutliveTheApplicationsMappingOfThem) {
   add.wr.atomic.compare_add = 5;
   wc = run(add);
   ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
-  uint64_t first = 0;
-  std::memcpy(&first, pattern.data(), 8);
-  uint64_t got = 0;
-  std::memcpy(&got, word.data(), 8);
-  EXPECT_EQ(got, first);
+  EXPECT_EQ(std::memcmp(word.data(), pattern.data(), 8), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
+// The same of local buffers: a WRITE sends what the MR's pages hold, a READ
+// lands in them.
+TEST_F(RegisteredPages, AsLocalBuffersOutliveTheApplicationsMappingOfThem) {
+  uint64_t local = 0;
+  ibv_mr* mr = register_then_unmap(2, local);
+  ASSERT_NE(mr, nullptr) << "errno " << errno;
+  std::vector<uint8_t> expect(length);
+  fill_pattern(expect, 2);
+  Buffer target(dev.pd, length), source(dev.pd, length), again(dev.pd, length);
+  ibv_sge from{local, static_cast<uint32_t>(length), mr->lkey};
+  ibv_wc wc = run(rdma(1, IBV_WR_RDMA_WRITE, &from, target.addr(), target.rkey()));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(first_mismatch(target.span(0, length), expect), -1);
+  fill_pattern(source.span(0, length), 3);
+  wc = run(rdma(2, IBV_WR_RDMA_READ, &from, source.addr(), source.rkey()));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  wc = run(rdma(3, IBV_WR_RDMA_WRITE, &from, again.addr(), again.rkey()));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(first_mismatch(again.span(0, length), source.span(0, length)), -1);
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
 }
 
