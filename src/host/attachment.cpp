@@ -88,6 +88,18 @@ PeerBackings::View Attachment::backing_view(uint32_t proc, uint64_t length) {
   return view;
 }
 
+char* Attachment::in_backing(uint32_t proc, const SharedSpan& span, uint64_t addr, uint64_t length,
+                             PeerBackings::View& window) {
+  if (!span.holds(addr, length)) return nullptr;
+  const uint64_t offset = span.offset_of(addr);
+  if (window.base == nullptr || offset + length > window.length) {
+    const PeerBackings::View view = backing_view(proc, offset + length);
+    if (view.base == nullptr) return nullptr;
+    window = view;
+  }
+  return window.base + offset;
+}
+
 void Attachment::notify(uint32_t proc, uint32_t pid, const Event& event) {
   if (proc != proc_ && registry_->proc(proc).pid.load(std::memory_order_acquire) != pid) return;
   char* base = segment_base(proc);

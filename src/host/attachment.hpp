@@ -38,6 +38,13 @@ class Attachment {
   // mapped here over at least its first `length` bytes (base nullptr if it
   // cannot be). The window stays mapped while this attachment lives.
   PeerBackings::View backing_view(uint32_t proc, uint64_t length);
+  // Where [addr, addr + length) of process `proc`'s registered memory lies
+  // in our window onto its backing file, when `span` (the MR's pages in the
+  // file) holds the range whole: those pages are reached there, not at
+  // `addr`, which the application may have unmapped. nullptr otherwise (a
+  // partial end page, memory that never moved, no window). `window` is the
+  // caller's copy of the window, looked up again only when too short.
+  char* in_backing(uint32_t proc, const SharedSpan& span, uint64_t addr, uint64_t length, PeerBackings::View& window);
   uint32_t pid_of(uint32_t proc) const { return registry_->proc(proc).pid.load(std::memory_order_acquire); }
 
   // Queues an event for the owner of `proc` and rings its doorbell.

@@ -76,12 +76,9 @@ ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t
     // Pages the MR moved into this process's file are used through our
     // window onto it, as a NIC uses the pages it pinned: the application
     // may have unmapped the address since (its data is still the MR's).
-    const auto host_addr = reinterpret_cast<uint64_t>(at);
-    if (mr.shared.holds(host_addr, sge.length)) {
-      const uint64_t offset = mr.shared.offset_of(host_addr);
-      const host::PeerBackings::View own = node.host().backing_view(node.proc(), offset + sge.length);
-      if (own.base != nullptr) at = own.base + offset;
-    }
+    host::PeerBackings::View own{};
+    if (char* in_file = node.host().in_backing(node.proc(), mr.shared, reinterpret_cast<uint64_t>(at), sge.length, own))
+      at = in_file;
     out[n++] = iovec{at, sge.length};
     sum += sge.length;
   }

@@ -79,16 +79,13 @@ bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
     const host::MrRecord* mr = keys_.holding(addr, target[i].iov_len);
     // Only whole pages are in the file: a range reaching a partial page at
     // the MR's ends is copied, all of it.
-    if (mr == nullptr || !mr->shared.holds(addr, target[i].iov_len)) return false;
-    const uint64_t offset = mr->shared.offset_of(addr);
-    const uint64_t end = offset + target[i].iov_len;
-    if (owner.backing == nullptr || end > owner.backing_length) {
-      const host::PeerBackings::View view = host_.backing_view(owner.proc, end);
-      if (view.base == nullptr) return false;
-      owner.backing = view.base;
-      owner.backing_length = view.length;
-    }
-    local[i] = iovec{owner.backing + offset, target[i].iov_len};
+    if (mr == nullptr) return false;
+    host::PeerBackings::View window{owner.backing, owner.backing_length};
+    char* at = host_.in_backing(owner.proc, mr->shared, addr, target[i].iov_len, window);
+    if (at == nullptr) return false;
+    owner.backing = window.base;
+    owner.backing_length = window.length;
+    local[i] = iovec{at, target[i].iov_len};
   }
   return true;
 }
