@@ -52,26 +52,16 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast 
     errno = to_errno(qp.error());
     return nullptr;
   }
-  auto* h = new QpHandle{};
-  h->impl = *qp;
+  ibv_qp& q = *adopt_qp(*qp, context, attr->qp_context);
+  auto* h = reinterpret_cast<QpHandle*>(&q);
   if (!init.rss_spread.empty()) {
     h->rss_table = rss_table;
     rss_table->qps.fetch_add(1);
   }
-  h->impl->handle = &h->qp.qp_base;
-  ibv_qp& q = h->qp.qp_base;
-  q.context = context;
-  q.qp_context = attr->qp_context;
   q.pd = init.type == IBV_QPT_XRC_RECV ? nullptr : pd;
   q.send_cq = init.send_cq ? attr->send_cq : nullptr;
   q.recv_cq = init.recv_cq ? attr->recv_cq : nullptr;
   q.srq = init.srq ? attr->srq : nullptr;
-  q.handle = (*qp)->qpn();
-  q.qp_num = (*qp)->qpn();
-  q.state = IBV_QPS_RESET;
-  q.qp_type = attr->qp_type;
-  pthread_mutex_init(&q.mutex, nullptr);
-  pthread_cond_init(&q.cond, nullptr);
   attr->cap.max_send_wr = init.max_send_wr;
   attr->cap.max_recv_wr = init.max_recv_wr;
   attr->cap.max_send_sge = init.max_send_sge;
@@ -83,6 +73,22 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr, bool block_self_multicast 
 }  // namespace
 
 namespace softhca::abi {
+
+ibv_qp* adopt_qp(engine::QueuePair* impl, ibv_context* context, void* qp_context) {
+  auto* h = new QpHandle{};
+  h->impl = impl;
+  impl->handle = &h->qp.qp_base;
+  ibv_qp& q = h->qp.qp_base;
+  q.context = context;
+  q.qp_context = qp_context;
+  q.handle = impl->qpn();
+  q.qp_num = impl->qpn();
+  q.state = impl->state();  // RESET when new; an opened TGT QP may be further on
+  q.qp_type = impl->type();
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  return &q;
+}
 
 // ibv_post_send / ibv_post_recv: 0, or an errno with *bad_wr naming the first
 // work request not posted (and errno set, as for every int verb).

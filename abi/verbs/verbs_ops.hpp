@@ -36,6 +36,9 @@ int close_xrcd_op(ibv_xrcd* xrcd);
 ibv_srq* create_srq_ex_op(ibv_context* context, ibv_srq_init_attr_ex* attr);
 int get_srq_num_op(ibv_srq* srq, uint32_t* srq_num);
 ibv_qp* open_qp_op(ibv_context* context, ibv_qp_open_attr* attr);
+// The application's ibv_qp for engine QP `impl` (created or opened): no PD,
+// CQs or SRQ yet; the caller sets those it has.
+ibv_qp* adopt_qp(engine::QueuePair* impl, ibv_context* context, void* qp_context);
 // Thread and parent domains (parent_domain.cpp). ibv_dealloc_pd hands a
 // parent domain to dealloc_parent_domain.
 ibv_td* alloc_td_op(ibv_context* context, ibv_td_init_attr* init_attr);

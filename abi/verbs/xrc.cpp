@@ -3,6 +3,7 @@
 #include <cerrno>
 
 #include "engine/context.hpp"
+#include "engine/qp/queue_pair.hpp"
 #include "engine/xrc_domain.hpp"
 #include "handles.hpp"
 #include "verbs_ops.hpp"
@@ -48,11 +49,35 @@ int close_xrcd_op(ibv_xrcd* xrcd) {
   });
 }
 
-// Sharing a TGT QP with another context or process is not offered: callers
-// see the verb as unsupported.
-ibv_qp* open_qp_op(ibv_context*, ibv_qp_open_attr*) {
-  errno = EOPNOTSUPP;
-  return nullptr;
+// ibv_open_qp: another handle to an XRC TGT QP of the domain, which any
+// process of the host may have created (engine/qp/tgt_qp.cpp). The checks
+// are rdma-core's (the number, domain and type are required) and the
+// kernel's (a TGT QP of that domain, with that number): EINVAL otherwise.
+ibv_qp* open_qp_op(ibv_context* context, ibv_qp_open_attr* attr) {
+  return pointer_verb([&]() -> ibv_qp* {
+    engine::Context* ctx = to_context(context);
+    if (ctx == nullptr || attr == nullptr) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    constexpr uint32_t kRequired = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+    if ((attr->comp_mask & kRequired) != kRequired || attr->comp_mask >= IBV_QP_OPEN_ATTR_RESERVED ||
+        attr->qp_type != IBV_QPT_XRC_RECV) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    engine::XrcDomain* xrcd = to_xrcd(attr->xrcd);
+    if (xrcd == nullptr || &xrcd->context() != ctx) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    auto qp = engine::QueuePair::open(*ctx, *xrcd, attr->qp_num);
+    if (!qp) {
+      errno = to_errno(qp.error());
+      return nullptr;
+    }
+    return adopt_qp(*qp, context, attr->qp_context);
+  });
 }
 
 }  // namespace softhca::abi

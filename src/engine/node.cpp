@@ -135,6 +135,9 @@ void Node::on_event(const host::Event& event) {
     case host::EventKind::kSrqLimit:
       srqs_.with(event.object, [](SharedReceiveQueue& srq) { srq.on_limit_reached(); });
       break;
+    case host::EventKind::kTgtSync:
+      qps_.with(event.object, [](QueuePair& qp) { qp.sync_tgt_channel(); });
+      break;
   }
 }
 

@@ -18,12 +18,12 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 10;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
+constexpr uint32_t kVersion = 11;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
                                   // 6: shared registered memory; 7: counters by writer, QP
                                   // destruction fenced by the access slots; 8: QP slots
                                   // carry the incarnation; 9: memory windows in the MR
                                   // table (kind, parent, qpn, windows); 10: an MR's shared
-                                  // span (whole pages only)
+                                  // span (whole pages only); 11: TGT QPs owned by the host
 
 uint64_t now_ns() {
   timespec ts;
@@ -132,6 +132,7 @@ void HostRegistry::release_process_objects_locked(uint32_t proc) {
   for (auto& qp : layout_->qps)
     if (qp.qpn.load(std::memory_order_relaxed) != 0 && qp.proc.load(std::memory_order_relaxed) == proc)
       qp.qpn.store(0, std::memory_order_release);
+  release_tgt_holders_locked(proc);
   remove_mcast_members_locked(0, proc);
   for (auto& mr : layout_->mrs)
     if (mr.key.load(std::memory_order_relaxed) != 0 && mr.proc.load(std::memory_order_relaxed) == proc) {
@@ -206,6 +207,12 @@ std::optional<uint32_t> HostRegistry::gsi_agent() const {
 
 Result<uint32_t> HostRegistry::allocate_qpn(uint32_t proc, uint64_t shm_offset) {
   lock();
+  auto qpn = allocate_qpn_locked(proc, shm_offset);
+  unlock();
+  return qpn;
+}
+
+Result<uint32_t> HostRegistry::allocate_qpn_locked(uint32_t proc, uint64_t shm_offset) {
   for (uint32_t n = 0; n < kMaxQpSlots; ++n) {
     const uint32_t index = (layout_->qp_cursor + n) % kMaxQpSlots;
     QpSlot& slot = layout_->qps[index];
@@ -216,10 +223,8 @@ Result<uint32_t> HostRegistry::allocate_qpn(uint32_t proc, uint64_t shm_offset) 
     slot.shm_offset.store(shm_offset, std::memory_order_relaxed);
     slot.incarnation.store(0, std::memory_order_relaxed);
     slot.qpn.store(qpn, std::memory_order_release);
-    unlock();
     return qpn;
   }
-  unlock();
   return fail(std::errc::not_enough_memory);
 }
 

@@ -20,6 +20,7 @@
 #include "common/counters.hpp"
 #include "common/result.hpp"
 #include "host/shared_file.hpp"
+#include "host/shared_queues.hpp"
 
 namespace softhca::host {
 
@@ -31,6 +32,15 @@ inline constexpr uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special; start above
 inline constexpr uint32_t kMaxMcastGroups = 256;   // multicast groups with at least one member, host-wide
 inline constexpr uint32_t kMaxMcastMembers = 32;   // UD QPs attached to one group
 inline constexpr uint32_t kAccessSlotsPerProc = 16;  // threads of one process inside peers' memory at once
+// XRC TGT QPs belong to the host, not to a process: any process with the
+// same XRC domain may open one (ibv_open_qp), and it lives while any
+// handle to it does. Their QPN slots name kHostOwned as their "process"
+// and the index of their TgtQpRecord as their offset; initiators announce
+// their accesses to kHostOwned (a pseudo process index, for the fence).
+inline constexpr uint32_t kHostOwned = kMaxProcs;
+inline constexpr uint32_t kMaxTgtQps = 1024;       // TGT QPs on the host at once
+inline constexpr uint32_t kMaxTgtHolders = 32;     // handles (ibv_create_qp + ibv_open_qp) to one TGT QP
+inline constexpr size_t kTgtAttributeBytes = 128;  // room for the engine's QpAttributes
 // The part of a registered range that lives in its owner's backing file
 // (host/memory_backing.hpp): [addr, addr + length) of the owner's address
 // space is at `offset` in the file. Only whole pages move there, so it is the
@@ -74,6 +84,32 @@ struct QpSlot {
   // here in the registry, never freed: the segment memory of a destroyed
   // QP may already hold another object.
   std::atomic<uint64_t> incarnation;
+};
+
+// One handle to a TGT QP: the QueuePair object of process `proc` whose
+// id there is `qp_id` (events for the QP go to every handle).
+struct TgtHolder {
+  std::atomic<uint32_t> proc_plus1;  // 0 = empty
+  std::atomic<uint32_t> pid;
+  std::atomic<uint32_t> qp_id;
+};
+// A plain copy of a TgtHolder.
+struct TgtHandle {
+  uint32_t proc, pid, qp_id;
+};
+
+// A TGT QP, in the host registry. The attributes (the engine's QpAttributes,
+// as bytes: the host layer does not know the engine's types) and the holder
+// list change under the registry mutex; `shared` is what initiators read, as
+// for any QP. `server` is the holder whose udp link answers the QP's peer on
+// another host (it opened the QP's channel); the udp link hands it the
+// packets that other processes receive.
+struct TgtQpRecord {
+  std::atomic<uint32_t> qpn;           // 0 = free
+  std::atomic<uint32_t> server_plus1;  // the serving holder's index + 1; 0 = none
+  alignas(8) unsigned char attributes[kTgtAttributeBytes];
+  TgtHolder holders[kMaxTgtHolders];
+  SharedQp shared;
 };
 
 // What a key of the MR table names: a memory region, or a memory window of
@@ -164,6 +200,7 @@ struct RegistryLayout {
   QpSlot qps[kMaxQpSlots];
   MrSlot mrs[kMaxMrSlots];
   McastGroup mcast[kMaxMcastGroups];
+  TgtQpRecord tgt_qps[kMaxTgtQps];
   // The port's counters, one set per process so that processes do not
   // contend on one cache line per packet; a process's set is added to
   // `retired_counters` when its slot is freed, so the port's totals never
@@ -201,6 +238,53 @@ class HostRegistry {
   void publish_qp(uint32_t qpn);
   void release_qpn(uint32_t qpn);
   const QpSlot* find_qp(uint32_t qpn) const;
+
+  // XRC TGT QPs (TgtQpRecord). create_tgt_qp takes a QPN and a record, with
+  // the creator as its first holder; the caller fills `shared` and the
+  // attributes, then publish_qp. ENOMEM when the QPN table or the TGT
+  // table is full.
+  struct NewTgtQp {
+    uint32_t qpn;
+    TgtQpRecord* record;
+  };
+  Result<NewTgtQp> create_tgt_qp(uint32_t proc, uint32_t pid, uint32_t qp_id);
+  // The record of TGT QP `qpn`, or nullptr when `qpn` names no TGT QP now.
+  TgtQpRecord* tgt_qp(uint32_t qpn);
+  const TgtQpRecord* tgt_qp(uint32_t qpn) const;
+  // ibv_open_qp: one more handle to TGT QP `qpn`, in domain `xrcd_id`.
+  // invalid_argument when no TGT QP of that domain has that number (what
+  // the kernel answers), not_enough_memory when it has kMaxTgtHolders.
+  Result<TgtQpRecord*> open_tgt_qp(uint32_t qpn, uint32_t xrcd_id, uint32_t proc, uint32_t pid, uint32_t qp_id);
+  // A handle to TGT QP `qpn` goes. When it was the last, the QP is
+  // unpublished (state kDestroyed, QPN released), every access to it is
+  // waited out, and the record freed: true. If the handle was the QP's
+  // server, another live holder becomes server and `new_server` names it
+  // (its proc, pid and qp_id, for the caller to tell it).
+  bool close_tgt_qp(uint32_t qpn, uint32_t proc, uint32_t qp_id, TgtHandle* new_server = nullptr);
+  // Runs `fn(record)` under the registry mutex (attribute changes, server
+  // changes): never on the data path. The record must be one tgt_qp returned.
+  template <typename Fn>
+  auto with_tgt_qp(TgtQpRecord& record, Fn&& fn) {
+    lock();
+    struct Unlock {
+      HostRegistry* r;
+      ~Unlock() { r->unlock(); }
+    } unlock_at_end{this};
+    return fn(record);
+  }
+  // The holder that serves TGT QP `qpn`'s remote peer (see TgtQpRecord),
+  // if any. Lock-free, for the udp link's hand-offs.
+  std::optional<TgtHandle> tgt_server(uint32_t qpn) const;
+  // When no live handle serves TGT QP `qpn` (the serving process died or
+  // left without closing), makes the first live handle the server and
+  // returns it, for the caller to tell it; nullopt when one serves or none
+  // is left. Takes the registry mutex: for packets nobody takes.
+  std::optional<TgtHandle> elect_tgt_server(uint32_t qpn);
+  // Makes holder (proc, qp_id) the server of `record` (under with_tgt_qp);
+  // returns the holder that served before, if another did.
+  std::optional<TgtHandle> serve_tgt_locked(TgtQpRecord& record, uint32_t proc, uint32_t qp_id);
+  // Every holder's (proc, pid, qp_id), at most kMaxTgtHolders; returns how many.
+  uint32_t tgt_holders(const TgtQpRecord& record, TgtHandle* out) const;
 
   Result<uint32_t> allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
                                uint64_t host_addr, SharedSpan shared = SharedSpan{});
@@ -288,6 +372,7 @@ class HostRegistry {
   void lock();
   void unlock();
   void reclaim_dead_locked();
+  Result<uint32_t> allocate_qpn_locked(uint32_t proc, uint64_t shm_offset);
   Result<uint32_t> allocate_key_locked(uint32_t proc, uint32_t pd_id, uint32_t kind, uint32_t access, uint64_t iova,
                                        uint64_t length, uint64_t host_addr, SharedSpan shared);
   // A window's MR no longer counts it as bound.
@@ -295,6 +380,10 @@ class HostRegistry {
   void release_process_objects_locked(uint32_t proc);
   // Whether the process in slot `proc` is still the one that made an access.
   bool accessor_alive(uint32_t proc) const;
+  // Drops the handles of process `proc` from every TGT QP (it died or
+  // left), freeing the QPs that nobody holds any more.
+  void release_tgt_holders_locked(uint32_t proc);
+  void free_tgt_locked(TgtQpRecord& record);
   // Removes every member matching `qpn` (if non-zero) or owned by `proc`.
   void remove_mcast_members_locked(uint32_t qpn, uint32_t proc);
 

@@ -297,7 +297,10 @@ struct SharedRq {
 // The responder-visible state of a QP.
 struct SharedQp {
   std::atomic<uint32_t> state;    // ibv_qp_state; kDestroyed once gone
-  uint32_t pad0;
+  // A TGT QP served over the udp link: kResumeValid | the PSN its responder
+  // expects next, kept by the serving process so that another holder can
+  // take over the peer where it stopped; 0 until a packet arrives.
+  std::atomic<uint32_t> resume_psn;
   uint32_t qpn;
   uint32_t qp_type;               // ibv_qp_type
   uint32_t owner_proc;
@@ -319,6 +322,7 @@ struct SharedQp {
   Counters counters;
 
   static constexpr uint32_t kDestroyed = 0xFFFF;
+  static constexpr uint32_t kResumeValid = 0x80000000u;
   // qp_type of the record an XRC SRQ publishes under its SRQ number (which
   // comes from the QPN space): no QP type, so no message is ever delivered
   // to it as a QP, and its state stays RESET. srq_offset names the SRQ's
@@ -332,6 +336,7 @@ enum class EventKind : uint32_t {
   kCqError = 2,       // object = owner_cq_id: CQ overrun, IBV_EVENT_CQ_ERR
   kQpAsync = 3,       // object = owner_qp_id, detail = ibv_event_type
   kSrqLimit = 4,      // object = owner_srq_id
+  kTgtSync = 5,       // object = a TGT QP handle's qp_id: its service or state changed (QueuePair::sync_tgt_channel)
 };
 
 struct Event {

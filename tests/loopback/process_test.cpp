@@ -1043,6 +1043,149 @@ TEST(XrcAcrossProcesses, TgtQpDeliversIntoAnotherProcessesSrqUntilItIsDestroyed)
 }
 
 // ---------------------------------------------------------------------------
+// ibv_open_qp across processes: a TGT QP is the host's, and lives while any
+// process holds a handle to it, whatever becomes of the process that made it.
+
+enum class CreatorEnd { kDestroysItsHandle, kExitsHoldingIt, kKilled };
+
+struct CreatorParam {
+  CreatorEnd end;
+  const char* name;
+};
+
+// Makes a TGT QP in the domain of `domain_file`, says its number, takes the
+// parent's INI QP number and moves the TGT QP to RTR towards it (so over
+// the udp link this process serves the QP's peer), says 'R', and on 'E'
+// ends as `end` says.
+int tgt_creator_child(int rfd, int wfd, const std::string& domain_file, CreatorEnd end) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  const int fd = ::open(domain_file.c_str(), O_RDWR);
+  if (fd < 0) return 11;
+  ibv_xrcd* xrcd = xrc::open_xrcd(dev.ctx, fd, O_CREAT);
+  if (!xrcd) return 12;
+  ibv_qp* tgt = xrc::create_tgt(dev.ctx, xrcd);
+  if (!tgt) return 13;
+  uint32_t ini_qpn = 0;
+  if (!write_all(wfd, &tgt->qp_num, sizeof tgt->qp_num) || !read_all(rfd, &ini_qpn, sizeof ini_qpn, kChildDeadline))
+    return 14;
+  if (xrc::to_init(tgt, 0) != 0 || xrc::to_rtr(tgt, ini_qpn, dev.gid, true) != 0) return 15;
+  if (!write_all(wfd, "R", 1)) return 16;
+  char go = 0;
+  if (!read_all(rfd, &go, 1, kChildDeadline) || go != 'E') return 20;
+  switch (end) {
+    case CreatorEnd::kDestroysItsHandle:
+      if (ibv_destroy_qp(tgt) != 0) return 21;
+      if (ibv_close_xrcd(xrcd) != 0) return 22;
+      ::close(fd);
+      return 0;
+    case CreatorEnd::kExitsHoldingIt:
+      ::_exit(0);  // no destructor, no library teardown: as a process that exits without cleaning up
+    case CreatorEnd::kKilled:
+      if (!write_all(wfd, "K", 1)) return 23;
+      read_all(rfd, &go, 1, kChildDeadline);  // bounded wait for SIGKILL
+      return 24;
+  }
+  return 25;
+}
+
+class OpenedTgtQp : public ::testing::TestWithParam<CreatorParam> {};
+
+TEST_P(OpenedTgtQp, OutlivesTheHandleAndProcessThatMadeIt) {
+  char path[] = "/tmp/softhca-xrc-open-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string domain_file = path;
+  const CreatorEnd end = GetParam().end;
+  Child child([&](int r, int w) { return tgt_creator_child(r, w, domain_file, end); });
+  ASSERT_TRUE(child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_xrcd* xrcd = xrc::open_xrcd(dev.ctx, fd, O_CREAT);
+  ASSERT_NE(xrcd, nullptr);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_srq* srq = xrc::create_xrc_srq(dev.ctx, dev.pd, xrcd, cq);
+  ibv_qp* ini = xrc::create_ini(dev.ctx, dev.pd, cq);
+  ASSERT_TRUE(srq != nullptr && ini != nullptr);
+  uint32_t srqn = 0;
+  ASSERT_EQ(ibv_get_srq_num(srq, &srqn), 0);
+  uint32_t qpn = 0;
+  ASSERT_TRUE(read_all(child.rfd, &qpn, sizeof qpn, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  ibv_qp* opened = xrc::open_tgt(dev.ctx, xrcd, qpn);
+  ASSERT_NE(opened, nullptr) << "errno " << errno;
+  ASSERT_TRUE(write_all(child.wfd, &ini->qp_num, sizeof ini->qp_num));
+  char ready = 0;
+  ASSERT_TRUE(read_all(child.rfd, &ready, 1, kDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  ASSERT_EQ(ready, 'R');
+  // The state the creator set is the opened handle's too.
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(opened, &attr, IBV_QP_STATE | IBV_QP_DEST_QPN, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_RTR);
+  EXPECT_EQ(attr.dest_qp_num, ini->qp_num);
+  ASSERT_EQ(xrc::to_init(ini, 0), 0);
+  ASSERT_EQ(xrc::to_rtr(ini, qpn, dev.gid, false), 0);
+  ASSERT_EQ(xrc::ini_to_rts(ini), 0);
+
+  Buffer from(dev.pd, 64, Buffer::kAllAccess, kWritten), to(dev.pd, 64 * 8);
+  auto send_through = [&](uint32_t n) {
+    ASSERT_EQ(xrc::post_srq_recv(srq, n, to.sge(n * 64, 64)), 0);
+    ibv_sge sge = from.sge(0, 64);
+    ibv_send_wr wr = make_wr(n, IBV_WR_SEND, &sge, 1);
+    wr.qp_type.xrc.remote_srqn = srqn;
+    ASSERT_EQ(post_send(ini, wr), 0);
+    const auto wcs = poll_n(cq, 2);
+    ASSERT_EQ(wcs.size(), 2u) << "message " << n;
+    for (const ibv_wc& wc : wcs) {
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "message " << n << ": " << wc_str(wc);
+      EXPECT_EQ(wc.wr_id, n);
+    }
+    EXPECT_EQ(first_not(to.span(n * 64, 64), kWritten), -1) << "message " << n;
+  };
+  send_through(0);
+  send_through(1);
+  decltype(ibv_async_event::element) element{};
+  ASSERT_TRUE(wait_async_event(dev.ctx, IBV_EVENT_COMM_EST, &element));
+  EXPECT_EQ(element.qp, opened);
+
+  // The creator's process lets go: its handle, or all of it.
+  ASSERT_TRUE(write_all(child.wfd, "E", 1));
+  if (end == CreatorEnd::kKilled) {
+    char k = 0;
+    ASSERT_TRUE(read_all(child.rfd, &k, 1, kDeadline));
+    ::kill(child.pid(), SIGKILL);
+    EXPECT_EQ(child.wait_exit(kDeadline), -1);
+  } else {
+    EXPECT_EQ(child.wait_exit(kDeadline), 0);
+  }
+  // The QP goes on: over the udp link this process's handle takes over the
+  // peer where the creator's stopped.
+  for (uint32_t n = 2; n < 8; ++n) send_through(n);
+  ASSERT_EQ(ibv_query_qp(opened, &attr, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_RTR);
+
+  // The last live handle destroys it: its number opens nothing now.
+  drain_async_events(dev.ctx);
+  ASSERT_EQ(ibv_destroy_qp(opened), 0);
+  errno = 0;
+  EXPECT_EQ(xrc::open_tgt(dev.ctx, xrcd, qpn), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_destroy_qp(ini), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
+  ::close(fd);
+  ::unlink(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(Creator, OpenedTgtQp,
+                         ::testing::Values(CreatorParam{CreatorEnd::kDestroysItsHandle, "DestroysItsHandle"},
+                                           CreatorParam{CreatorEnd::kExitsHoldingIt, "ExitsHoldingIt"},
+                                           CreatorParam{CreatorEnd::kKilled, "Killed"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------
 // A peer that dies while connected.
 
 struct KillParam {

@@ -37,6 +37,26 @@ inline ibv_qp* create_tgt(ibv_context* ctx, ibv_xrcd* xrcd) {
   return ibv_create_qp_ex(ctx, &init);
 }
 
+// ibv_open_qp: another handle to TGT QP `qpn` of the domain.
+inline ibv_qp* open_tgt(ibv_context* ctx, ibv_xrcd* xrcd, uint32_t qpn, void* qp_context = nullptr) {
+  ibv_qp_open_attr attr{};
+  attr.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE | IBV_QP_OPEN_ATTR_CONTEXT;
+  attr.qp_num = qpn;
+  attr.xrcd = xrcd;
+  attr.qp_type = IBV_QPT_XRC_RECV;
+  attr.qp_context = qp_context;
+  return ibv_open_qp(ctx, &attr);
+}
+
+inline int post_srq_recv(ibv_srq* srq, uint64_t wr_id, ibv_sge sge) {
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_srq_recv(srq, &wr, &bad);
+}
+
 inline ibv_qp* create_ini(ibv_context* ctx, ibv_pd* pd, ibv_cq* cq) {
   ibv_qp_init_attr_ex init{};
   init.qp_type = IBV_QPT_XRC_SEND;

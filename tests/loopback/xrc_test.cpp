@@ -2,8 +2,10 @@
 // (XRC_RECV) QPs in one process, through the public verbs API. The message a
 // sender addresses to a TGT QP lands in the SRQ its WR names, if that SRQ is
 // in the TGT QP's domain; anything else is the requester's
-// IBV_WC_REM_INV_REQ_ERR. Cross-process XRC runs in the system test of
-// ibv_xsrq_pingpong.
+// IBV_WC_REM_INV_REQ_ERR. A TGT QP is the host's: ibv_open_qp gives another
+// context (here) or process (process_test) a handle to the same QP, which
+// lives while any handle does. Cross-process XRC runs in process_test and
+// in the system test of ibv_xsrq_pingpong.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -61,14 +63,7 @@ class XrcTest : public ::testing::Test {
     }
   }
 
-  int post_srq_recv(uint64_t wr_id, ibv_sge sge) {
-    ibv_recv_wr wr{};
-    wr.wr_id = wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    return ibv_post_srq_recv(srq, &wr, &bad);
-  }
+  int post_srq_recv(uint64_t wr_id, ibv_sge sge) { return loopback::xrc::post_srq_recv(srq, wr_id, sge); }
 
   int send_to(uint32_t remote_srqn, uint64_t wr_id, ibv_sge sge, ibv_wr_opcode opcode = IBV_WR_SEND) {
     ibv_send_wr wr = loopback::make_wr(wr_id, opcode, &sge, 1);
@@ -340,6 +335,240 @@ TEST(XrcSrq, BasicSrqHasNoNumberAndXrcNeedsDomainAndCq) {
   errno = 0;
   EXPECT_EQ(ibv_create_srq_ex(dev.ctx, &attr), nullptr);
   EXPECT_EQ(errno, EINVAL);
+}
+
+
+// ---------------------------------------------------------------------------
+// ibv_open_qp: two contexts of this process, one XRC domain (one file).
+
+class XrcOpenQp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(a.ok() && b.ok());
+    char path[] = "/tmp/softhca-xrc-open-XXXXXX";
+    fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    unlink(path);
+    xa = open_xrcd(a.ctx, fd, O_CREAT);
+    xb = open_xrcd(b.ctx, fd, O_CREAT);
+    ASSERT_TRUE(xa != nullptr && xb != nullptr) << "errno " << errno;
+    cq = ibv_create_cq(a.ctx, 64, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    srq = create_xrc_srq(a.ctx, a.pd, xa, cq);
+    ASSERT_NE(srq, nullptr);
+    ASSERT_EQ(ibv_get_srq_num(srq, &srqn), 0);
+    tgt = create_tgt(a.ctx, xa);
+    ini = create_ini(a.ctx, a.pd, cq);
+    ASSERT_TRUE(tgt != nullptr && ini != nullptr);
+  }
+  void TearDown() override {
+    loopback::drain_async_events(a.ctx);
+    loopback::drain_async_events(b.ctx);
+    if (ini) {
+      EXPECT_EQ(ibv_destroy_qp(ini), 0);
+    }
+    if (tgt) {
+      EXPECT_EQ(ibv_destroy_qp(tgt), 0);
+    }
+    if (srq) {
+      EXPECT_EQ(ibv_destroy_srq(srq), 0);
+    }
+    if (cq) {
+      EXPECT_EQ(ibv_destroy_cq(cq), 0);
+    }
+    if (xa) {
+      EXPECT_EQ(ibv_close_xrcd(xa), 0);
+    }
+    if (xb) {
+      EXPECT_EQ(ibv_close_xrcd(xb), 0);
+    }
+    if (fd >= 0) close(fd);
+  }
+
+  // One SEND from the INI QP through the TGT QP into the SRQ: both
+  // completions, and what the receive one names.
+  void send_through(uint64_t wr_id) {
+    Buffer from(a.pd, 64, Buffer::kAllAccess, 0x5a), to(a.pd, 64);
+    ASSERT_EQ(post_srq_recv(srq, wr_id, to.sge(0, 64)), 0);
+    ibv_sge sge = from.sge(0, 64);
+    ibv_send_wr wr = loopback::make_wr(wr_id, IBV_WR_SEND, &sge, 1);
+    wr.qp_type.xrc.remote_srqn = srqn;
+    ASSERT_EQ(loopback::post_send(ini, wr), 0);
+    const auto wcs = loopback::poll_n(cq, 2);
+    ASSERT_EQ(wcs.size(), 2u);
+    for (const ibv_wc& wc : wcs) {
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << loopback::wc_str(wc);
+      EXPECT_EQ(wc.wr_id, wr_id);
+      if (wc.opcode == IBV_WC_RECV) {
+        EXPECT_EQ(wc.qp_num, qpn);
+        EXPECT_EQ(wc.byte_len, 64u);
+      }
+    }
+    EXPECT_EQ(loopback::first_not(to.span(0, 64), 0x5a), -1);
+  }
+
+  void connect_ini() {
+    ASSERT_EQ(to_init(ini, 0), 0);
+    ASSERT_EQ(to_rtr(ini, qpn, a.gid, false), 0);
+    ASSERT_EQ(ini_to_rts(ini), 0);
+  }
+
+  Device a, b;
+  int fd = -1;
+  ibv_xrcd* xa = nullptr;
+  ibv_xrcd* xb = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_srq* srq = nullptr;
+  uint32_t srqn = 0;
+  ibv_qp* tgt = nullptr;
+  ibv_qp* ini = nullptr;
+  uint32_t qpn = 0;
+};
+
+TEST_F(XrcOpenQp, AnOpenedHandleIsTheSameQpAndKeepsItAfterTheCreatorsHandleGoes) {
+  qpn = tgt->qp_num;
+  int cookie = 0;
+  ibv_qp* opened = open_tgt(b.ctx, xb, qpn, &cookie);
+  ASSERT_NE(opened, nullptr) << "errno " << errno;
+  EXPECT_EQ(opened->qp_num, qpn);
+  EXPECT_EQ(opened->qp_type, IBV_QPT_XRC_RECV);
+  EXPECT_EQ(opened->context, b.ctx);
+  EXPECT_EQ(opened->qp_context, &cookie);
+  EXPECT_EQ(opened->pd, nullptr);
+  EXPECT_EQ(opened->send_cq, nullptr);
+  EXPECT_EQ(opened->srq, nullptr);
+
+  // Modified through the opened handle, seen through the creator's.
+  const int remote = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  ASSERT_EQ(to_init(opened, remote), 0);
+  ASSERT_EQ(to_rtr(opened, ini->qp_num, a.gid, true), 0);
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(tgt, &attr, IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_ACCESS_FLAGS, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_RTR);
+  EXPECT_EQ(attr.dest_qp_num, ini->qp_num);
+  EXPECT_EQ(attr.qp_access_flags, static_cast<unsigned>(remote));
+  // A transition the QP's state no longer allows fails through either handle.
+  EXPECT_EQ(to_init(tgt, 0), EINVAL);
+  connect_ini();
+  send_through(1);
+  // The first message in RTR is reported to every handle, in its context.
+  decltype(ibv_async_event::element) element{};
+  ASSERT_TRUE(loopback::wait_async_event(a.ctx, IBV_EVENT_COMM_EST, &element));
+  EXPECT_EQ(element.qp, tgt);
+  ASSERT_TRUE(loopback::wait_async_event(b.ctx, IBV_EVENT_COMM_EST, &element));
+  EXPECT_EQ(element.qp, opened);
+
+  // The creator's handle goes: the QP stays, with what the other set.
+  ASSERT_EQ(ibv_destroy_qp(tgt), 0);
+  tgt = nullptr;
+  send_through(2);
+  EXPECT_EQ(ibv_close_xrcd(xb), EBUSY);  // the opened handle is in it
+
+  // A handle in the creator's context again; the first handle goes too.
+  ibv_qp* again = open_tgt(a.ctx, xa, qpn);
+  ASSERT_NE(again, nullptr) << "errno " << errno;
+  EXPECT_EQ(again->state, IBV_QPS_RTR);
+  ASSERT_EQ(ibv_destroy_qp(opened), 0);
+  send_through(3);
+  ASSERT_EQ(ibv_query_qp(again, &attr, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_RTR);
+
+  // The last handle destroys the QP: its number opens nothing any more.
+  ASSERT_EQ(ibv_destroy_qp(again), 0);
+  errno = 0;
+  EXPECT_EQ(open_tgt(a.ctx, xa, qpn), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+TEST_F(XrcOpenQp, TheKernelsRulesAreEinval) {
+  qpn = tgt->qp_num;
+  auto expect_einval = [&](const char* what, ibv_context* ctx, ibv_qp_open_attr attr) {
+    errno = 0;
+    ibv_qp* qp = ibv_open_qp(ctx, &attr);
+    EXPECT_EQ(qp, nullptr) << what;
+    EXPECT_EQ(errno, EINVAL) << what;
+    if (qp) ibv_destroy_qp(qp);
+  };
+  ibv_qp_open_attr good{};
+  good.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  good.qp_num = qpn;
+  good.xrcd = xb;
+  good.qp_type = IBV_QPT_XRC_RECV;
+  ibv_qp_open_attr attr = good;
+  attr.comp_mask &= ~IBV_QP_OPEN_ATTR_NUM;
+  expect_einval("no NUM", b.ctx, attr);
+  attr = good;
+  attr.comp_mask &= ~IBV_QP_OPEN_ATTR_XRCD;
+  expect_einval("no XRCD", b.ctx, attr);
+  attr = good;
+  attr.comp_mask &= ~IBV_QP_OPEN_ATTR_TYPE;
+  expect_einval("no TYPE", b.ctx, attr);
+  attr = good;
+  attr.comp_mask |= IBV_QP_OPEN_ATTR_RESERVED;
+  expect_einval("a reserved bit", b.ctx, attr);
+  attr = good;
+  attr.qp_type = IBV_QPT_RC;
+  expect_einval("type RC", b.ctx, attr);
+  attr = good;
+  attr.qp_num = ini->qp_num;
+  expect_einval("an INI QP's number", b.ctx, attr);
+  attr = good;
+  attr.qp_num = srqn;
+  expect_einval("an XRC SRQ's number", b.ctx, attr);
+  attr = good;
+  attr.qp_num = 0xFFFFFF;
+  expect_einval("a number nobody has", b.ctx, attr);
+  attr = good;
+  attr.xrcd = xa;
+  expect_einval("a domain of another context", b.ctx, attr);
+  // A TGT QP of another domain.
+  ibv_xrcd* other = open_xrcd(b.ctx, -1, O_CREAT);
+  ASSERT_NE(other, nullptr);
+  attr = good;
+  attr.xrcd = other;
+  expect_einval("another domain", b.ctx, attr);
+  EXPECT_EQ(ibv_close_xrcd(other), 0);
+  // What the handle may not do, as the QP it names: post.
+  ibv_qp* opened = ibv_open_qp(b.ctx, &good);
+  ASSERT_NE(opened, nullptr) << "errno " << errno;
+  Buffer buf(b.pd, 64);
+  ibv_sge sge = buf.sge(0, 64);
+  EXPECT_EQ(loopback::post_recv(opened, 1, &sge, 1), EINVAL);
+  ibv_send_wr wr = loopback::make_wr(1, IBV_WR_SEND, &sge, 1);
+  EXPECT_EQ(loopback::post_send(opened, wr), EINVAL);
+  EXPECT_EQ(ibv_destroy_qp(opened), 0);
+}
+
+TEST_F(XrcOpenQp, EveryHandleGetsTheQpsErrorEvent) {
+  qpn = tgt->qp_num;
+  ibv_qp* opened = open_tgt(b.ctx, xb, qpn);
+  ASSERT_NE(opened, nullptr) << "errno " << errno;
+  ASSERT_EQ(to_init(tgt, 0), 0);  // no remote access
+  ASSERT_EQ(to_rtr(tgt, ini->qp_num, a.gid, true), 0);
+  connect_ini();
+  // A WRITE the TGT QP does not allow: the requester's REM_ACCESS_ERR, the
+  // QP's error, and an access error event in both contexts.
+  Buffer from(a.pd, 64), to(a.pd, 64);
+  ibv_sge sge = from.sge(0, 64);
+  ibv_send_wr wr = loopback::make_wr(7, IBV_WR_RDMA_WRITE, &sge, 1);
+  wr.wr.rdma.remote_addr = to.addr();
+  wr.wr.rdma.rkey = to.rkey();
+  wr.qp_type.xrc.remote_srqn = srqn;
+  ASSERT_EQ(loopback::post_send(ini, wr), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(loopback::poll_one(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << loopback::wc_str(wc);
+  decltype(ibv_async_event::element) element{};
+  ASSERT_TRUE(loopback::wait_async_event(a.ctx, IBV_EVENT_QP_ACCESS_ERR, &element));
+  EXPECT_EQ(element.qp, tgt);
+  ASSERT_TRUE(loopback::wait_async_event(b.ctx, IBV_EVENT_QP_ACCESS_ERR, &element));
+  EXPECT_EQ(element.qp, opened);
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(opened, &attr, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_ERR);
+  EXPECT_EQ(ibv_destroy_qp(opened), 0);
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #   2. the same through the fault link (loss and corruption): the counters
 #      show the retransmissions, the PSN gaps and the ICRC drops;
 #   3. a live ibv_rc_pingpong server: its QP is listed with its owner's pid,
-#      type and state, and --qp of a QPN nobody has fails.
+#      type and state, and --qp of a QPN nobody has fails;
+#   4. a live ibv_xsrq_pingpong pair: the server's XRC TGT QP, which the host
+#      owns, is listed with the pid of the process that holds it.
 set -u -o pipefail
 bindir=${1:?usage: stat_counters.sh BINDIR LIBDIR}
 libdir=${2:?usage: stat_counters.sh BINDIR LIBDIR}
@@ -14,6 +16,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/softhca-stat.XXXXXX") || exit 1
 server_pid=""
 cleanup() {
   [[ -n $server_pid ]] && kill -KILL "$server_pid" 2>/dev/null
+  [[ -n ${xsrq_client_pid:-} ]] && kill -KILL "$xsrq_client_pid" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -79,6 +82,36 @@ fi
 kill -KILL "$server_pid" 2>/dev/null
 wait "$server_pid" 2>/dev/null
 server_pid=""
+xsrq_client_pid=""
+port=$((20000 + RANDOM % 20000))
+# A server that waits for a second client keeps its QPs alive after the first.
+LD_LIBRARY_PATH=$libdir stdbuf -oL ibv_xsrq_pingpong -g 1 -p "$port" -c 2 >"$work/xserver.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 100); do  # the client connects once: wait (bounded) until the server listens
+  [[ -n $(ss -Hltn "sport = :$port" 2>/dev/null) ]] && break
+  sleep 0.1
+done
+LD_LIBRARY_PATH=$libdir stdbuf -oL ibv_xsrq_pingpong -g 1 -p "$port" 127.0.0.1 >"$work/xclient.log" 2>&1 &
+xsrq_client_pid=$!
+tgt=""
+for _ in $(seq 100); do
+  tgt=$(awk '/ local:/ { for (i = 1; i <= NF; ++i) if ($i == "RECV") print $(i + 1) }' "$work/xserver.log")
+  [[ -n $tgt ]] && break
+  sleep 0.1
+done
+if [[ -z $tgt ]]; then
+  cat "$work/xserver.log" "$work/xclient.log"
+  fail "the xsrq pingpong server printed no TGT QPN"
+else
+  "$bindir/softhca" stat --qp "0x$tgt" >"$work/tgt.txt" || fail "softhca stat --qp 0x$tgt failed"
+  cat "$work/tgt.txt"
+  grep -Eq "^qp 0x$tgt  pids $server_pid  XRC_RECV  (RTR|RTS)\$" "$work/tgt.txt" ||
+    fail "the TGT QP 0x$tgt held by pid $server_pid is not listed as an XRC_RECV QP in RTR"
+fi
+kill -KILL "$server_pid" "$xsrq_client_pid" 2>/dev/null
+wait "$server_pid" "$xsrq_client_pid" 2>/dev/null
+server_pid=""
+
 if "$bindir/softhca" stat --qp 0xfffff0 >"$work/none.txt" 2>&1; then
   fail "--qp of a QPN nobody has succeeded"
 fi

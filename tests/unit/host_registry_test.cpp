@@ -10,6 +10,7 @@
 #include <future>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/limits.hpp"
 #include "transport/ibta_timers.hpp"
@@ -277,6 +278,152 @@ TEST_F(HostRegistryTest, FenceIgnoresAccessesOfOtherTargetsAndOfTheDead) {
   EXPECT_LT(again, kAccessSlotsPerProc);
   registry_->end_access(proc_, again);
   EXPECT_TRUE(fence_returns(*registry_, proc_)) << "an ended access held up the fence";
+}
+
+
+// XRC TGT QPs: the host's, alive while any handle is.
+class TgtQpTest : public HostRegistryTest {
+ protected:
+  static constexpr uint32_t kDomain = 0x80000007;
+  uint32_t pid() const { return static_cast<uint32_t>(::getpid()); }
+  // A published TGT QP of kDomain with one handle (proc_, qp_id 1).
+  uint32_t make_tgt() {
+    auto made = registry_->create_tgt_qp(proc_, pid(), 1);
+    EXPECT_TRUE(made.has_value());
+    if (!made) return 0;
+    made->record->shared.xrcd_id = kDomain;
+    registry_->publish_qp(made->qpn);
+    return made->qpn;
+  }
+  // A process registered under the pid of a child that has exited.
+  uint32_t dead_process(uint32_t& dead_pid) {
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(0);
+    int status = 0;
+    EXPECT_EQ(::waitpid(child, &status, 0), child);
+    dead_pid = static_cast<uint32_t>(child);
+    auto dead = registry_->register_process(dead_pid, 3);
+    EXPECT_TRUE(dead.has_value());
+    return dead.value_or(0);
+  }
+};
+
+TEST_F(TgtQpTest, LivesWhileAnyHandleDoesAndOpensOnlyInItsDomain) {
+  auto unpublished = registry_->create_tgt_qp(proc_, pid(), 9);
+  ASSERT_TRUE(unpublished.has_value());
+  unpublished->record->shared.xrcd_id = kDomain;
+  // Nobody opens it before its creation is finished.
+  EXPECT_EQ(registry_->open_tgt_qp(unpublished->qpn, kDomain, proc_, pid(), 10).error(),
+            std::errc::invalid_argument);
+  EXPECT_TRUE(registry_->close_tgt_qp(unpublished->qpn, proc_, 9));
+
+  const uint32_t qpn = make_tgt();
+  const QpSlot* slot = registry_->find_qp(qpn);
+  ASSERT_NE(slot, nullptr);
+  EXPECT_EQ(slot->proc.load(), kHostOwned);
+  TgtQpRecord* record = registry_->tgt_qp(qpn);
+  ASSERT_NE(record, nullptr);
+  EXPECT_EQ(registry_->open_tgt_qp(qpn, kDomain + 1, proc_, pid(), 2).error(), std::errc::invalid_argument);
+  EXPECT_EQ(registry_->open_tgt_qp(qpn + 1, kDomain, proc_, pid(), 2).error(), std::errc::invalid_argument);
+  auto opened = registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 2);
+  ASSERT_TRUE(opened.has_value());
+  EXPECT_EQ(*opened, record);
+  TgtHandle holders[kMaxTgtHolders];
+  ASSERT_EQ(registry_->tgt_holders(*record, holders), 2u);
+  EXPECT_EQ(holders[0].qp_id, 1u);
+  EXPECT_EQ(holders[1].qp_id, 2u);
+  EXPECT_FALSE(registry_->close_tgt_qp(qpn, proc_, 1));  // the creator's handle: the QP stays
+  EXPECT_EQ(registry_->tgt_qp(qpn), record);
+  EXPECT_TRUE(registry_->close_tgt_qp(qpn, proc_, 2));   // the last one
+  EXPECT_EQ(registry_->find_qp(qpn), nullptr);
+  EXPECT_EQ(registry_->tgt_qp(qpn), nullptr);
+  EXPECT_EQ(record->shared.state.load(), SharedQp::kDestroyed);
+  EXPECT_EQ(registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 3).error(), std::errc::invalid_argument);
+}
+
+TEST_F(TgtQpTest, ServicePassesToAnotherHandleWhenTheServerCloses) {
+  const uint32_t qpn = make_tgt();
+  TgtQpRecord* record = registry_->tgt_qp(qpn);
+  ASSERT_NE(record, nullptr);
+  ASSERT_TRUE(registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 2).has_value());
+  EXPECT_FALSE(registry_->tgt_server(qpn).has_value());
+  auto before = registry_->with_tgt_qp(*record, [&](TgtQpRecord& r) { return registry_->serve_tgt_locked(r, proc_, 1); });
+  EXPECT_FALSE(before.has_value());
+  ASSERT_TRUE(registry_->tgt_server(qpn).has_value());
+  EXPECT_EQ(registry_->tgt_server(qpn)->qp_id, 1u);
+  // Handle 2 serves now; handle 1, which served, is told to stop.
+  before = registry_->with_tgt_qp(*record, [&](TgtQpRecord& r) { return registry_->serve_tgt_locked(r, proc_, 2); });
+  ASSERT_TRUE(before.has_value());
+  EXPECT_EQ(before->qp_id, 1u);
+  EXPECT_EQ(registry_->tgt_server(qpn)->qp_id, 2u);
+  // The server closes: handle 1 is named to take over.
+  TgtHandle next{};
+  EXPECT_FALSE(registry_->close_tgt_qp(qpn, proc_, 2, &next));
+  EXPECT_EQ(next.qp_id, 1u);
+  EXPECT_EQ(next.pid, pid());
+  EXPECT_EQ(registry_->tgt_server(qpn)->qp_id, 1u);
+  // A handle that does not serve closes: nobody is named.
+  ASSERT_TRUE(registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 3).has_value());
+  next = TgtHandle{};
+  EXPECT_FALSE(registry_->close_tgt_qp(qpn, proc_, 3, &next));
+  EXPECT_EQ(next.pid, 0u);
+  EXPECT_TRUE(registry_->close_tgt_qp(qpn, proc_, 1));
+}
+
+TEST_F(TgtQpTest, DeadHandlesNeitherServeNorKeepTheQp) {
+  const uint32_t qpn = make_tgt();
+  TgtQpRecord* record = registry_->tgt_qp(qpn);
+  ASSERT_NE(record, nullptr);
+  uint32_t dead_pid = 0;
+  const uint32_t dead = dead_process(dead_pid);
+  ASSERT_TRUE(registry_->open_tgt_qp(qpn, kDomain, dead, dead_pid, 4).has_value());
+  registry_->with_tgt_qp(*record, [&](TgtQpRecord& r) { return registry_->serve_tgt_locked(r, dead, 4); });
+  ASSERT_EQ(registry_->tgt_server(qpn)->pid, dead_pid);
+  // A packet nobody took: the live handle is elected, once.
+  auto elected = registry_->elect_tgt_server(qpn);
+  ASSERT_TRUE(elected.has_value());
+  EXPECT_EQ(elected->pid, pid());
+  EXPECT_EQ(elected->qp_id, 1u);
+  EXPECT_FALSE(registry_->elect_tgt_server(qpn).has_value());  // a live one serves now
+  TgtHandle holders[kMaxTgtHolders];
+  EXPECT_EQ(registry_->tgt_holders(*record, holders), 1u);  // the dead handle went with the election
+  // Dead again, and the live handle closes: the dead one keeps nothing.
+  ASSERT_TRUE(registry_->open_tgt_qp(qpn, kDomain, dead, dead_pid, 5).has_value());
+  EXPECT_TRUE(registry_->close_tgt_qp(qpn, proc_, 1));
+  EXPECT_EQ(registry_->find_qp(qpn), nullptr);
+}
+
+TEST_F(TgtQpTest, ADeadProcessesLastHandleIsReclaimedWithIt) {
+  uint32_t dead_pid = 0;
+  const uint32_t dead = dead_process(dead_pid);
+  auto made = registry_->create_tgt_qp(dead, dead_pid, 1);
+  ASSERT_TRUE(made.has_value());
+  registry_->publish_qp(made->qpn);
+  const uint32_t kept = make_tgt();
+  ASSERT_TRUE(registry_->open_tgt_qp(kept, kDomain, dead, dead_pid, 2).has_value());
+  // The next registration sweeps the dead: its QP goes, the shared one stays.
+  ASSERT_TRUE(registry_->register_process(pid(), 4).has_value());
+  EXPECT_EQ(registry_->find_qp(made->qpn), nullptr);
+  TgtQpRecord* record = registry_->tgt_qp(kept);
+  ASSERT_NE(record, nullptr);
+  TgtHandle holders[kMaxTgtHolders];
+  EXPECT_EQ(registry_->tgt_holders(*record, holders), 1u);
+  EXPECT_TRUE(registry_->close_tgt_qp(kept, proc_, 1));
+}
+
+TEST_F(TgtQpTest, TheTableHoldsMaxTgtQpsAndHandles) {
+  std::vector<uint32_t> qpns;
+  for (uint32_t i = 0; i < kMaxTgtQps; ++i) {
+    auto made = registry_->create_tgt_qp(proc_, pid(), i + 1);
+    ASSERT_TRUE(made.has_value()) << i;
+    qpns.push_back(made->qpn);
+  }
+  EXPECT_EQ(registry_->create_tgt_qp(proc_, pid(), 0).error(), std::errc::not_enough_memory);
+  for (uint32_t i = 0; i < kMaxTgtQps; ++i) EXPECT_TRUE(registry_->close_tgt_qp(qpns[i], proc_, i + 1));
+  const uint32_t qpn = make_tgt();
+  for (uint32_t i = 1; i < kMaxTgtHolders; ++i)
+    ASSERT_TRUE(registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 100 + i).has_value()) << i;
+  EXPECT_EQ(registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 999).error(), std::errc::not_enough_memory);
 }
 
 }  // namespace

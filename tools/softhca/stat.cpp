@@ -41,6 +41,10 @@ const char* qp_type_name(uint32_t type) {
     case 2: return "RC";  // IBV_QPT_RC
     case 3: return "UC";
     case 4: return "UD";
+    case 8: return "RAW_PACKET";  // IBV_QPT_RAW_PACKET
+    case 9: return "XRC_SEND";    // IBV_QPT_XRC_SEND (INI)
+    case 10: return "XRC_RECV";   // IBV_QPT_XRC_RECV (TGT)
+    case host::SharedQp::kXrcSrqRecord: return "XRC_SRQ";  // an XRC SRQ's number, from the QPN space
     default: return "?";
   }
 }
@@ -92,6 +96,22 @@ std::optional<QpView> read_shared_qp(uint32_t pid, uint32_t segment_fd, uint64_t
   return view;
 }
 
+// A TGT QP (the host's, in the registry itself): its view, and the pids of
+// the processes that hold handles to it.
+std::optional<QpView> read_tgt_qp(const host::HostRegistry& registry, uint32_t qpn, std::string& pids) {
+  const host::TgtQpRecord* record = registry.tgt_qp(qpn);
+  if (record == nullptr) return std::nullopt;
+  QpView view;
+  view.qpn = qpn;
+  view.type = record->shared.qp_type;
+  view.state = record->shared.state.load(std::memory_order_acquire);
+  for (std::size_t c = 0; c < kCounterCount; ++c) view.values[c] = record->shared.counters.get(static_cast<Counter>(c));
+  host::TgtHandle holders[host::kMaxTgtHolders];
+  const uint32_t n = registry.tgt_holders(*record, holders);
+  for (uint32_t i = 0; i < n; ++i) pids += (i ? "," : "") + std::to_string(holders[i].pid);
+  return view;
+}
+
 int print_qps(host::HostRegistry& registry, const Options& options) {
   int shown = 0;
   for (uint32_t index = 0; index < host::kMaxQpSlots; ++index) {
@@ -99,6 +119,15 @@ int print_qps(host::HostRegistry& registry, const Options& options) {
     const uint32_t qpn = slot.qpn.load(std::memory_order_acquire);
     if (qpn == 0 || (options.qpn && *options.qpn != qpn)) continue;
     const uint32_t proc = slot.proc.load(std::memory_order_relaxed);
+    if (proc == host::kHostOwned) {
+      std::string pids;
+      auto qp = read_tgt_qp(registry, qpn, pids);
+      if (!qp || pids.empty()) continue;
+      std::printf("qp 0x%06x  pids %s  %s  %s\n", qpn, pids.c_str(), qp_type_name(qp->type), qp_state_name(qp->state));
+      print_values(qp->values, options.all);
+      ++shown;
+      continue;
+    }
     if (proc >= host::kMaxProcs || !registry.process_alive(proc)) continue;
     const host::ProcSlot& owner = registry.proc(proc);
     const uint32_t pid = owner.pid.load(std::memory_order_acquire);

@@ -149,6 +149,16 @@ Result<QueuePair*> QueuePair::create(Context& context, ProtectionDomain* pd, QpI
   qp->sq_stride_ = SendWqe::stride_for(init.max_send_sge, init.max_inline_data);
   qp->sq_.assign(uint64_t{qp->sq_capacity_} * qp->sq_stride_, 0);
 
+  if (xrc_recv) {
+    // The host's, not this process's (tgt_qp.cpp).
+    if (auto made = qp->create_tgt(node); !made) {
+      delete qp;
+      return fail(made.error());
+    }
+    init.xrcd->attach();
+    qp->attached_ = true;
+    return qp;
+  }
   host::ProcessSegment& segment = node.segment();
   qp->shared_offset_ = segment.allocate(sizeof(host::SharedQp));
   if (qp->shared_offset_ == 0) {
@@ -212,7 +222,10 @@ QueuePair::~QueuePair() {
   // (shm::still_there), so once the fence has passed every announcement
   // made before the store, no initiator touches this QP's shared state or
   // queues again, and the segment may hand their memory to another object.
-  if (shared_ != nullptr && qpn_ != 0) {
+  if (tgt_ != nullptr) {
+    // One handle fewer; the last one destroys the QP (host::close_tgt_qp).
+    leave_tgt();
+  } else if (shared_ != nullptr && qpn_ != 0) {
     shared_->state.store(host::SharedQp::kDestroyed, std::memory_order_seq_cst);
     node.registry().release_qpn(qpn_);
     node.forget_multicast(qpn_);
@@ -254,6 +267,7 @@ void QueuePair::publish_responder_state() {
 }
 
 Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
+  if (tgt_ != nullptr) return modify_tgt(attr, mask);
   std::lock_guard sq_guard(sq_lock_);
   // A peer may have moved us to ERROR since the last modify.
   attrs_.state = state();
@@ -315,6 +329,7 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
 
 void QueuePair::query(ibv_qp_attr& attr, ibv_qp_init_attr& init) {
   std::lock_guard guard(sq_lock_);
+  if (tgt_ != nullptr) node_.registry().with_tgt_qp(*tgt_, [&](host::TgtQpRecord&) { load_tgt_attributes(); });
   attrs_.state = state();
   std::memset(&attr, 0, sizeof attr);
   query_qp_attributes(attrs_, attr);

@@ -27,6 +27,10 @@
 #include "link/link.hpp"
 #include "transport/completer.hpp"
 
+namespace softhca::host {
+struct TgtQpRecord;
+}
+
 namespace softhca::engine {
 
 class CompletionQueue;
@@ -62,6 +66,12 @@ class QueuePair {
  public:
   // `pd` is nullptr only for XRC_RECV QPs.
   static Result<QueuePair*> create(Context& context, ProtectionDomain* pd, QpInitAttr& init);
+  // ibv_open_qp: another handle to the XRC_RECV (TGT) QP `qpn` of domain
+  // `xrcd`, which any process of the host may have created. A TGT QP is the
+  // host's (host::TgtQpRecord): every handle modifies, queries and gets the
+  // events of the same QP, which lives while any handle does
+  // (engine/qp/tgt_qp.cpp).
+  static Result<QueuePair*> open(Context& context, XrcDomain& xrcd, uint32_t qpn);
   ~QueuePair();
 
   Result<void> modify(const ibv_qp_attr& attr, int mask);
@@ -76,6 +86,10 @@ class QueuePair {
   uint64_t next_deadline();
   // The progress thread relays an event another process raised on this QP.
   void on_remote_event(uint32_t detail);
+  // A TGT QP's handle: another handle changed which one serves the QP's
+  // peer on another host, or the QP's state; this handle opens or drops its
+  // udp channel to match (the progress thread calls it).
+  void sync_tgt_channel();
 
   uint32_t qpn() const { return qpn_; }
   ibv_qp_type type() const { return init_.type; }
@@ -147,6 +161,14 @@ class QueuePair {
   void reset_queues_locked();
   void publish_responder_state();
   void raise_event(ibv_event_type type);
+  // TGT QPs (tgt_qp.cpp): the attributes are the host record's, read and
+  // written under the registry mutex; the udp channel is the serving handle's.
+  Result<void> create_tgt(Node& node);
+  Result<void> modify_tgt(const ibv_qp_attr& attr, int mask);
+  void load_tgt_attributes();   // under the registry mutex
+  void store_tgt_attributes();  // under the registry mutex
+  bool serves_tgt() const;      // under the registry mutex
+  void leave_tgt();
   bool signaled(const SendWqe& wqe) const;
   // This QP's counters and its port's (this process's share of them).
   CounterSink counters() const;
@@ -160,6 +182,8 @@ class QueuePair {
   uint32_t id_ = 0;
   uint64_t shared_offset_ = 0;
   host::SharedQp* shared_ = nullptr;
+  // A TGT QP's record in the host registry (its shared_ is in it), else nullptr.
+  host::TgtQpRecord* tgt_ = nullptr;
   uint64_t rq_offset_ = 0;
   uint64_t rq_bytes_ = 0;
   host::SharedRq* rq_ = nullptr;

@@ -55,7 +55,7 @@ class ShmChannel final : public link::Channel {
       ShmResponderPort port(host_, target_);
       const transport::Response response = transport::respond(request, port, reliable_);
       transport::count_sent_answer(
-          CounterSink(&target_.qp->counters, &host_.registry().process_counters(target_.proc)),
+          CounterSink(&target_.qp->counters, &host_.registry().process_counters(counted_proc(target_, host_.proc()))),
           response.syndrome.answer);
       return response;
     }

@@ -73,7 +73,8 @@ bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
   // succeed: only a live owner's memory is reached this way. (Else the
   // process_vm path answers ESRCH and the operation is lost, as with a NIC
   // whose peer went away.)
-  if (!reinterpret_cast<const host::SegmentHeader*>(owner.base)->owner_running()) return false;
+  if (owner.base == nullptr || !reinterpret_cast<const host::SegmentHeader*>(owner.base)->owner_running())
+    return false;
   for (int i = 0; i < n; ++i) {
     const uint64_t addr = reinterpret_cast<uint64_t>(target[i].iov_base);
     const host::MrRecord* mr = keys_.holding(addr, target[i].iov_len);
@@ -117,7 +118,9 @@ bool ShmResponderPort::invalidate(uint32_t rkey) {
   // The owner's registry entry changes here, in whichever process runs the
   // responder; the owner's poll of the completion fences the accesses that
   // may have validated the key before (CompletionQueue::poll).
-  return host_.registry().invalidate_window(rkey, target_.proc, target_.qp->pd_id).has_value();
+  // (An XRC message's window is in its SRQ's process and PD.)
+  const uint32_t pd_id = xrc_srq_ != nullptr ? xrc_srq_->pd_id : target_.qp->pd_id;
+  return host_.registry().invalidate_window(rkey, data_->proc, pd_id).has_value();
 }
 
 // The SRQ must be published under `srqn` now and belong to the QP's domain;
@@ -130,10 +133,17 @@ std::optional<uint32_t> ShmResponderPort::select_xrc_srq(uint32_t srqn) {
     return std::nullopt;
   }
   if (srqn == 0 || target_.qp->qp_type != IBV_QPT_XRC_RECV || !resolve(host_, srqn, xrc_owner_)) return std::nullopt;
+  // An earlier try on this port (the udp link binds a packet to its SRQ,
+  // then the responder asks again) announced a process: one at a time.
+  if (xrc_access_ != host::HostRegistry::kNoAccessSlot) {
+    host_.registry().end_access(host_.proc(), xrc_access_);
+    xrc_access_ = host::HostRegistry::kNoAccessSlot;
+  }
   if (xrc_owner_.proc != target_.proc) {
-    // The SRQ's process too must be announced before its record is read;
-    // without waiting, since this thread already holds a slot (no free one:
-    // the message is not taken now, and the requester sends it again).
+    // The SRQ's process too must be announced before its record is read
+    // (a TGT QP's own announcement names the host, kHostOwned); without
+    // waiting, since this thread already holds a slot (no free one: the
+    // message is not taken now, and the requester sends it again).
     xrc_access_ = host_.registry().try_begin_access(host_.proc(), xrc_owner_.proc);
     if (xrc_access_ == host::HostRegistry::kNoAccessSlot) return std::nullopt;
   }
@@ -286,7 +296,7 @@ void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
   if (target_.qp->qp_type == IBV_QPT_XRC_RECV && xrc_srq_ == nullptr) return;
   if (c.status == IBV_WC_SUCCESS) {
     target_.qp->counters.add(Counter::kRdmaRecvs);
-    host_.registry().process_counters(target_.proc).add(Counter::kRdmaRecvs);
+    host_.registry().process_counters(data_->proc).add(Counter::kRdmaRecvs);
   }
   host::Cqe cqe{};
   cqe.wr_id = c.wr_id;
@@ -358,8 +368,19 @@ bool ShmResponderPort::requester_range(uint32_t requester_qpn, uint64_t va, uint
 }
 
 void ShmResponderPort::raise(uint32_t detail) {
-  host_.notify(target_.proc, target_.pid,
-               host::Event{static_cast<uint32_t>(host::EventKind::kQpAsync), target_.qp->owner_qp_id, detail, 0});
+  if (target_.proc != host::kHostOwned) {
+    host_.notify(target_.proc, target_.pid,
+                 host::Event{static_cast<uint32_t>(host::EventKind::kQpAsync), target_.qp->owner_qp_id, detail, 0});
+    return;
+  }
+  // A TGT QP's events go to every handle to it, in every process.
+  const host::TgtQpRecord* record = host_.registry().tgt_qp(target_.qpn);
+  if (record == nullptr) return;
+  host::TgtHandle holders[host::kMaxTgtHolders];
+  const uint32_t n = host_.registry().tgt_holders(*record, holders);
+  for (uint32_t i = 0; i < n; ++i)
+    host_.notify(holders[i].proc, holders[i].pid,
+                 host::Event{static_cast<uint32_t>(host::EventKind::kQpAsync), holders[i].qp_id, detail, 0});
 }
 
 // The responder QP moves to ERROR; its owner flushes it and reports `event`.
@@ -387,6 +408,8 @@ void ShmResponderPort::established() {
 // asked on those slow paths (it reads /proc). By pid: once the dead peer's
 // registry slot is reclaimed, a new process may hold the same slot.
 bool ShmResponderPort::gone() {
+  // A TGT QP is the host's: it is there while any handle to it is.
+  if (target_.proc == host::kHostOwned) return false;
   return target_.proc != host_.proc() && !host_.registry().process_alive(target_.proc, target_.pid);
 }
 

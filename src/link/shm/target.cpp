@@ -14,6 +14,14 @@ bool resolve(host::Attachment& host, uint32_t qpn, TargetQp& out) {
   // The slot may have been released and reused between the reads above.
   if (host.registry().find_qp(qpn) != slot || slot->incarnation.load(std::memory_order_acquire) != incarnation)
     return false;
+  if (proc == host::kHostOwned) {
+    // A TGT QP: its record is in the registry, and it has no memory or
+    // queues of its own (each message names the SRQ that has them).
+    host::TgtQpRecord* record = host.registry().tgt_qp(qpn);
+    if (record == nullptr) return false;
+    out = TargetQp{&record->shared, slot, incarnation, nullptr, 0, proc, qpn};
+    return true;
+  }
   char* base = host.segment_base(proc);
   if (base == nullptr) return false;
   out = TargetQp{reinterpret_cast<host::SharedQp*>(base + offset), slot, incarnation, base, host.pid_of(proc), proc, qpn};

@@ -17,9 +17,9 @@ struct TargetQp {
   // segment memory it had, which may hold another object by now.
   const host::QpSlot* slot = nullptr;
   uint64_t incarnation = 0;
-  char* base = nullptr;  // the target's segment in our address space
-  uint32_t pid = 0;
-  uint32_t proc = 0;
+  char* base = nullptr;  // the target's segment in our address space (nullptr: a TGT QP)
+  uint32_t pid = 0;      // 0 for a TGT QP, whose record is the host's
+  uint32_t proc = 0;     // host::kHostOwned for a TGT QP
   uint32_t qpn = 0;
   // The owner's backing file as mapped here (Attachment::backing_view),
   // kept with the target so that an operation does not look it up: the
@@ -40,6 +40,12 @@ bool resolve(host::Attachment& host, uint32_t qpn, TargetQp& out);
 inline bool still_there(const TargetQp& target) {
   return target.slot->qpn.load(std::memory_order_seq_cst) == target.qpn &&
          target.slot->incarnation.load(std::memory_order_acquire) == target.incarnation;
+}
+
+// Whose share of the port's counters the target's answers add to: its
+// owner's, or, for a TGT QP (the host's), the initiating process's `self`.
+inline uint32_t counted_proc(const TargetQp& target, uint32_t self) {
+  return target.proc == host::kHostOwned ? self : target.proc;
 }
 
 // Announces that this thread is about to reach the target's process: its

@@ -207,9 +207,12 @@ class UdpLink final : public link::Link {
     const uint64_t one = 1;
     if (wake_fd_ >= 0) [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
   }
-  void forget(uint32_t qpn) {
+  // A channel closes: its QPN's entry goes, unless another channel of the
+  // QPN replaced it since (two handles of one TGT QP, the newer serving).
+  void forget(uint32_t qpn, const ChannelState* state) {
     std::lock_guard guard(mutex_);
-    channels_.erase(qpn);
+    auto it = channels_.find(qpn);
+    if (it != channels_.end() && it->second.get() == state) channels_.erase(it);
   }
 
  private:
@@ -488,7 +491,7 @@ class UdpChannel final : public link::Channel {
       std::lock_guard guard(state_->mutex);
       state_->closed = true;
     }
-    link_.forget(state_->config.local_qpn);
+    link_.forget(state_->config.local_qpn, state_.get());
   }
 
   transport::Response deliver(const transport::Request& request, uint32_t position) override {
@@ -809,7 +812,22 @@ UdpLink::HandOffPeer* UdpLink::handoff_peer(uint32_t pid) {
 UdpLink::HandOff UdpLink::hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes) {
   const host::QpSlot* slot = host_.registry().find_qp(qpn);
   if (slot == nullptr) return HandOff::kNobodys;
-  return hand_off_to(slot->proc.load(std::memory_order_relaxed), qpn, from, bytes);
+  const uint32_t proc = slot->proc.load(std::memory_order_relaxed);
+  if (proc != host::kHostOwned) return hand_off_to(proc, qpn, from, bytes);
+  // A TGT QP: to the process of the handle that serves its peer.
+  const auto server = host_.registry().tgt_server(qpn);
+  const HandOff result = server ? hand_off_to(server->proc, qpn, from, bytes) : HandOff::kNobodys;
+  // (Ours: the channel is on its way, after a kTgtSync.)
+  if (result == HandOff::kHanded || (server && server->proc == host_.proc())) return result;
+  // Nobody took it: the serving process may have died or left without
+  // closing its handle. Another live handle takes over; this packet is
+  // lost, and the requester's retransmission finds the new server.
+  if (auto elected = host_.registry().elect_tgt_server(qpn)) {
+    SOFTHCA_DEBUG("udp link: tgt qp 0x%x is served by process %u now", qpn, elected->pid);
+    host_.notify(elected->proc, elected->pid,
+                 host::Event{static_cast<uint32_t>(host::EventKind::kTgtSync), elected->qp_id, 0, 0});
+  }
+  return result;
 }
 
 UdpLink::HandOff UdpLink::hand_off_to(uint32_t proc, uint32_t qpn, const Received& from,
@@ -982,11 +1000,18 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
       FlowSink sink(FlowSink::Answers{}, *this, from.dst, from.src, state->config.traffic_class,
                     state->config.hop_limit, state->counters);
       shm::TargetQp self;
-      if (!shm::resolve(host_, state->config.local_qpn, self) || self.proc != host_.proc()) return;
+      // Ours, or a TGT QP (the host's) whose serving handle is ours.
+      if (!shm::resolve(host_, state->config.local_qpn, self) ||
+          (self.proc != host_.proc() && self.proc != host::kHostOwned))
+        return;
       shm::MemoryAccess access(host_, self.proc);
       if (!shm::still_there(self)) return;
       shm::ShmResponderPort port(host_, self);
       state->responder.on_request(packet, port, sink);
+      // Where another handle would take the peer over (QueuePair::sync_tgt_channel).
+      if (self.proc == host::kHostOwned)
+        self.qp->resume_psn.store(host::SharedQp::kResumeValid | state->responder.expected_psn(),
+                                  std::memory_order_relaxed);
     }
   }
   if (answers && state->config.on_answers) state->config.on_answers();
