@@ -345,7 +345,7 @@ void QueuePair::query(ibv_qp_attr& attr, ibv_qp_init_attr& init) {
 }
 
 void QueuePair::raise_event(ibv_event_type type) {
-  context_.raise_async_event(AsyncEvent{type, handle, 0});
+  context_.raise_async_event(AsyncEvent{type, handle.load(std::memory_order_acquire), 0});
 }
 
 bool QueuePair::signaled(const SendWqe& wqe) const {

@@ -106,7 +106,11 @@ class QueuePair {
   Result<void> attach_multicast(const uint8_t* mgid);
   Result<void> detach_multicast(const uint8_t* mgid);
 
-  void* handle = nullptr;  // the application's ibv_qp
+  // The application's ibv_qp, set once the verb that made the QP returns to
+  // it. Atomic: another process may raise an event on the QP (a TGT QP's
+  // handles get them all) before this process does anything with it, and
+  // the progress thread reads it then.
+  std::atomic<void*> handle{nullptr};
   EventCounters async_events;
   // The flows steering frames to this QP (engine/flow.hpp): ibv_destroy_qp
   // refuses (EBUSY) while any is attached, as the kernel does.
