@@ -54,6 +54,8 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
 CompletionQueue::~CompletionQueue() {
   Node& node = context_.node();
   if (id_ != 0) node.cqs().remove(id_);
+  // What a relay raised after ibv_destroy_cq's forget_events (see ~QueuePair).
+  if (handle != nullptr) context_.forget_events(handle);
   if (channel_) {
     channel_->forget(*this);
     channel_->detach();

@@ -54,10 +54,11 @@ Context::~Context() {
 }
 
 void Context::raise_async_event(const AsyncEvent& event) {
-  {
-    std::lock_guard guard(mutex_);
-    events_.push_back(event);
-  }
+  // The count goes up under the lock too: forget_events, which takes an
+  // event and its count back, must never run between the two (it found no
+  // count to take, and the fd then stayed readable with no event behind it).
+  std::lock_guard guard(mutex_);
+  events_.push_back(event);
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(async_fd_, &one, sizeof one);
 }

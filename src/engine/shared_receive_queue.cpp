@@ -107,6 +107,8 @@ SharedReceiveQueue::~SharedReceiveQueue() {
   if (tag_list_offset_) node.segment().release(tag_list_offset_, tag_list_bytes_);
   if (record_offset_) node.segment().release(record_offset_, sizeof(host::SharedQp));
   if (id_) node.srqs().remove(id_);
+  // What a relay raised after ibv_destroy_srq's forget_events (see ~QueuePair).
+  if (handle != nullptr) pd_.context().forget_events(handle);
   if (shared_offset_) node.segment().release(shared_offset_, shared_bytes_);
   if (counted_) node.srq_quota().give_back();
   if (shared_) pd_.detach();

@@ -2,7 +2,9 @@
 // as an async event, and shared receive queues (sharing, the limit event).
 #include <fcntl.h>
 
+#include <memory>
 #include <set>
+#include <vector>
 
 #include "loopback.hpp"
 
@@ -264,6 +266,41 @@ TEST(AsyncEvent, CommEstablishedOnFirstReceiveInRtr) {
   EXPECT_EQ(ibv_destroy_qp(a), 0);
   EXPECT_EQ(ibv_destroy_qp(b), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// A QP destroyed right after a peer's error put it in ERROR: the event that
+// reports it travels through the process's event ring and the progress
+// thread, and may be relayed while ibv_destroy_qp runs. It must not stay
+// queued naming the freed QP (ibv_get_async_event then read freed memory:
+// the memory window tests hung on a freed mutex now and then), and an
+// event dropped with its QP must take its count on async_fd with it.
+TEST(AsyncEvent, NoEventOutlivesAQpDestroyedWhileItsErrorIsRelayed) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  Buffer local(dev.pd, 64), target(dev.pd, 64, IBV_ACCESS_LOCAL_WRITE);  // no remote access
+  constexpr int kPairs = 16;
+  for (int round = 0; round < 150; ++round) {
+    std::vector<std::unique_ptr<QpPair>> pairs;
+    for (int i = 0; i < kPairs; ++i) {
+      pairs.push_back(std::make_unique<QpPair>(dev, QpConfig{}));
+      ASSERT_TRUE(pairs.back()->ok());
+    }
+    // Every b goes to ERROR at once; their QP_ACCESS_ERRs queue up for the
+    // progress thread, which relays them while the QPs are destroyed.
+    for (auto& pair : pairs) {
+      ibv_sge sge = local.sge(0, 64);
+      ibv_send_wr wr = make_wr(1, IBV_WR_RDMA_WRITE, &sge, 1);
+      wr.wr.rdma.remote_addr = target.addr();
+      wr.wr.rdma.rkey = target.rkey();
+      ASSERT_EQ(post_send(pair->a, wr), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_one(pair->a_send_cq, &wc));
+      ASSERT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
+    }
+    for (auto& pair : pairs) pair->destroy_b();
+  }
+  // Whatever was raised for them was dropped with them.
+  EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{50}));
 }
 
 // ---------------------------------------------------------------------------

@@ -236,6 +236,11 @@ QueuePair::~QueuePair() {
   // again; only then leave the waiting list, for good.
   // (id 0: creation failed before the QP got one; 0 must never enter the free list.)
   if (id_ != 0) node.qps().remove(id_);
+  // An event the progress thread relayed between ibv_destroy_qp's
+  // forget_events and the line above would name freed memory once we are
+  // gone (the application polled it and crashed, or hung on a freed
+  // mutex): no relay reaches us now, so drop what it left.
+  if (void* h = handle.load(std::memory_order_acquire)) context_.forget_events(h);
   node.remove_waiting(this);
   // Only a QP that was created in full holds its PD, CQs and SRQ (a failed
   // create must not drop references it never took: the PD would count one
