@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <initializer_list>
 
 #include "loopback.hpp"
 #include "xrc.hpp"
@@ -19,6 +20,28 @@ namespace {
 using loopback::Buffer;
 using loopback::Device;
 using namespace loopback::xrc;
+
+// Destroys what an XRC test made (each null one is skipped), everything
+// before what it holds, and checks that each goes.
+void destroy_xrc_objects(ibv_qp* ini, ibv_qp* tgt, ibv_srq* srq, ibv_cq* cq,
+                         std::initializer_list<ibv_xrcd*> domains) {
+  for (ibv_qp* qp : {ini, tgt}) {
+    if (qp) {
+      EXPECT_EQ(ibv_destroy_qp(qp), 0);
+    }
+  }
+  if (srq) {
+    EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  }
+  for (ibv_xrcd* xrcd : domains) {
+    if (xrcd) {
+      EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
+    }
+  }
+  if (cq) {
+    EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  }
+}
 
 // One XRC domain with an SRQ and a TGT QP, and an INI QP connected to that
 // TGT QP, all in this process.
@@ -45,23 +68,7 @@ class XrcTest : public ::testing::Test {
     ASSERT_EQ(to_rtr(ini, tgt->qp_num, dev.gid, false), 0);
     ASSERT_EQ(ini_to_rts(ini), 0);
   }
-  void TearDown() override {
-    if (ini) {
-      EXPECT_EQ(ibv_destroy_qp(ini), 0);
-    }
-    if (tgt) {
-      EXPECT_EQ(ibv_destroy_qp(tgt), 0);
-    }
-    if (srq) {
-      EXPECT_EQ(ibv_destroy_srq(srq), 0);
-    }
-    if (xrcd) {
-      EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
-    }
-    if (cq) {
-      EXPECT_EQ(ibv_destroy_cq(cq), 0);
-    }
-  }
+  void TearDown() override { destroy_xrc_objects(ini, tgt, srq, cq, {xrcd}); }
 
   int post_srq_recv(uint64_t wr_id, ibv_sge sge) { return loopback::xrc::post_srq_recv(srq, wr_id, sge); }
 
@@ -364,24 +371,7 @@ class XrcOpenQp : public ::testing::Test {
   void TearDown() override {
     loopback::drain_async_events(a.ctx);
     loopback::drain_async_events(b.ctx);
-    if (ini) {
-      EXPECT_EQ(ibv_destroy_qp(ini), 0);
-    }
-    if (tgt) {
-      EXPECT_EQ(ibv_destroy_qp(tgt), 0);
-    }
-    if (srq) {
-      EXPECT_EQ(ibv_destroy_srq(srq), 0);
-    }
-    if (cq) {
-      EXPECT_EQ(ibv_destroy_cq(cq), 0);
-    }
-    if (xa) {
-      EXPECT_EQ(ibv_close_xrcd(xa), 0);
-    }
-    if (xb) {
-      EXPECT_EQ(ibv_close_xrcd(xb), 0);
-    }
+    destroy_xrc_objects(ini, tgt, srq, cq, {xa, xb});
     if (fd >= 0) close(fd);
   }
 

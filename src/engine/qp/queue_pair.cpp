@@ -271,20 +271,25 @@ void QueuePair::publish_responder_state() {
   s.max_dest_rd_atomic.store(attrs_.max_dest_rd_atomic, std::memory_order_relaxed);
 }
 
-Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
-  if (tgt_ != nullptr) return modify_tgt(attr, mask);
-  std::lock_guard sq_guard(sq_lock_);
-  // A peer may have moved us to ERROR since the last modify.
-  attrs_.state = state();
+Result<void> QueuePair::check_modify_locked(const ibv_qp_attr& attr, int mask) const {
   QpModifyContext ctx = make_modify_context(init_.type, attrs_);
   const DeviceInfo& device = device_info();
   ctx.gid_table_len = limits::kGidTableLen;
   ctx.populated_gids = 0;
   for (uint32_t i = 0; i < device.gids.size() && i < 64; ++i) ctx.populated_gids |= uint64_t{1} << i;
-  if (auto ok = check_modify_qp(ctx, attr, mask); !ok) {
-    SOFTHCA_DEBUG("modify_qp on qp 0x%x in state %s rejected (mask 0x%x)", qpn_, qp_state_name(attrs_.state), mask);
-    return ok;
-  }
+  auto ok = check_modify_qp(ctx, attr, mask);
+  if (!ok)
+    SOFTHCA_DEBUG("modify_qp on %sqp 0x%x in state %s rejected (mask 0x%x)", tgt_ ? "tgt " : "", qpn_,
+                  qp_state_name(attrs_.state), mask);
+  return ok;
+}
+
+Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
+  if (tgt_ != nullptr) return modify_tgt(attr, mask);
+  std::lock_guard sq_guard(sq_lock_);
+  // A peer may have moved us to ERROR since the last modify.
+  attrs_.state = state();
+  if (auto ok = check_modify_locked(attr, mask); !ok) return ok;
   if (init_.srq != nullptr && init_.srq->tag_list() != nullptr && (mask & IBV_QP_STATE) &&
       attr.qp_state == IBV_QPS_RTR && attrs_.state != IBV_QPS_RTR) {
     // Tag matching runs where the whole message is at hand: the shm link.

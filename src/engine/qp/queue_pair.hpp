@@ -164,6 +164,8 @@ class QueuePair {
   void flush_recv();
   void reset_queues_locked();
   void publish_responder_state();
+  // check_modify_qp against this QP's attributes and the device (under sq_lock_).
+  Result<void> check_modify_locked(const ibv_qp_attr& attr, int mask) const;
   void raise_event(ibv_event_type type);
   // TGT QPs (tgt_qp.cpp): the attributes are the host record's, read and
   // written under the registry mutex; the udp channel is the serving handle's.

@@ -14,7 +14,6 @@
 #include <type_traits>
 
 #include "common/log.hpp"
-#include "engine/device/device_info.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "engine/xrc_domain.hpp"
 #include "host/attachment.hpp"
@@ -118,16 +117,7 @@ Result<void> QueuePair::modify_tgt(const ibv_qp_attr& attr, int mask) {
   bool serve = false;
   auto changed = registry.with_tgt_qp(*tgt_, [&](host::TgtQpRecord&) -> Result<void> {
     load_tgt_attributes();
-    QpModifyContext ctx = make_modify_context(init_.type, attrs_);
-    const DeviceInfo& device = device_info();
-    ctx.gid_table_len = limits::kGidTableLen;
-    ctx.populated_gids = 0;
-    for (uint32_t i = 0; i < device.gids.size() && i < 64; ++i) ctx.populated_gids |= uint64_t{1} << i;
-    if (auto ok = check_modify_qp(ctx, attr, mask); !ok) {
-      SOFTHCA_DEBUG("modify_qp on tgt qp 0x%x in state %s rejected (mask 0x%x)", qpn_, qp_state_name(attrs_.state),
-                    mask);
-      return ok;
-    }
+    if (auto ok = check_modify_locked(attr, mask); !ok) return ok;
     const ibv_qp_state from = attrs_.state;
     apply_modify_qp(attrs_, attr, mask, init_.type);
     const ibv_qp_state to = attrs_.state;
