@@ -714,6 +714,63 @@ TEST(DestroyFenceThreads, SenderThreadNeverReachesADestroyedQp) {
   EXPECT_EQ(ibv_destroy_qp(reborn), 0);
 }
 
+// A TGT QP with two handles, an INI QP writing through it non-stop (a WRITE
+// to an XRC TGT QP lands in memory of the named SRQ's PD): the creator's
+// handle goes and the writes go on; the last handle goes and, once
+// ibv_destroy_qp returned, no write lands any more (the host's TGT QP
+// waits out the initiators inside it, as a process's QP does).
+TEST(DestroyFenceThreads, NoWriteLandsThroughATgtQpAfterItsLastHandleGoes) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_xrcd* xrcd = xrc::open_xrcd(dev.ctx, -1, O_CREAT);
+  ASSERT_NE(xrcd, nullptr);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_srq* srq = xrc::create_xrc_srq(dev.ctx, dev.pd, xrcd, cq);
+  ibv_qp* tgt = xrc::create_tgt(dev.ctx, xrcd);
+  ibv_qp* ini = xrc::create_ini(dev.ctx, dev.pd, cq);
+  ASSERT_TRUE(srq != nullptr && tgt != nullptr && ini != nullptr);
+  const uint32_t qpn = tgt->qp_num;
+  ibv_qp* opened = xrc::open_tgt(dev.ctx, xrcd, qpn);
+  ASSERT_NE(opened, nullptr) << "errno " << errno;
+  uint32_t srqn = 0;
+  ASSERT_EQ(ibv_get_srq_num(srq, &srqn), 0);
+  ASSERT_EQ(xrc::to_init(tgt, IBV_ACCESS_REMOTE_WRITE), 0);
+  ASSERT_EQ(xrc::to_rtr(tgt, ini->qp_num, dev.gid, true), 0);
+  ASSERT_EQ(xrc::to_init(ini, 0), 0);
+  ASSERT_EQ(xrc::to_rtr(ini, qpn, dev.gid, false), 0);
+  ASSERT_EQ(xrc::ini_to_rts(ini), 0);
+  constexpr size_t kLen = 64 * 1024;
+  Buffer target(dev.pd, kLen), src(dev.pd, kLen, Buffer::kAllAccess, kWritten);
+  ibv_sge sge = src.sge(0, kLen);
+  ibv_send_wr wr = make_wr(0, IBV_WR_RDMA_WRITE, &sge, 1);
+  wr.wr.rdma.remote_addr = target.addr();
+  wr.wr.rdma.rkey = target.rkey();
+  wr.qp_type.xrc.remote_srqn = srqn;
+  {
+    PostingThread writer(ini, cq, wr);
+    ASSERT_TRUE(writer.got_going()) << "the writer did not get going";
+    ASSERT_EQ(ibv_destroy_qp(tgt), 0);  // the creator's handle: the QP stays
+    const int before = writer.completed.load();
+    const auto until = Clock::now() + kDeadline;
+    while (writer.completed.load() < before + 10 && Clock::now() < until) std::this_thread::yield();
+    ASSERT_GE(writer.completed.load(), before + 10) << "the writes stopped with the creator's handle";
+    ASSERT_EQ(ibv_destroy_qp(opened), 0);  // the last one
+    std::memset(target.data(), kReused, kLen);
+    writer.join();
+    EXPECT_EQ(writer.last_status.load(), IBV_WC_RETRY_EXC_ERR) << "the writer's first WRITE after destroy";
+  }
+  EXPECT_EQ(first_not(target.span(0, kLen), kReused), -1) << "a WRITE landed after the last handle went";
+  errno = 0;
+  EXPECT_EQ(xrc::open_tgt(dev.ctx, xrcd, qpn), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  drain_async_events(dev.ctx);
+  EXPECT_EQ(ibv_destroy_qp(ini), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
+}
+
 // ---------------------------------------------------------------------------
 // A stale connection does not reach a new QP that took its peer's QPN. QPNs
 // come back after some 65,000 creations; on RoCE the responder's PSN check
