@@ -2,6 +2,7 @@
 // event verbs. The op tables follow rdma-core's rule: every slot an inline verb
 // calls without a NULL check holds a working function.
 #include <pthread.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -116,6 +117,8 @@ ibv_context* ibv_open_device(ibv_device* device) {
 
 // Another context onto the same device context (in this process: a dup of
 // its cmd_fd), sharing its objects: ibv_import_pd / _mr / _dm find them.
+// As in rdma-core, the fd passes to the new context: it is its cmd_fd, and
+// ibv_close_device closes it.
 ibv_context* ibv_import_device(int cmd_fd) {
   return pointer_verb([&]() -> ibv_context* {
     auto ctx = engine::Context::import(cmd_fd);
@@ -123,7 +126,12 @@ ibv_context* ibv_import_device(int cmd_fd) {
       errno = to_errno(ctx.error());
       return nullptr;
     }
-    return make_context_handle(&device_handle().device, *ctx);
+    ibv_context* c = make_context_handle(&device_handle().device, *ctx);
+    // The application's fd is this context's now: it shows as cmd_fd and
+    // ibv_close_device closes it.
+    to_context_handle(c)->imported_fd = cmd_fd;
+    c->cmd_fd = cmd_fd;
+    return c;
   });
 }
 
@@ -133,6 +141,7 @@ int ibv_close_device(ibv_context* context) {
     if (h == nullptr) return EINVAL;
     pthread_mutex_destroy(&h->vctx.context.mutex);
     h->impl->release();  // the context lives on while an importer holds it
+    if (h->imported_fd >= 0) ::close(h->imported_fd);
     delete h;
     return 0;
   });

@@ -52,6 +52,10 @@ inline constexpr unsigned kDeviceMagic = 0x50f7c0deu;
 struct ContextHandle {
   verbs_context vctx;
   engine::Context* impl;
+  // An imported context's cmd_fd: the dup the application handed to
+  // ibv_import_device, which ibv_close_device closes (rdma-core's rule);
+  // -1 for an opened one, whose fd the engine context owns.
+  int imported_fd = -1;
 };
 static_assert(offsetof(ContextHandle, vctx) == 0);
 

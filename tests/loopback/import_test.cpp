@@ -1,5 +1,6 @@
 // Importing objects (ibv_import_device / _pd / _mr / _dm): a context opened
-// on a dup of another's cmd_fd shares that context's objects, in one process.
+// on a dup of another's cmd_fd shares that context's objects, in one process,
+// and owns that fd (ibv_close_device closes it, as rdma-core's does).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@ TEST(Import, ADupOfCmdFdOpensTheSameContextWithItsObjects) {
   ASSERT_GE(fd, 0);
   ibv_context* imported = ibv_import_device(fd);
   ASSERT_NE(imported, nullptr) << "errno " << errno;
+  EXPECT_EQ(imported->cmd_fd, fd);  // the fd it was given is its own now
   ibv_pd* pd = ibv_import_pd(imported, dev.pd->handle);
   ASSERT_NE(pd, nullptr) << "errno " << errno;
   ibv_mr* mr2 = ibv_import_mr(pd, mr->handle);
@@ -61,22 +63,28 @@ TEST(Import, ADupOfCmdFdOpensTheSameContextWithItsObjects) {
   EXPECT_EQ(seen, word);
   EXPECT_EQ(ibv_free_dm(dm), 0);
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
-  // Either context may close first; the other goes on.
+  // Either context may close first; the other goes on. Closing the
+  // imported one closed the fd it was given (rdma-core's rule), and only it.
   EXPECT_EQ(ibv_close_device(imported), 0);
+  errno = 0;
+  EXPECT_EQ(::fcntl(fd, F_GETFD), -1);
+  EXPECT_EQ(errno, EBADF);
+  EXPECT_GE(::fcntl(dev.ctx->cmd_fd, F_GETFD), 0);
   ibv_cq* cq = ibv_create_cq(dev.ctx, 4, nullptr, nullptr, 0);
   ASSERT_NE(cq, nullptr);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
-  ::close(fd);
 }
 
 TEST(Import, TheImporterOutlivesTheOpener) {
   int fd = -1;
+  int kept = -1;  // another dup, for after the importer closed its own
   ibv_context* imported = nullptr;
   {
     Device dev;
     ASSERT_TRUE(dev.ok());
     fd = ::dup(dev.ctx->cmd_fd);
-    ASSERT_GE(fd, 0);
+    kept = ::dup(dev.ctx->cmd_fd);
+    ASSERT_TRUE(fd >= 0 && kept >= 0);
     imported = ibv_import_device(fd);
     ASSERT_NE(imported, nullptr);
   }
@@ -87,11 +95,30 @@ TEST(Import, TheImporterOutlivesTheOpener) {
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
   EXPECT_EQ(ibv_close_device(imported), 0);
-  // Closed everywhere: its cmd_fd names no context any more.
+  // Closed everywhere: its file names no context any more.
   errno = 0;
-  EXPECT_EQ(ibv_import_device(fd), nullptr);
+  EXPECT_EQ(ibv_import_device(kept), nullptr);
   EXPECT_EQ(errno, ENXIO);
-  ::close(fd);
+  ::close(kept);
+}
+
+// pyverbs imports a dup of cmd_fd and closes the context, never the fd:
+// importing and closing many times leaves no fd behind.
+TEST(Import, ClosingAnImportedContextClosesItsFd) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  const int probe_before = ::dup(0);
+  ASSERT_GE(probe_before, 0);
+  ::close(probe_before);
+  for (int i = 0; i < 100; ++i) {
+    ibv_context* imported = ibv_import_device(::dup(dev.ctx->cmd_fd));
+    ASSERT_NE(imported, nullptr) << "errno " << errno;
+    ASSERT_EQ(ibv_close_device(imported), 0);
+  }
+  // The lowest free fd number is the same as before: nothing leaked.
+  const int probe_after = ::dup(0);
+  EXPECT_EQ(probe_after, probe_before);
+  ::close(probe_after);
 }
 
 TEST(Import, AnyOtherFileIsNoContext) {
