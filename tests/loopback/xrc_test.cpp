@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <vector>
 
 #include "loopback.hpp"
 #include "xrc.hpp"
@@ -528,6 +529,31 @@ TEST_F(XrcOpenQp, TheKernelsRulesAreEinval) {
   ibv_send_wr wr = loopback::make_wr(1, IBV_WR_SEND, &sge, 1);
   EXPECT_EQ(loopback::post_send(opened, wr), EINVAL);
   EXPECT_EQ(ibv_destroy_qp(opened), 0);
+}
+
+// A TGT QP takes 32 handles (its creator's included): the next open is
+// ENOMEM, as a device out of resources answers, until one goes.
+TEST_F(XrcOpenQp, HandlesAreBoundedAndComeBack) {
+  qpn = tgt->qp_num;
+  std::vector<ibv_qp*> handles;
+  for (int i = 1; i < 32; ++i) {
+    ibv_qp* h = open_tgt(i % 2 ? b.ctx : a.ctx, i % 2 ? xb : xa, qpn);
+    ASSERT_NE(h, nullptr) << "handle " << i << ": errno " << errno;
+    handles.push_back(h);
+  }
+  errno = 0;
+  EXPECT_EQ(open_tgt(b.ctx, xb, qpn), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  ASSERT_EQ(ibv_destroy_qp(handles.back()), 0);
+  handles.pop_back();
+  ibv_qp* again = open_tgt(b.ctx, xb, qpn);
+  ASSERT_NE(again, nullptr) << "errno " << errno;
+  handles.push_back(again);
+  for (ibv_qp* h : handles) EXPECT_EQ(ibv_destroy_qp(h), 0);
+  // The creator's handle still holds it.
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  EXPECT_EQ(ibv_query_qp(tgt, &attr, IBV_QP_STATE, &init), 0);
 }
 
 TEST_F(XrcOpenQp, EveryHandleGetsTheQpsErrorEvent) {
