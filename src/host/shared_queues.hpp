@@ -297,9 +297,10 @@ struct SharedRq {
 // The responder-visible state of a QP.
 struct SharedQp {
   std::atomic<uint32_t> state;    // ibv_qp_state; kDestroyed once gone
-  // A TGT QP served over the udp link: kResumeValid | the PSN its responder
-  // expects next, kept by the serving process so that another holder can
-  // take over the peer where it stopped; 0 until a packet arrives.
+  // A TGT QP served over the udp link: kResumeValid | the PSN where its
+  // responder would start again (the next one, or the first of a message
+  // in progress: ResponderFlow::resume_psn), kept by the serving process so
+  // that another holder can take over the peer; 0 until a packet arrives.
   std::atomic<uint32_t> resume_psn;
   uint32_t qpn;
   uint32_t qp_type;               // ibv_qp_type

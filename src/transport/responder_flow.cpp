@@ -217,6 +217,7 @@ void ResponderFlow::send_or_write(const wire::ParsedPacket& packet, ResponderPor
     }
     if (reuse != nullptr) spare_wqe_.reset();
     in_message_ = true;
+    message_start_psn_ = psn;
   } else if (!in_message_ || send != is_send(message_.op)) {
     // A middle or last packet with no message to continue, or continuing
     // one of the other kind (a SEND LAST inside a WRITE would complete a

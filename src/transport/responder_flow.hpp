@@ -38,6 +38,11 @@ class ResponderFlow {
   void on_request(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
 
   uint32_t expected_psn() const { return epsn_; }
+  // Where another responder takes this flow over (an XRC TGT QP's serving
+  // handle changes, engine/qp/tgt_qp.cpp): the first PSN of the SEND or
+  // WRITE in progress, whose earlier packets it never saw and which the
+  // requester sends again whole, else the next PSN.
+  uint32_t resume_psn() const { return in_message_ ? message_start_psn_ : epsn_; }
 
  private:
   // A response opcode: RC's, or for an XRC TGT QP its XRC twin.
@@ -73,6 +78,7 @@ class ResponderFlow {
   uint32_t last_gap_psn_ = 0;  // the PSN of the latest out-of-sequence packet
   uint32_t round_gap_psn_ = 0;  // the one that drew the latest NAK (where its round showed the gap)
   bool in_message_ = false;
+  uint32_t message_start_psn_ = 0;  // the PSN of the message in progress's first packet
   MessageInProgress message_;
   // UC: a receive WQE taken by a message that a gap dropped, for the next one.
   std::optional<ReceiveWqe> spare_wqe_;

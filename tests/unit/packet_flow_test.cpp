@@ -1032,6 +1032,32 @@ TEST_F(PacketFlow, PacketsOfOneRoundSwappedPastAGapDrawNoSecondNak) {
   EXPECT_EQ(responder_->expected_psn(), 0x1002u);
 }
 
+// Where another responder takes the flow over (an XRC TGT QP whose serving
+// handle changes): inside a message, its first PSN, since the new responder
+// never saw its first packets and the requester sends it again whole;
+// between messages, the next PSN.
+TEST_F(PacketFlow, AResponderResumesAtTheStartOfTheMessageInProgress) {
+  start();
+  auto write = [&](uint32_t psn, wire::Opcode op) {
+    wire::ParsedPacket p;
+    p.info = *wire::opcode_info(op);
+    p.headers.bth.opcode = static_cast<uint8_t>(op);
+    p.headers.bth.dest_qpn = kResponderQpn;
+    p.headers.bth.psn = psn;
+    if (op == wire::Opcode::kRcRdmaWriteFirst) p.headers.reth = wire::Reth{kIova, kKey, 3 * kMtu};
+    const std::vector<uint8_t> bytes(kMtu, 1);
+    p.payload = bytes;
+    responder_->on_request(p, port_, to_requester_);
+  };
+  EXPECT_EQ(responder_->resume_psn(), 0x1000u);
+  write(0x1000, wire::Opcode::kRcRdmaWriteFirst);
+  write(0x1001, wire::Opcode::kRcRdmaWriteMiddle);
+  EXPECT_EQ(responder_->expected_psn(), 0x1002u);
+  EXPECT_EQ(responder_->resume_psn(), 0x1000u);
+  write(0x1002, wire::Opcode::kRcRdmaWriteLast);
+  EXPECT_EQ(responder_->resume_psn(), 0x1003u);
+}
+
 TEST_F(PacketFlow, PsnsWrapAt24Bits) {
   start(true, 0xFF'FFF0);
   auto data = pattern(40 * kMtu, 9);

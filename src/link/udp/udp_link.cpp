@@ -1010,7 +1010,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
       state->responder.on_request(packet, port, sink);
       // Where another handle would take the peer over (QueuePair::sync_tgt_channel).
       if (self.proc == host::kHostOwned)
-        self.qp->resume_psn.store(host::SharedQp::kResumeValid | state->responder.expected_psn(),
+        self.qp->resume_psn.store(host::SharedQp::kResumeValid | state->responder.resume_psn(),
                                   std::memory_order_relaxed);
     }
   }
