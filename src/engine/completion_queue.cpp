@@ -70,6 +70,7 @@ CompletionQueue::~CompletionQueue() {
 void CompletionQueue::attach(QueuePair* qp) {
   std::lock_guard guard(poll_lock_);
   users_[qp->qpn()] = qp;
+  last_user_ = nullptr;
 }
 
 void CompletionQueue::detach(QueuePair* qp) {
@@ -79,6 +80,16 @@ void CompletionQueue::detach(QueuePair* qp) {
 
 void CompletionQueue::detach_locked(QueuePair* qp) {
   if (auto it = users_.find(qp->qpn()); it != users_.end() && it->second == qp) users_.erase(it);
+  if (last_user_ == qp) last_user_ = nullptr;
+}
+
+QueuePair* CompletionQueue::user_locked(uint32_t qpn) {
+  if (last_user_ != nullptr && last_user_qpn_ == qpn) return last_user_;
+  auto it = users_.find(qpn);
+  if (it == users_.end()) return nullptr;
+  last_user_qpn_ = qpn;
+  last_user_ = it->second;
+  return last_user_;
 }
 
 void CompletionQueue::attach_xrc_srq(SharedReceiveQueue* srq) {
@@ -110,12 +121,12 @@ void CompletionQueue::retire_locked(host::Cqe& cqe) {
   const bool send = (cqe.flags & host::kCqeSendPosition) != 0;
   const uint32_t position = cqe.src_qp;
   if (send) cqe.src_qp = 0;  // not a field of send completions
-  auto it = users_.find(cqe.qp_num);
-  if (it == users_.end()) return;  // the QP is gone
+  QueuePair* qp = user_locked(cqe.qp_num);
+  if (qp == nullptr) return;  // the QP is gone
   if (send) {
-    it->second->retire_send(position);
+    qp->retire_send(position);
   } else if (cqe.opcode & IBV_WC_RECV) {
-    it->second->retire_recv();
+    qp->retire_recv();
   }
 }
 

@@ -119,6 +119,12 @@ class CompletionQueue {
   // poll: a second one, for this map alone, cost two more locked
   // instructions per ibv_poll_cq).
   std::unordered_map<uint32_t, QueuePair*> users_;
+  // The user the last completion named (most CQs are fed by one QP, or by
+  // a few in turn): a hash lookup per poll cost as much as the CQ's ring.
+  // Cleared whenever users_ changes. Under poll_lock_.
+  QueuePair* last_user_ = nullptr;
+  uint32_t last_user_qpn_ = 0;
+  QueuePair* user_locked(uint32_t qpn);
   std::unordered_map<uint32_t, SharedReceiveQueue*> xrc_srqs_;  // by the SRQ's id (under poll_lock_)
   std::atomic<bool> error_raised_{false};
 };

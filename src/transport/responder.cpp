@@ -400,8 +400,7 @@ ibv_wc_status fill_tagged(MessageInProgress& m, const iovec* from, int nfrom, ui
 // header; RNDV: the sender's range, read), else into an ordinary receive
 // WQE whole (NO_TAG, FIN, a message too short for its header, and
 // unexpected tagged messages, which the unexpected count records).
-Response respond_tagged(const Request& req, ResponderPort& port, TagList& list) {
-  static thread_local MessageInProgress m;
+Response respond_tagged(const Request& req, ResponderPort& port, TagList& list, MessageInProgress& m) {
   unsigned char head[kTmHeaderBytes + kRndvHeaderBytes] = {};
   copy_prefix(req, head, req.length < sizeof head ? req.length : sizeof head);
   const TmHeader tmh = decode_tm_header(std::span<const unsigned char, kTmHeaderBytes>(head, kTmHeaderBytes));
@@ -492,12 +491,20 @@ Response respond_tagged(const Request& req, ResponderPort& port, TagList& list) 
 }  // namespace
 
 Response respond(const Request& req, ResponderPort& port, bool reliable) {
+  // One per thread, reused: the message's arrays (2 KiB of keys, SGEs and
+  // addresses) are read only below their counts, which accept() resets, so
+  // no operation pays for clearing them.
+  static thread_local MessageInProgress m;
+  return respond(req, port, reliable, m);
+}
+
+Response respond(const Request& req, ResponderPort& port, bool reliable, MessageInProgress& m) {
   if (reliable && (req.op == Operation::kSend || req.op == Operation::kSendWithImm)) {
     if (TagList* list = port.tag_list()) {
       ResponderQp qp = port.qp();
       if (!same_transport(qp.type, req.qp_type) || !receives_in_state(qp.state)) return silence();
       if (!operation_allowed(qp.type, req.op)) return fail(port, true, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
-      return respond_tagged(req, port, *list);
+      return respond_tagged(req, port, *list, m);
     }
   }
   if (req.op == Operation::kRead || is_atomic(req.op)) {
@@ -507,10 +514,6 @@ Response respond(const Request& req, ResponderPort& port, bool reliable) {
       return fail(port, reliable, Answer::kNakInvalidRequest, IBV_EVENT_QP_REQ_ERR);
     return req.op == Operation::kRead ? read(req, port, qp) : atomic(req, port, qp);
   }
-  // One per thread, reused: the message's arrays (2 KiB of keys, SGEs and
-  // addresses) are read only below their counts, which accept() resets, so
-  // no operation pays for clearing them.
-  static thread_local MessageInProgress m;
   Response r = accept(req, port, reliable, m);
   if (!passed(r)) return r;
   r = ready_for_last(m, port);

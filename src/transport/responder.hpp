@@ -86,6 +86,10 @@ struct MessageInProgress {
 
 // RC and UC, a whole message: `request` to the QP behind `port`; `reliable` is true for RC.
 Response respond(const Request& request, ResponderPort& port, bool reliable);
+// The same with the caller's scratch for the message (a channel keeps one,
+// used under its QP's send lock): the thread-local one above costs a TLS
+// lookup per message in a shared library.
+Response respond(const Request& request, ResponderPort& port, bool reliable, MessageInProgress& scratch);
 
 // The first packet of a SEND or WRITE (`request.length` is the RETH's DMA
 // length for a WRITE; ignored for a SEND, whose length is known at its end).

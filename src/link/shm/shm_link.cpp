@@ -53,7 +53,7 @@ class ShmChannel final : public link::Channel {
         return transport::Response{transport::Syndrome::silence(), 0};
       }
       ShmResponderPort port(host_, target_);
-      const transport::Response response = transport::respond(request, port, reliable_);
+      const transport::Response response = transport::respond(request, port, reliable_, scratch_);
       transport::count_sent_answer(
           CounterSink(&target_.qp->counters, &host_.registry().process_counters(counted_proc(target_, host_.proc()))),
           response.syndrome.answer);
@@ -67,6 +67,7 @@ class ShmChannel final : public link::Channel {
   const uint32_t dest_qpn_;
   TargetQp target_;
   uint64_t peer_incarnation_ = 0;
+  transport::MessageInProgress scratch_;  // the responder's, for each message (under the QP's send lock)
 };
 
 class ShmLink final : public link::Link {
