@@ -171,9 +171,11 @@ Result<uint32_t> HostRegistry::register_process(uint32_t pid, uint32_t segment_f
     slot.backing_inode.store(0, std::memory_order_relaxed);
     slot.pid.store(pid, std::memory_order_release);
     unlock();
+    finish_draining_tgts();  // TGT QPs the dead held alone
     return i;
   }
   unlock();
+  finish_draining_tgts();
   return fail(std::errc::too_many_files_open_in_system);
 }
 
@@ -188,6 +190,7 @@ void HostRegistry::unregister_process(uint32_t proc) {
   release_process_objects_locked(proc);
   layout_->procs[proc].pid.store(0, std::memory_order_release);
   unlock();
+  finish_draining_tgts();  // TGT QPs this process held alone
 }
 
 void HostRegistry::claim_gsi_agent(uint32_t proc) {

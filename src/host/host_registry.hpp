@@ -107,6 +107,9 @@ struct TgtHandle {
 struct TgtQpRecord {
   std::atomic<uint32_t> qpn;           // 0 = free
   std::atomic<uint32_t> server_plus1;  // the serving holder's index + 1; 0 = none
+  // 1 from the last handle's close until the record is free: unpublished,
+  // waiting for the initiators inside it (finish_draining_tgts).
+  std::atomic<uint32_t> draining;
   alignas(8) unsigned char attributes[kTgtAttributeBytes];
   TgtHolder holders[kMaxTgtHolders];
   SharedQp shared;
@@ -383,7 +386,13 @@ class HostRegistry {
   // Drops the handles of process `proc` from every TGT QP (it died or
   // left), freeing the QPs that nobody holds any more.
   void release_tgt_holders_locked(uint32_t proc);
-  void free_tgt_locked(TgtQpRecord& record);
+  // A TGT QP nobody holds goes in two steps. Under the mutex it is
+  // unpublished (state kDestroyed, QPN released) and marked draining; then,
+  // with the mutex released, the initiators inside it are waited out and
+  // the record freed. Not under the mutex: an initiator inside may need it
+  // (a SEND WITH INVALIDATE invalidates a window through the registry).
+  void unpublish_tgt_locked(TgtQpRecord& record);
+  void finish_draining_tgts();
   // Removes every member matching `qpn` (if non-zero) or owned by `proc`.
   void remove_mcast_members_locked(uint32_t qpn, uint32_t proc);
 

@@ -63,6 +63,7 @@ Result<HostRegistry::NewTgtQp> HostRegistry::create_tgt_qp(uint32_t proc, uint32
       unlock();
       return fail(qpn.error());
     }
+    record.draining.store(0, std::memory_order_relaxed);
     std::memset(static_cast<void*>(&record.shared), 0, sizeof record.shared);
     std::memset(record.attributes, 0, sizeof record.attributes);
     for (auto& h : record.holders) clear(h);
@@ -107,17 +108,31 @@ Result<TgtQpRecord*> HostRegistry::open_tgt_qp(uint32_t qpn, uint32_t xrcd_id, u
   return record;
 }
 
-void HostRegistry::free_tgt_locked(TgtQpRecord& record) {
-  // Unpublish, then wait for the initiators that found it to leave (they
-  // announce kHostOwned; see QueuePair's destructor for a process's QPs).
-  // The registry mutex is held: accessors never take it, so the wait ends.
+void HostRegistry::unpublish_tgt_locked(TgtQpRecord& record) {
   const uint32_t qpn = record.qpn.load(std::memory_order_relaxed);
   record.shared.state.store(SharedQp::kDestroyed, std::memory_order_seq_cst);
   QpSlot& slot = layout_->qps[qp_index(qpn)];
+  // seq_cst: against an initiator's check after its access announcement
+  // (shm::still_there), as release_qpn.
   if (slot.qpn.load(std::memory_order_relaxed) == qpn) slot.qpn.store(0, std::memory_order_seq_cst);
+  record.draining.store(1, std::memory_order_release);
+}
+
+void HostRegistry::finish_draining_tgts() {
+  bool any = false;
+  for (const auto& record : layout_->tgt_qps) any = any || record.draining.load(std::memory_order_acquire) != 0;
+  if (!any) return;
+  // Initiators announce kHostOwned for every TGT QP: once this fence has
+  // passed, none is inside a record unpublished before it.
   fence_accesses(kHostOwned);
-  record.server_plus1.store(0, std::memory_order_relaxed);
-  record.qpn.store(0, std::memory_order_release);
+  lock();
+  for (auto& record : layout_->tgt_qps) {
+    if (record.draining.load(std::memory_order_relaxed) == 0) continue;
+    record.server_plus1.store(0, std::memory_order_relaxed);
+    record.draining.store(0, std::memory_order_relaxed);
+    record.qpn.store(0, std::memory_order_release);  // free for create_tgt_qp
+  }
+  unlock();
 }
 
 bool HostRegistry::close_tgt_qp(uint32_t qpn, uint32_t proc, uint32_t qp_id, TgtHandle* new_server) {
@@ -140,8 +155,9 @@ bool HostRegistry::close_tgt_qp(uint32_t qpn, uint32_t proc, uint32_t qp_id, Tgt
     }
   }
   if (!has_holders(*record)) {
-    free_tgt_locked(*record);
+    unpublish_tgt_locked(*record);
     unlock();
+    finish_draining_tgts();
     return true;
   }
   if (was_server) {
@@ -224,7 +240,7 @@ void HostRegistry::release_tgt_holders_locked(uint32_t proc) {
     if (!held) continue;
     if (!has_holders(record)) {
       SOFTHCA_DEBUG("tgt qp 0x%x: its last holder is gone", record.qpn.load(std::memory_order_relaxed));
-      free_tgt_locked(record);
+      unpublish_tgt_locked(record);  // freed by finish_draining_tgts, after the mutex
     } else if (served) {
       // Nobody serves its remote peer until a holder opens a channel again
       // (the udp link elects one when a packet for it arrives).

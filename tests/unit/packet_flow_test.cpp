@@ -86,6 +86,19 @@ class Wire final : public PacketSink {
 
 class PacketFlow : public ::testing::Test {
  protected:
+  // One packet of an RC WRITE of `total` bytes (a full MTU of payload)
+  // straight to the responder, as the requester would send it.
+  void write_packet(uint32_t psn, wire::Opcode op, uint32_t total) {
+    wire::ParsedPacket p;
+    p.info = *wire::opcode_info(op);
+    p.headers.bth.opcode = static_cast<uint8_t>(op);
+    p.headers.bth.dest_qpn = kResponderQpn;
+    p.headers.bth.psn = psn;
+    if (op == wire::Opcode::kRcRdmaWriteFirst) p.headers.reth = wire::Reth{kIova, kKey, total};
+    const std::vector<uint8_t> bytes(kMtu, 1);
+    p.payload = bytes;
+    responder_->on_request(p, port_, to_requester_);
+  }
   void start(bool reliable = true, uint32_t psn = 0x1000, uint8_t retry_cnt = 7, uint8_t rnr_retry = 7) {
     to_responder_ = Wire{};  // nothing of an earlier connection is still in flight
     to_requester_ = Wire{};
@@ -1005,17 +1018,7 @@ TEST_F(TimedPacketFlow, ALostTailOfAStreamIsProbedAMillisecondAfterItWasSent) {
 // reordering path (loss 20%, reorder 5%) ran out of them in milliseconds.
 TEST_F(PacketFlow, PacketsOfOneRoundSwappedPastAGapDrawNoSecondNak) {
   start();
-  auto write = [&](uint32_t psn, wire::Opcode op) {
-    wire::ParsedPacket p;
-    p.info = *wire::opcode_info(op);
-    p.headers.bth.opcode = static_cast<uint8_t>(op);
-    p.headers.bth.dest_qpn = kResponderQpn;
-    p.headers.bth.psn = psn;
-    if (op == wire::Opcode::kRcRdmaWriteFirst) p.headers.reth = wire::Reth{kIova, kKey, 8 * kMtu};
-    const std::vector<uint8_t> bytes(kMtu, 1);
-    p.payload = bytes;
-    responder_->on_request(p, port_, to_requester_);
-  };
+  auto write = [&](uint32_t psn, wire::Opcode op) { write_packet(psn, op, 8 * kMtu); };
   write(0x1000, wire::Opcode::kRcRdmaWriteFirst);
   // 0x1001 is lost; 0x1002 shows the gap; 0x1004 and 0x1003 come swapped.
   write(0x1002, wire::Opcode::kRcRdmaWriteMiddle);
@@ -1038,17 +1041,7 @@ TEST_F(PacketFlow, PacketsOfOneRoundSwappedPastAGapDrawNoSecondNak) {
 // between messages, the next PSN.
 TEST_F(PacketFlow, AResponderResumesAtTheStartOfTheMessageInProgress) {
   start();
-  auto write = [&](uint32_t psn, wire::Opcode op) {
-    wire::ParsedPacket p;
-    p.info = *wire::opcode_info(op);
-    p.headers.bth.opcode = static_cast<uint8_t>(op);
-    p.headers.bth.dest_qpn = kResponderQpn;
-    p.headers.bth.psn = psn;
-    if (op == wire::Opcode::kRcRdmaWriteFirst) p.headers.reth = wire::Reth{kIova, kKey, 3 * kMtu};
-    const std::vector<uint8_t> bytes(kMtu, 1);
-    p.payload = bytes;
-    responder_->on_request(p, port_, to_requester_);
-  };
+  auto write = [&](uint32_t psn, wire::Opcode op) { write_packet(psn, op, 3 * kMtu); };
   EXPECT_EQ(responder_->resume_psn(), 0x1000u);
   write(0x1000, wire::Opcode::kRcRdmaWriteFirst);
   write(0x1001, wire::Opcode::kRcRdmaWriteMiddle);
