@@ -1042,16 +1042,30 @@ int xrc_srq_child(int rfd, int wfd, const std::string& domain_file) {
   return 0;
 }
 
+// A file that names an XRC domain for a test's two processes (the parent
+// and its child open it): made at the start, removed at the end.
+struct DomainFile {
+  DomainFile() : fd(::mkstemp(path)) {}
+  ~DomainFile() {
+    if (fd < 0) return;
+    ::close(fd);
+    ::unlink(path);
+  }
+  DomainFile(const DomainFile&) = delete;
+  DomainFile& operator=(const DomainFile&) = delete;
+  char path[32] = "/tmp/softhca-xrc-domain-XXXXXX";
+  int fd;
+};
+
 TEST(XrcAcrossProcesses, TgtQpDeliversIntoAnotherProcessesSrqUntilItIsDestroyed) {
-  char path[] = "/tmp/softhca-xrc-domain-XXXXXX";
-  const int fd = ::mkstemp(path);
-  ASSERT_GE(fd, 0);
-  const std::string domain_file = path;
+  DomainFile file;
+  ASSERT_GE(file.fd, 0);
+  const std::string domain_file = file.path;
   Child child([&](int r, int w) { return xrc_srq_child(r, w, domain_file); });
   ASSERT_TRUE(child.ok());
   Device dev;
   ASSERT_TRUE(dev.ok());
-  ibv_xrcd* xrcd = xrc::open_xrcd(dev.ctx, fd, O_CREAT);
+  ibv_xrcd* xrcd = xrc::open_xrcd(dev.ctx, file.fd, O_CREAT);
   ASSERT_NE(xrcd, nullptr);
   ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
   ASSERT_NE(cq, nullptr);
@@ -1095,8 +1109,6 @@ TEST(XrcAcrossProcesses, TgtQpDeliversIntoAnotherProcessesSrqUntilItIsDestroyed)
   EXPECT_EQ(ibv_destroy_qp(tgt), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
   EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
-  ::close(fd);
-  ::unlink(path);
 }
 
 // ---------------------------------------------------------------------------
@@ -1149,16 +1161,15 @@ int tgt_creator_child(int rfd, int wfd, const std::string& domain_file, CreatorE
 class OpenedTgtQp : public ::testing::TestWithParam<CreatorParam> {};
 
 TEST_P(OpenedTgtQp, OutlivesTheHandleAndProcessThatMadeIt) {
-  char path[] = "/tmp/softhca-xrc-open-XXXXXX";
-  const int fd = ::mkstemp(path);
-  ASSERT_GE(fd, 0);
-  const std::string domain_file = path;
+  DomainFile file;
+  ASSERT_GE(file.fd, 0);
+  const std::string domain_file = file.path;
   const CreatorEnd end = GetParam().end;
   Child child([&](int r, int w) { return tgt_creator_child(r, w, domain_file, end); });
   ASSERT_TRUE(child.ok());
   Device dev;
   ASSERT_TRUE(dev.ok());
-  ibv_xrcd* xrcd = xrc::open_xrcd(dev.ctx, fd, O_CREAT);
+  ibv_xrcd* xrcd = xrc::open_xrcd(dev.ctx, file.fd, O_CREAT);
   ASSERT_NE(xrcd, nullptr);
   ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
   ASSERT_NE(cq, nullptr);
@@ -1232,8 +1243,6 @@ TEST_P(OpenedTgtQp, OutlivesTheHandleAndProcessThatMadeIt) {
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
   EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
-  ::close(fd);
-  ::unlink(path);
 }
 
 INSTANTIATE_TEST_SUITE_P(Creator, OpenedTgtQp,
