@@ -97,15 +97,20 @@ int ibv_dealloc_pd(ibv_pd* pd) {
     if (impl == nullptr) return EINVAL;
     if (is_parent_domain(pd)) return dealloc_parent_domain(pd);
     if (impl->in_use()) return EBUSY;
-    delete impl;
+    if (impl->adopted()) {
+      impl->context().destroy_adopted(impl);  // another process's PD: gone for all
+    } else {
+      delete impl;
+    }
     delete reinterpret_cast<PdHandle*>(pd);
     return 0;
   });
 }
 
 // --- importing: another handle onto an object of the same device context
-// (ibv_import_device). Unimporting frees that handle only; destroying
-// through it destroys the object, as the verbs man pages say.
+// (ibv_import_device), made in this process or in another that shares the
+// context. Unimporting frees that handle only; destroying through it
+// destroys the object, for every process, as the verbs man pages say.
 
 ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
   return pointer_verb([&]() -> ibv_pd* {
@@ -128,8 +133,8 @@ void ibv_unimport_pd(ibv_pd* pd) { delete reinterpret_cast<PdHandle*>(pd); }
 ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
   return pointer_verb([&]() -> ibv_mr* {
     engine::ProtectionDomain* impl_pd = to_pd(pd);
-    engine::MemoryRegion* impl = impl_pd ? impl_pd->context().find_mr(mr_handle) : nullptr;
-    if (impl == nullptr || &impl->pd() != impl_pd) {
+    engine::MemoryRegion* impl = impl_pd ? impl_pd->context().find_mr(mr_handle, *impl_pd) : nullptr;
+    if (impl == nullptr) {
       errno = EINVAL;  // as the kernel answers a handle it does not know
       return nullptr;
     }
@@ -166,7 +171,11 @@ int ibv_dereg_mr(ibv_mr* mr) {
     if (impl == nullptr) return EINVAL;
     if (auto ok = impl->deregister(); !ok) return to_errno(ok.error());
     engine::DeviceMemory* dm = reinterpret_cast<MrHandle*>(mr)->dm;
-    delete impl;
+    if (impl->adopted()) {
+      impl->pd().context().destroy_adopted(impl);
+    } else {
+      delete impl;
+    }
     if (dm != nullptr) dm->detach();
     delete reinterpret_cast<MrHandle*>(mr);
     return 0;

@@ -6,7 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+
+#include "engine/memory_region.hpp"
+#include "engine/protection_domain.hpp"
 
 namespace softhca::engine {
 
@@ -26,6 +30,12 @@ Result<Context*> Context::open() {
     delete ctx;
     return fail(static_cast<std::errc>(err));
   }
+  auto file = ContextFile::create(ctx->cmd_fd_, ctx->node_->proc(), ctx->node_->host().pid());
+  if (!file) {
+    delete ctx;
+    return fail(file.error());
+  }
+  ctx->file_ = *file;
   ctx->cmd_inode_ = st.st_ino;
   ctx->node_->add_context(ctx, ctx->cmd_inode_);
   return ctx;
@@ -37,9 +47,37 @@ Result<Context*> Context::import(int fd) {
   auto node = Node::acquire();
   if (!node) return fail(node.error());
   Context* found = (*node)->hold_context(st.st_ino);
-  Node::release();
-  if (found == nullptr) return fail(std::errc::no_such_device_or_address);
-  return found;
+  if (found != nullptr) {
+    Node::release();
+    return found;
+  }
+  // Another process's context (or one closed here while others hold it):
+  // a context of ours onto its file. Its creator must be a process of this
+  // user's registry, alive: PD ids and keys mean something only there.
+  auto file = ContextFile::attach(fd);
+  if (!file) {
+    Node::release();
+    return fail(file.error());
+  }
+  if (!(*node)->registry().process_alive((*file)->creator_proc(), (*file)->creator_pid())) {
+    (*file)->release();
+    delete *file;
+    Node::release();
+    return fail(std::errc::no_such_device_or_address);
+  }
+  auto* ctx = new Context();
+  ctx->node_ = *node;
+  ctx->file_ = *file;
+  ctx->async_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+  if (ctx->async_fd_ < 0) {
+    const int err = errno;
+    delete ctx;
+    return fail(static_cast<std::errc>(err));
+  }
+  // Later imports here of the same file find this context.
+  ctx->cmd_inode_ = st.st_ino;
+  ctx->node_->add_context(ctx, ctx->cmd_inode_);
+  return ctx;
 }
 
 void Context::release() {
@@ -48,10 +86,92 @@ void Context::release() {
 
 Context::~Context() {
   if (node_ != nullptr && cmd_inode_ != 0) node_->remove_context(this);
+  // Adopted objects are handles onto other processes' objects: they go
+  // with this context, the objects stay (MRs first: they name their PD).
+  for (MemoryRegion* mr : adopted_mrs_) delete mr;
+  for (ProtectionDomain* pd : adopted_pds_) delete pd;
+  if (file_ != nullptr) {
+    file_->release();
+    delete file_;
+  }
   if (async_fd_ >= 0) ::close(async_fd_);
   if (cmd_fd_ >= 0) ::close(cmd_fd_);
   if (node_ != nullptr) Node::release();
 }
+
+void Context::publish(ProtectionDomain* pd, uint32_t handle) {
+  publish_in(pds_, handle, pd);
+  if (file_ != nullptr)
+    file_->publish(ExportRecord{ExportKind::kPd, handle, node_->proc(), node_->host().pid(), 0, 0, 0, 0, 0});
+}
+
+void Context::withdraw(ProtectionDomain* pd, uint32_t handle) {
+  withdraw_from(pds_, handle, pd);
+  if (file_ != nullptr) file_->withdraw(ExportKind::kPd, handle);
+}
+
+void Context::publish(MemoryRegion* mr, uint32_t handle) {
+  publish_in(mrs_, handle, mr);
+  if (file_ != nullptr)
+    file_->publish(ExportRecord{ExportKind::kMr, handle, node_->proc(), node_->host().pid(), mr->pd().id(),
+                                mr->access(), mr->length(), mr->iova(), 0});
+}
+
+void Context::withdraw(MemoryRegion* mr, uint32_t handle) {
+  withdraw_from(mrs_, handle, mr);
+  if (file_ != nullptr) file_->withdraw(ExportKind::kMr, handle);
+}
+
+ProtectionDomain* Context::find_pd(uint32_t handle) {
+  if (ProtectionDomain* pd = find_in(pds_, handle)) return pd;
+  if (file_ == nullptr || !file_->find(ExportKind::kPd, handle)) return nullptr;
+  std::lock_guard guard(objects_mutex_);
+  if (auto it = pds_.find(handle); it != pds_.end()) return it->second;  // adopted meanwhile
+  ProtectionDomain* pd = ProtectionDomain::adopt(*this, handle);
+  pds_[handle] = pd;
+  adopted_pds_.push_back(pd);
+  return pd;
+}
+
+MemoryRegion* Context::find_mr(uint32_t handle, ProtectionDomain& pd) {
+  if (MemoryRegion* mr = find_in(mrs_, handle)) return &mr->pd() == &pd ? mr : nullptr;
+  if (file_ == nullptr) return nullptr;
+  const std::optional<ExportRecord> record = file_->find(ExportKind::kMr, handle);
+  if (!record || record->pd_handle != pd.id()) return nullptr;
+  std::lock_guard guard(objects_mutex_);
+  if (auto it = mrs_.find(handle); it != mrs_.end()) return &it->second->pd() == &pd ? it->second : nullptr;
+  MemoryRegion* mr = MemoryRegion::adopt(pd, *record);
+  mrs_[handle] = mr;
+  adopted_mrs_.push_back(mr);
+  return mr;
+}
+
+void Context::destroy_adopted(ProtectionDomain* pd) {
+  if (file_ != nullptr) file_->withdraw(ExportKind::kPd, pd->id());
+  {
+    std::lock_guard guard(objects_mutex_);
+    if (auto it = pds_.find(pd->id()); it != pds_.end() && it->second == pd) pds_.erase(it);
+    std::erase(adopted_pds_, pd);
+  }
+  delete pd;
+}
+
+void Context::destroy_adopted(MemoryRegion* mr) {
+  const uint32_t key = mr->key();
+  if (file_ != nullptr) file_->withdraw(ExportKind::kMr, key);
+  {
+    std::lock_guard guard(objects_mutex_);
+    if (auto it = mrs_.find(key); it != mrs_.end() && it->second == mr) mrs_.erase(it);
+    std::erase(adopted_mrs_, mr);
+  }
+  delete mr;
+}
+
+void Context::add_pd_users(uint32_t handle, int delta) {
+  if (file_ != nullptr) file_->add_pd_users(handle, delta);
+}
+
+uint32_t Context::pd_users(uint32_t handle) const { return file_ != nullptr ? file_->pd_users(handle) : 0; }
 
 void Context::raise_async_event(const AsyncEvent& event) {
   // The count goes up under the lock too: forget_events, which takes an

@@ -10,8 +10,10 @@
 #include <deque>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "common/result.hpp"
+#include "engine/context_file.hpp"
 #include "engine/node.hpp"
 
 namespace softhca::engine {
@@ -78,9 +80,12 @@ class Context {
   MemoryRegion* memory_region(ibv_mr* mr) const { return mr_translator_ && mr ? mr_translator_(mr) : nullptr; }
 
   static Result<Context*> open();
-  // ibv_import_device: the context of this process whose cmd_fd `fd` is (a
-  // dup of), held once more; no_such_device_or_address for any other fd
-  // (objects of other processes cannot be imported).
+  // ibv_import_device on (a copy of) a context's cmd_fd. In the process
+  // that holds that context: the same context, held once more. In another
+  // process: a context of this process onto the same file, whose objects
+  // and those of every other holder are shared through it (ContextFile).
+  // no_such_device_or_address for any other fd, and once the context is
+  // closed everywhere.
   static Result<Context*> import(int fd);
   // ibv_close_device of the opener or of an importer: the last one deletes.
   void release();
@@ -95,13 +100,25 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   // What ibv_import_pd / _mr / _dm find by the handle numbers the
-  // application sees: the objects made in this context, while they live.
-  void publish(ProtectionDomain* pd, uint32_t handle) { publish_in(pds_, handle, pd); }
-  void withdraw(ProtectionDomain* pd, uint32_t handle) { withdraw_from(pds_, handle, pd); }
-  ProtectionDomain* find_pd(uint32_t handle) { return find_in(pds_, handle); }
-  void publish(MemoryRegion* mr, uint32_t handle) { publish_in(mrs_, handle, mr); }
-  void withdraw(MemoryRegion* mr, uint32_t handle) { withdraw_from(mrs_, handle, mr); }
-  MemoryRegion* find_mr(uint32_t handle) { return find_in(mrs_, handle); }
+  // application sees: the objects made in this context, while they live,
+  // here and (through the context's file) in every process that shares it.
+  void publish(ProtectionDomain* pd, uint32_t handle);
+  void withdraw(ProtectionDomain* pd, uint32_t handle);
+  // A PD of this context; one another process made is adopted here (one
+  // object per PD, owned by the context until ibv_dealloc_pd destroys it).
+  ProtectionDomain* find_pd(uint32_t handle);
+  void publish(MemoryRegion* mr, uint32_t handle);
+  void withdraw(MemoryRegion* mr, uint32_t handle);
+  // An MR of this context in `pd`; one another process made is adopted
+  // (a handle onto its key, owned by the context until ibv_dereg_mr).
+  MemoryRegion* find_mr(uint32_t handle, ProtectionDomain& pd);
+  // ibv_dealloc_pd / ibv_dereg_mr of an adopted object: it is gone for
+  // every process (withdrawn from the file) and deleted here.
+  void destroy_adopted(ProtectionDomain* pd);
+  void destroy_adopted(MemoryRegion* mr);
+  // The users of PD `handle` in every process (0 if the file does not hold it).
+  void add_pd_users(uint32_t handle, int delta);
+  uint32_t pd_users(uint32_t handle) const;
   void publish(DeviceMemory* dm, uint32_t handle) { publish_in(dms_, handle, dm); }
   void withdraw(DeviceMemory* dm, uint32_t handle) { withdraw_from(dms_, handle, dm); }
   DeviceMemory* find_dm(uint32_t handle) { return find_in(dms_, handle); }
@@ -142,7 +159,12 @@ class Context {
   Node* node_ = nullptr;
   std::atomic<uint32_t> holders_{1};  // the opener and each importer
   uint64_t cmd_inode_ = 0;
+  // The table shared with the other processes that hold this context.
+  ContextFile* file_ = nullptr;
   std::mutex objects_mutex_;
+  // Objects other processes made, adopted here (find_pd, find_mr).
+  std::vector<ProtectionDomain*> adopted_pds_;
+  std::vector<MemoryRegion*> adopted_mrs_;
   std::unordered_map<uint32_t, ProtectionDomain*> pds_;
   std::unordered_map<uint32_t, MemoryRegion*> mrs_;
   std::unordered_map<uint32_t, DeviceMemory*> dms_;

@@ -114,10 +114,27 @@ Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uin
   return mr;
 }
 
+MemoryRegion* MemoryRegion::adopt(ProtectionDomain& pd, const ExportRecord& record) {
+  auto* mr = new MemoryRegion(pd, nullptr, record.length, record.iova, record.access);
+  mr->key_ = record.handle;
+  mr->owner_proc_ = record.proc;
+  return mr;
+}
+
 Result<void> MemoryRegion::deregister() {
   if (key_ == 0) return {};
   Node& node = pd_->context().node();
-  if (!node.registry().release_mr(key_)) {
+  if (adopted()) {
+    // The other process's key goes for everyone; once this returns, no
+    // initiator touches its memory through it.
+    if (!node.registry().release_mr(key_, owner_proc_)) return fail(std::errc::invalid_argument);
+    node.registry().fence_accesses(owner_proc_);
+    key_ = 0;
+    return {};
+  }
+  // (Released already if another process sharing the context deregistered
+  // it through an imported handle: what is left here is ours to let go.)
+  if (!node.registry().release_mr(key_, node.proc())) {
     SOFTHCA_INFO("dereg_mr: key 0x%x has memory windows bound to it", key_);
     return fail(std::errc::invalid_argument);
   }
@@ -132,6 +149,7 @@ Result<void> MemoryRegion::deregister() {
 }
 
 MemoryRegion::~MemoryRegion() {
+  if (adopted()) return;  // a handle only: the MR is its registrant's
   if (key_ != 0 && !deregister()) {
     // Windows still bound (only a context torn down with them): the key stays
     // until the process ends rather than leave them pointing at freed pages.
@@ -148,6 +166,8 @@ Result<void> MemoryRegion::rereg(int flags, ProtectionDomain* pd, void* addr, ui
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (addr == nullptr || length == 0 || length > limits::kMaxMrSize))
     return fail(std::errc::invalid_argument);
   if ((flags & IBV_REREG_MR_CHANGE_PD) && pd == nullptr) return fail(std::errc::invalid_argument);
+  // Another process's MR: its pages and their translation are that process's.
+  if (adopted()) return fail(std::errc::operation_not_supported);
   // A bound window describes the MR's pages, rights and PD as they are.
   if (pd_->context().node().registry().windows_bound(key_)) return fail(std::errc::invalid_argument);
   // A new range, or new access that may need writable pages, is checked as a
@@ -181,6 +201,7 @@ Result<void> MemoryRegion::rereg(int flags, ProtectionDomain* pd, void* addr, ui
   }
   node.registry().update_mr(key_, pd_->id(), access_, iova_, length_, reinterpret_cast<uint64_t>(addr_),
                             shared);
+  pd_->context().publish(this, key_);  // importers see the new attributes
   // As for dereg: no access under the old translation or rights outlives the call.
   node.registry().fence_accesses(node.proc());
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && old_shared) host::MemoryBacking::process().unshare(*old_shared);

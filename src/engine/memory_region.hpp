@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "common/result.hpp"
+#include "engine/context_file.hpp"
 #include "host/memory_backing.hpp"
 
 namespace softhca::engine {
@@ -28,9 +29,16 @@ class MemoryRegion {
   // may be empty, as the kernel allows them); it reaches no memory.
   static Result<MemoryRegion*> create(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova,
                                       uint32_t access, bool empty_ok = false);
+  // This process's handle onto an MR that another process sharing `pd`'s
+  // context registered (ibv_import_mr): its key, used as an lkey here,
+  // reaches that process's memory (the requester copies through it, fenced
+  // against its deregistration).
+  static MemoryRegion* adopt(ProtectionDomain& pd, const ExportRecord& record);
   // ibv_dereg_mr: invalid_argument while a memory window is bound to the MR
   // (rxe refuses so; IBA 10.6.7.2.6), the MR unchanged. Once it succeeds no
-  // initiator touches the range; delete the object then.
+  // initiator touches the range; delete the object then. Through an adopted
+  // handle it deregisters the other process's MR, for every process; the
+  // registering process's own ibv_dereg_mr then only lets go of its pages.
   Result<void> deregister();
   ~MemoryRegion();
 
@@ -43,6 +51,7 @@ class MemoryRegion {
   uint64_t length() const { return length_; }
   uint64_t iova() const { return iova_; }
   uint32_t access() const { return access_; }
+  bool adopted() const { return owner_proc_ != kOwnProcess; }
 
  private:
   MemoryRegion(ProtectionDomain& pd, void* addr, uint64_t length, uint64_t iova, uint32_t access)
@@ -53,6 +62,9 @@ class MemoryRegion {
   uint64_t iova_;
   uint32_t access_;
   uint32_t key_ = 0;
+  // The registry slot of the process that registered it, when another (adopt).
+  static constexpr uint32_t kOwnProcess = ~0u;
+  uint32_t owner_proc_ = kOwnProcess;
   // The pages this MR moved into the process's backing file, if any.
   std::optional<host::SharedPages> shared_;
 };

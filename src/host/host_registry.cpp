@@ -316,11 +316,12 @@ void HostRegistry::unbind_locked(MrSlot& window) {
   window.parent.store(0, std::memory_order_relaxed);
 }
 
-bool HostRegistry::release_mr(uint32_t key) {
+bool HostRegistry::release_mr(uint32_t key, uint32_t proc) {
   lock();
   MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
   bool released = true;
-  if (slot.key.load(std::memory_order_relaxed) == key) {
+  if (slot.key.load(std::memory_order_relaxed) == key &&
+      (proc == kAnyProc || slot.proc.load(std::memory_order_relaxed) == proc)) {
     if (slot.kind.load(std::memory_order_relaxed) == kKeyRegion && slot.windows.load(std::memory_order_relaxed) != 0) {
       released = false;
     } else {

@@ -292,8 +292,11 @@ class HostRegistry {
   Result<uint32_t> allocate_mr(uint32_t proc, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length,
                                uint64_t host_addr, SharedSpan shared = SharedSpan{});
   // Releases key `key` (an MR or a window; an MR only while no window is
-  // bound to it: false, and nothing changes, otherwise).
-  bool release_mr(uint32_t key);
+  // bound to it: false, and nothing changes, otherwise). With `proc`, only
+  // if process `proc` registered it (another process sharing its context
+  // may have released it, and the key been given out again, already).
+  static constexpr uint32_t kAnyProc = ~0u;
+  bool release_mr(uint32_t key, uint32_t proc = kAnyProc);
   // Updates a registered MR in place (rereg); the key stays the same.
   void update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint64_t iova, uint64_t length, uint64_t host_addr,
                  SharedSpan shared = SharedSpan{});

@@ -534,7 +534,16 @@ CounterSink QueuePair::counters() const {
   return CounterSink(&shared_->counters, &node_.registry().process_counters(node_.proc()));
 }
 
-void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
+ibv_wc_status QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
+  if (!staging_.empty()) {
+    // Another process's memory gets what the WQE brought back only now,
+    // and only while its key still stands.
+    const auto staged = staging_.find(sq_tail_.load(std::memory_order_relaxed));
+    const bool brings_back = wqe.opcode == IBV_WR_RDMA_READ || wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+                             wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    if (staged != staging_.end() && status == IBV_WC_SUCCESS && brings_back && !staged->second.scatter(node_.host()))
+      status = IBV_WC_LOC_PROT_ERR;
+  }
   if (status == IBV_WC_SUCCESS && (wqe.opcode == IBV_WR_SEND || wqe.opcode == IBV_WR_SEND_WITH_IMM ||
                                    wqe.opcode == IBV_WR_SEND_WITH_INV))
     counters().add(Counter::kRdmaSends);
@@ -544,6 +553,7 @@ void QueuePair::complete_send_locked(const SendWqe& wqe, ibv_wc_status status) {
     SOFTHCA_INFO("qp 0x%x: send wr 0x%llx (opcode %u) completes with status %d; the qp goes to ERROR", qpn_,
                  static_cast<unsigned long long>(wqe.wr_id), wqe.opcode, static_cast<int>(status));
   finish_send_locked(wqe, status);
+  return status;
 }
 
 void QueuePair::finish_send_locked(const SendWqe& wqe, ibv_wc_status status) {
@@ -552,6 +562,7 @@ void QueuePair::finish_send_locked(const SendWqe& wqe, ibv_wc_status status) {
   // or retire_send() would take it for a stale one and never free its slot.
   // (The slot itself stays intact until that completion is polled.)
   const uint32_t position = sq_tail_.load(std::memory_order_relaxed);
+  if (!staging_.empty()) staging_.erase(position);
   sq_tail_.store(position + 1, std::memory_order_release);
   if (sq_sent_ - position == 0) sq_sent_ = position + 1;  // a synchronous link: sent follows tail
   if (status == IBV_WC_SUCCESS && !signaled(wqe)) return;
@@ -602,9 +613,9 @@ void QueuePair::progress_locked(uint64_t now_ns) {
     const transport::Verdict& verdict = step.verdict;
     if (verdict.kind == transport::Verdict::Kind::kComplete) {
       wqe.retry.deadline_ns = 0;
-      complete_send_locked(wqe, verdict.status);
-      if (verdict.status != IBV_WC_SUCCESS) enter_error_locked();
-      if (verdict.status == IBV_WC_SUCCESS && step.rendezvous_fin) deliver_fin_locked(step.fin_tag, step.fin_app_ctx);
+      const ibv_wc_status status = complete_send_locked(wqe, verdict.status);
+      if (status != IBV_WC_SUCCESS) enter_error_locked();
+      if (status == IBV_WC_SUCCESS && step.rendezvous_fin) deliver_fin_locked(step.fin_tag, step.fin_app_ctx);
       continue;
     }
     if (!parked_) {
@@ -631,8 +642,7 @@ void QueuePair::take_answers() {
       SOFTHCA_WARN("qp 0x%x: an answer for send WQE %u, expected %u; ignored", qpn_, answer.position, tail);
       continue;
     }
-    complete_send_locked(*sq_slot(tail), answer.status);
-    if (answer.status != IBV_WC_SUCCESS) enter_error_locked();
+    if (complete_send_locked(*sq_slot(tail), answer.status) != IBV_WC_SUCCESS) enter_error_locked();
   }
   if (any) progress_locked(monotonic_ns());
 }
@@ -686,6 +696,7 @@ void QueuePair::reset_queues_locked() {
   sq_tail_.store(sq_head_, std::memory_order_release);
   sq_sent_ = sq_head_;
   sq_retired_.store(sq_head_, std::memory_order_release);
+  staging_.clear();
   if (rq_ != nullptr) {
     std::lock_guard guard(rq_lock_);
     const uint64_t head = rq_->head.load(std::memory_order_acquire);

@@ -14,12 +14,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "common/counters.hpp"
 #include "common/result.hpp"
 #include "common/spinlock.hpp"
 #include "engine/context.hpp"
+#include "engine/qp/foreign_memory.hpp"
 #include "engine/qp/qp_state.hpp"
 #include "engine/qp/send_wqe.hpp"
 #include "engine/user_count.hpp"
@@ -151,7 +153,9 @@ class QueuePair {
   // Whether the address is reached through the udp link (another host, or
   // SOFTHCA_LINK=udp) rather than shared memory.
   static bool reaches_other_host(const QpAddressVector& ah);
-  void complete_send_locked(const SendWqe& wqe, ibv_wc_status status);
+  // Returns the status it completed with: a WQE whose data could not be
+  // scattered into another process's memory ends LOC_PROT_ERR instead.
+  ibv_wc_status complete_send_locked(const SendWqe& wqe, ibv_wc_status status);
   // Tag matching: the FIN of a rendezvous this QP sent, into its next
   // receive WQE (RECV completion; dropped when there is none).
   void deliver_fin_locked(uint64_t tag, uint32_t app_ctx);
@@ -214,6 +218,9 @@ class QueuePair {
   std::atomic<uint64_t> rq_retired_{0};   // receive WQEs whose completion was polled
   bool parked_ = false;
   SpinLock rq_lock_;
+  // Local SGEs in other processes' memory, staged here, by the position of
+  // their send WQE until it completes (engine/qp/foreign_memory.hpp).
+  std::unordered_map<uint32_t, ForeignStaging> staging_;
   // RC/UC: the path to the peer QP, opened at RTR, dropped at RESET (under sq_lock_).
   std::unique_ptr<link::Channel> channel_;
   bool attached_ = false;  // holds its PD, CQs and SRQ: creation completed

@@ -12,6 +12,7 @@
 #include "engine/memory_window.hpp"
 #include "engine/node.hpp"
 #include "engine/protection_domain.hpp"
+#include "engine/qp/foreign_memory.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "engine/shared_receive_queue.hpp"
 #include "engine/completion_queue.hpp"
@@ -50,20 +51,37 @@ Operation operation_of(uint32_t wr_opcode) {
   }
 }
 
-// The local SGEs, checked against this process's MRs (the QP's PD, `access`),
-// as iovecs; LOC_PROT_ERR for a bad one.
+// The local SGEs, checked against the MRs of the QP's PD (`access`), as
+// iovecs; LOC_PROT_ERR for a bad one. An SGE in an MR of another process
+// (imported) is staged in `staging` (its iovec is the staging buffer's);
+// without staging such an SGE is a protection error too.
 ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t num_sge, uint32_t access,
-                           iovec* out, int* nout, uint64_t* total) {
+                           iovec* out, int* nout, uint64_t* total, ForeignStaging* staging = nullptr) {
   int n = 0;
   uint64_t sum = 0;
+  int staged[limits::kMaxSge + 1];
+  int nstaged = 0;
   for (uint32_t i = 0; i < num_sge; ++i) {
     const Sge& sge = sges[i];
     if (sge.length == 0) continue;
     host::MrRecord mr;
-    if (!node.registry().lookup_mr(sge.lkey, mr) || mr.proc != node.proc()) return IBV_WC_LOC_PROT_ERR;
+    if (!node.registry().lookup_mr(sge.lkey, mr)) return IBV_WC_LOC_PROT_ERR;
     const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
                                    static_cast<transport::KeyKind>(mr.kind), mr.qpn};
     if (!transport::local_key_allows(key, pd_id, access, sge.addr, sge.length)) return IBV_WC_LOC_PROT_ERR;
+    void* at = transport::owner_address(key, sge.addr);
+    if (mr.proc != node.proc()) {
+      // Another process's MR, in the same PD: only a context shared with
+      // that process (ibv_import_device) gives this process its PD.
+      if (staging == nullptr || nstaged == limits::kMaxSge + 1) return IBV_WC_LOC_PROT_ERR;
+      const uint32_t pid = node.host().pid_of(mr.proc);
+      if (pid == 0) return IBV_WC_LOC_PROT_ERR;
+      staging->add(mr, pid, reinterpret_cast<uint64_t>(at), sge.length);
+      staged[nstaged++] = n;
+      out[n++] = iovec{nullptr, sge.length};
+      sum += sge.length;
+      continue;
+    }
     // Through an ODP MR the pages may have gone since registration (through
     // an implicit one nothing was ever checked): the range must be mapped
     // now, or the copy would fault in this process.
@@ -72,7 +90,6 @@ ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t
                                    (access & IBV_ACCESS_LOCAL_WRITE) ? host::MemoryNeed::kWrite
                                                                      : host::MemoryNeed::kRead))
       return IBV_WC_LOC_PROT_ERR;
-    void* at = transport::owner_address(key, sge.addr);
     // Pages the MR moved into this process's file are used through our
     // window onto it, as a NIC uses the pages it pinned: the application
     // may have unmapped the address since (its data is still the MR's).
@@ -81,6 +98,10 @@ ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t
       at = in_file;
     out[n++] = iovec{at, sge.length};
     sum += sge.length;
+  }
+  if (nstaged != 0) {
+    staging->finish();
+    for (int i = 0; i < nstaged; ++i) out[staged[i]] = staging->at(static_cast<size_t>(i));
   }
   *nout = n;
   *total = sum;
@@ -136,9 +157,17 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
     length = wqe.inline_len;
   } else {
     const uint32_t access = reads_into_local ? IBV_ACCESS_LOCAL_WRITE : 0;
+    staging_.erase(position);  // an earlier attempt's
+    ForeignStaging staging;
     const ibv_wc_status checked =
-        local_iovecs(node_, pd_->id(), wqe.sge, wqe.num_sge, access, local, &nlocal, &length);
+        local_iovecs(node_, pd_->id(), wqe.sge, wqe.num_sge, access, local, &nlocal, &length, &staging);
     if (checked != IBV_WC_SUCCESS) return verdict(Verdict::complete(checked));
+    if (!staging.empty()) {
+      // What the request sends is taken now; what it brings back is
+      // scattered when it completes (complete_send_locked).
+      if (!reads_into_local && !staging.gather(node_.host())) return verdict(Verdict::complete(IBV_WC_LOC_PROT_ERR));
+      staging_.emplace(position, std::move(staging));  // the buffer (and the iovecs into it) stays put
+    }
   }
   if (length > limits::kMaxMsgSize) return verdict(Verdict::complete(IBV_WC_LOC_LEN_ERR));
   if ((op == Operation::kCompareSwap || op == Operation::kFetchAdd) && length != 8)

@@ -45,7 +45,7 @@ bool ShmResponderPort::KeysInUse::any_on_demand() const {
 }
 
 bool ShmResponderPort::own_ranges_mapped(const iovec* ranges, int n, bool written) {
-  if (data_->proc != host_.proc() || !keys_.any_on_demand()) return true;
+  if (memory().proc != host_.proc() || !keys_.any_on_demand()) return true;
   for (int i = 0; i < n; ++i)
     if (ranges[i].iov_len != 0 &&
         !host::check_process_range(ranges[i].iov_base, ranges[i].iov_len,
@@ -63,7 +63,7 @@ const host::MrRecord* ShmResponderPort::KeysInUse::holding(uint64_t addr, uint64
 }
 
 bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
-  TargetQp& owner = *data_;
+  TargetQp& owner = memory();
   // Our own registered memory too goes through our window onto its file, not
   // through the address the application registered: as a NIC writes into
   // the pages an MR pinned, a WRITE must land even where the application
@@ -106,12 +106,42 @@ transport::ResponderQp ShmResponderPort::qp() {
   return v;
 }
 
+// A key of the message's memory process. The first key may name an MR of
+// another process in the same PD (a PD that processes share through an
+// imported context): that process becomes the message's memory, announced
+// before the key is read again. Every key of one message must then name
+// that same process.
 std::optional<transport::MemoryKey> ShmResponderPort::memory_key(uint32_t key) {
   host::MrRecord mr;
-  if (!host_.registry().lookup_mr(key, mr) || mr.proc != data_->proc) return std::nullopt;
+  if (!host_.registry().lookup_mr(key, mr)) return std::nullopt;
+  if (mr.proc != memory().proc && !adopt_memory_process(key, mr)) return std::nullopt;
   keys_.add(mr);
   return transport::MemoryKey{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
                               static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+}
+
+bool ShmResponderPort::adopt_memory_process(uint32_t key, host::MrRecord& mr) {
+  if (memory_ != nullptr || !keys_.empty() || mr.kind != host::kKeyRegion) return false;
+  char* base = host_.segment_base(mr.proc);
+  const uint32_t pid = host_.pid_of(mr.proc);
+  if (base == nullptr || pid == 0) return false;
+  if (mr.proc != target_.proc && mr.proc != data_->proc) {
+    // Without waiting: this thread holds a slot already (a few tries, for
+    // the moments when every slot of this process is taken).
+    for (int i = 0; i < 64 && memory_access_ == host::HostRegistry::kNoAccessSlot; ++i)
+      memory_access_ = host_.registry().try_begin_access(host_.proc(), mr.proc);
+    if (memory_access_ == host::HostRegistry::kNoAccessSlot) return false;
+  }
+  // Read again under the announcement: a deregistration now waits for us.
+  host::MrRecord again;
+  if (!host_.registry().lookup_mr(key, again) || again.proc != mr.proc || host_.pid_of(mr.proc) != pid) return false;
+  mr = again;
+  memory_owner_ = TargetQp{};
+  memory_owner_.base = base;
+  memory_owner_.pid = pid;
+  memory_owner_.proc = mr.proc;
+  memory_ = &memory_owner_;
+  return true;
 }
 
 bool ShmResponderPort::invalidate(uint32_t rkey) {
@@ -160,6 +190,7 @@ std::optional<uint32_t> ShmResponderPort::select_xrc_srq(uint32_t srqn) {
 
 ShmResponderPort::~ShmResponderPort() {
   if (xrc_access_ != host::HostRegistry::kNoAccessSlot) host_.registry().end_access(host_.proc(), xrc_access_);
+  if (memory_access_ != host::HostRegistry::kNoAccessSlot) host_.registry().end_access(host_.proc(), memory_access_);
 }
 
 host::SharedRq* ShmResponderPort::receive_queue() const {
@@ -192,7 +223,7 @@ bool ShmResponderPort::take_receive(transport::ReceiveWqe& out) {
 
 transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from,
                                                     int nfrom, uint64_t length) {
-  const TargetQp& data = *data_;
+  const TargetQp& data = memory();
   // The owner's side seen here: plain copies, no system call.
   iovec view[limits::kMaxSge + 1];
   const iovec* owner = into_target ? to : from;
@@ -244,7 +275,7 @@ transport::CopyStatus ShmResponderPort::read(const iovec* to, int nto, const iov
 // side sees half of.
 transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp op, uint64_t compare_add,
                                                uint64_t swap, uint64_t& original) {
-  const TargetQp& owner = *data_;
+  const TargetQp& owner = memory();
   const iovec where{word, sizeof(uint64_t)};
   if (!own_ranges_mapped(&where, 1, true)) return transport::CopyStatus::kFault;
   iovec view;

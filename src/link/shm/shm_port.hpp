@@ -50,6 +50,7 @@ class ShmResponderPort final : public transport::ResponderPort {
     // Whether one of them is an ODP MR (transport::is_on_demand): its pages
     // are checked when used.
     bool any_on_demand() const;
+    bool empty() const { return n_ == 0; }
     // The validated MR that holds [addr, addr + length) of the owner, or nullptr.
     const host::MrRecord* holding(uint64_t addr, uint64_t length) const;
 
@@ -60,6 +61,9 @@ class ShmResponderPort final : public transport::ResponderPort {
   };
 
   host::SharedRq* receive_queue() const;
+  // Makes the process of `mr` (key `key`, read before) the message's memory,
+  // if no key named another yet; `mr` is read again under its announcement.
+  bool adopt_memory_process(uint32_t key, host::MrRecord& mr);
   void raise(uint32_t detail);
   // The owner's memory `target` (n ranges) as seen here through its backing
   // file, into `local`; false if any range is not in a shared MR.
@@ -70,6 +74,10 @@ class ShmResponderPort final : public transport::ResponderPort {
   bool own_ranges_mapped(const iovec* ranges, int n, bool written);
   transport::CopyStatus fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from, int nfrom,
                                     uint64_t length);
+
+  // Whose memory the message's keys reach: data_'s process, or the one
+  // process whose MR the first key named (memory_key).
+  TargetQp& memory() { return memory_ != nullptr ? *memory_ : *data_; }
 
   host::Attachment& host_;
   TargetQp& target_;  // the QP: its state, its events
@@ -84,6 +92,12 @@ class ShmResponderPort final : public transport::ResponderPort {
   TargetQp xrc_owner_;
   // The access to the SRQ's process, when it is not the QP's.
   uint32_t xrc_access_ = host::HostRegistry::kNoAccessSlot;
+  // The process of an MR in the QP's PD that another process registered
+  // (a PD shared through ibv_import_pd), when the message's keys name one:
+  // its memory as a target, and the access announced to it.
+  TargetQp* memory_ = nullptr;
+  TargetQp memory_owner_;
+  uint32_t memory_access_ = host::HostRegistry::kNoAccessSlot;
 };
 
 }  // namespace softhca::shm

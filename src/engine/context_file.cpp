@@ -1,0 +1,238 @@
+#include "engine/context_file.hpp"
+
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+
+#include "host/shared_file.hpp"
+
+namespace softhca::engine {
+namespace {
+
+constexpr uint64_t kMagic = 0x5346484341435458ull;  // "SFHCACTX"
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kPage = 4096;
+constexpr uint32_t kDmPages = static_cast<uint32_t>(ContextFile::kDeviceMemoryBytes / kPage);
+// A withdrawn entry: lookups walk past it, publish may reuse it.
+constexpr uint32_t kTombstone = 0xFFFFFFFFu;
+
+struct Entry {
+  uint32_t kind;  // ExportKind, or kTombstone
+  uint32_t handle;
+  uint32_t proc;
+  uint32_t pid;
+  uint32_t pd_handle;
+  uint32_t access;
+  uint64_t length;
+  uint64_t iova;
+  uint64_t offset;
+  std::atomic<uint32_t> users;  // a PD's users, in every process
+  uint32_t unused;
+};
+
+uint32_t bucket(ExportKind kind, uint32_t handle) {
+  return ((handle * 2654435761u) ^ static_cast<uint32_t>(kind)) % ContextFile::kMaxExports;
+}
+
+}  // namespace
+
+struct ContextFile::Layout {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t layout_size;
+  pthread_mutex_t mutex;  // robust, process-shared
+  std::atomic<uint32_t> holders;
+  uint32_t creator_proc;
+  uint32_t creator_pid;
+  std::atomic<uint32_t> next_handle;
+  uint64_t dm_used[kDmPages / 64];  // one bit per page of device memory
+  Entry entries[kMaxExports];
+};
+
+namespace {
+
+// Device memory begins at the first page after the table.
+constexpr uint64_t kDmStart = (sizeof(ContextFile::Layout) + kPage - 1) & ~(kPage - 1);
+constexpr uint64_t kFileSize = kDmStart + ContextFile::kDeviceMemoryBytes;
+
+ContextFile::Layout* map_file(int fd) {
+  void* mem = ::mmap(nullptr, kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return mem == MAP_FAILED ? nullptr : static_cast<ContextFile::Layout*>(mem);
+}
+
+}  // namespace
+
+Result<ContextFile*> ContextFile::create(int fd, uint32_t proc, uint32_t pid) {
+  if (::ftruncate(fd, static_cast<off_t>(kFileSize)) != 0) return fail(static_cast<std::errc>(errno));
+  Layout* layout = map_file(fd);
+  if (layout == nullptr) return fail(static_cast<std::errc>(errno));
+  // A new memfd reads as zeros: every entry free, no device memory taken.
+  host::init_robust_mutex(&layout->mutex);
+  layout->holders.store(1, std::memory_order_relaxed);
+  layout->creator_proc = proc;
+  layout->creator_pid = pid;
+  layout->next_handle.store(1, std::memory_order_relaxed);
+  layout->version = kVersion;
+  layout->layout_size = static_cast<uint32_t>(sizeof(Layout));
+  std::atomic_ref<uint64_t>(layout->magic).store(kMagic, std::memory_order_release);
+  return new ContextFile(layout);
+}
+
+Result<ContextFile*> ContextFile::attach(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return fail(std::errc::bad_file_descriptor);
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != kFileSize)
+    return fail(std::errc::no_such_device_or_address);
+  Layout* layout = map_file(fd);
+  if (layout == nullptr) return fail(std::errc::no_such_device_or_address);
+  auto* file = new ContextFile(layout);
+  if (std::atomic_ref<uint64_t>(layout->magic).load(std::memory_order_acquire) != kMagic ||
+      layout->version != kVersion || layout->layout_size != sizeof(Layout)) {
+    delete file;
+    return fail(std::errc::no_such_device_or_address);
+  }
+  // One more holder, unless every holder has closed it already.
+  uint32_t n = layout->holders.load(std::memory_order_relaxed);
+  do {
+    if (n == 0) {
+      delete file;
+      return fail(std::errc::no_such_device_or_address);
+    }
+  } while (!layout->holders.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel));
+  return file;
+}
+
+ContextFile::~ContextFile() { ::munmap(layout_, kFileSize); }
+
+uint32_t ContextFile::creator_proc() const { return layout_->creator_proc; }
+uint32_t ContextFile::creator_pid() const { return layout_->creator_pid; }
+
+void ContextFile::hold() { layout_->holders.fetch_add(1, std::memory_order_acq_rel); }
+void ContextFile::release() { layout_->holders.fetch_sub(1, std::memory_order_acq_rel); }
+
+void ContextFile::lock() const { host::lock_robust_mutex(&layout_->mutex, "context file"); }
+void ContextFile::unlock() const { pthread_mutex_unlock(&layout_->mutex); }
+
+bool ContextFile::publish(const ExportRecord& record) {
+  lock();
+  bool done = false;
+  // The entry it had, else the first withdrawn one on its probe path, else
+  // the free one that ends the path.
+  Entry* reuse = nullptr;
+  Entry* tombstone = nullptr;
+  for (uint32_t i = 0, at = bucket(record.kind, record.handle); i < kMaxExports; ++i, at = (at + 1) % kMaxExports) {
+    Entry& e = layout_->entries[at];
+    if (e.kind == kTombstone) {
+      if (tombstone == nullptr) tombstone = &e;
+    } else if (e.kind == static_cast<uint32_t>(record.kind) && e.handle == record.handle) {
+      reuse = &e;
+      break;
+    } else if (e.kind == static_cast<uint32_t>(ExportKind::kFree)) {
+      reuse = tombstone != nullptr ? tombstone : &e;
+      break;
+    }
+  }
+  if (reuse == nullptr) reuse = tombstone;
+  if (reuse != nullptr) {
+    reuse->kind = static_cast<uint32_t>(record.kind);
+    reuse->handle = record.handle;
+    reuse->proc = record.proc;
+    reuse->pid = record.pid;
+    reuse->pd_handle = record.pd_handle;
+    reuse->access = record.access;
+    reuse->length = record.length;
+    reuse->iova = record.iova;
+    reuse->offset = record.offset;
+    reuse->users.store(0, std::memory_order_relaxed);
+    done = true;
+  }
+  unlock();
+  return done;
+}
+
+namespace {
+
+// The live entry for (kind, handle) in `entries`, or nullptr.
+template <typename E>
+E* find_entry(E* entries, ExportKind kind, uint32_t handle) {
+  for (uint32_t i = 0, at = bucket(kind, handle); i < ContextFile::kMaxExports;
+       ++i, at = (at + 1) % ContextFile::kMaxExports) {
+    E& e = entries[at];
+    if (e.kind == static_cast<uint32_t>(ExportKind::kFree)) return nullptr;
+    if (e.kind == static_cast<uint32_t>(kind) && e.handle == handle) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void ContextFile::withdraw(ExportKind kind, uint32_t handle) {
+  lock();
+  if (Entry* e = find_entry(layout_->entries, kind, handle)) e->kind = kTombstone;
+  unlock();
+}
+
+std::optional<ExportRecord> ContextFile::find(ExportKind kind, uint32_t handle) const {
+  lock();
+  std::optional<ExportRecord> out;
+  if (const Entry* e = find_entry(layout_->entries, kind, handle))
+    out = ExportRecord{kind, e->handle, e->proc, e->pid, e->pd_handle, e->access, e->length, e->iova, e->offset};
+  unlock();
+  return out;
+}
+
+void ContextFile::add_pd_users(uint32_t handle, int delta) {
+  lock();
+  if (Entry* e = find_entry(layout_->entries, ExportKind::kPd, handle))
+    e->users.fetch_add(static_cast<uint32_t>(delta), std::memory_order_relaxed);
+  unlock();
+}
+
+uint32_t ContextFile::pd_users(uint32_t handle) const {
+  lock();
+  const Entry* e = find_entry(layout_->entries, ExportKind::kPd, handle);
+  const uint32_t n = e != nullptr ? e->users.load(std::memory_order_relaxed) : 0;
+  unlock();
+  return n;
+}
+
+uint32_t ContextFile::next_handle() { return layout_->next_handle.fetch_add(1, std::memory_order_relaxed); }
+
+Result<uint64_t> ContextFile::take_device_memory(uint64_t length) {
+  const uint32_t pages = static_cast<uint32_t>((length + kPage - 1) / kPage);
+  if (pages == 0 || pages > kDmPages) return fail(std::errc::not_enough_memory);
+  auto used = [&](uint32_t p) { return (layout_->dm_used[p / 64] >> (p % 64)) & 1; };
+  lock();
+  // First fit: device memory is small and changes seldom.
+  for (uint32_t first = 0; first + pages <= kDmPages; ++first) {
+    uint32_t n = 0;
+    while (n < pages && !used(first + n)) ++n;
+    if (n == pages) {
+      for (uint32_t p = first; p < first + pages; ++p) layout_->dm_used[p / 64] |= uint64_t{1} << (p % 64);
+      unlock();
+      return kDmStart + static_cast<uint64_t>(first) * kPage;
+    }
+    first += n;  // past the used page that stopped the run
+  }
+  unlock();
+  return fail(std::errc::not_enough_memory);
+}
+
+void ContextFile::give_device_memory(uint64_t offset, uint64_t length) {
+  const uint32_t first = static_cast<uint32_t>((offset - kDmStart) / kPage);
+  const uint32_t pages = static_cast<uint32_t>((length + kPage - 1) / kPage);
+  // The pages go back to the file's hole: the next DM there reads zeros, as a new allocation should.
+  ::madvise(device_memory(offset), static_cast<size_t>(pages) * kPage, MADV_REMOVE);
+  lock();
+  for (uint32_t p = first; p < first + pages; ++p) layout_->dm_used[p / 64] &= ~(uint64_t{1} << (p % 64));
+  unlock();
+}
+
+char* ContextFile::device_memory(uint64_t offset) const { return reinterpret_cast<char*>(layout_) + offset; }
+
+}  // namespace softhca::engine

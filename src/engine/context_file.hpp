@@ -1,0 +1,92 @@
+// The file behind a context's cmd_fd: a memfd that holds what every process
+// importing the context (ibv_import_device on a copy of the fd, passed by
+// SCM_RIGHTS or inherited) must see of it, as a kernel's uverbs file holds
+// the objects of a context that several processes share:
+//   - the PDs, MRs and DMs made in the context, in any of those processes,
+//     by the handle numbers the application sees (what ibv_import_pd, _mr
+//     and _dm look up), with the process that made each;
+//   - each PD's count of objects that use it, in every process (so that
+//     ibv_dealloc_pd refuses, EBUSY, while another process's QP uses it);
+//   - the context's device memory: DMs live in the file, so that every
+//     process that maps it reaches them.
+// Changes are rare (object creation and destruction): a spinlock in the
+// file orders writers; readers look entries up under it too.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+
+#include "common/result.hpp"
+
+namespace softhca::engine {
+
+enum class ExportKind : uint32_t { kFree = 0, kPd = 1, kMr = 2, kDm = 3 };
+
+// What another process learns of an exported object.
+struct ExportRecord {
+  ExportKind kind = ExportKind::kFree;
+  uint32_t handle = 0;
+  uint32_t proc = 0;       // the registry slot of the process that made it
+  uint32_t pid = 0;
+  uint32_t pd_handle = 0;  // an MR's PD
+  uint32_t access = 0;     // an MR's access flags
+  uint64_t length = 0;     // an MR's or a DM's length
+  uint64_t iova = 0;       // an MR's iova
+  uint64_t offset = 0;     // a DM's place in the file
+};
+
+class ContextFile {
+ public:
+  static constexpr uint32_t kMaxExports = 1 << 16;
+  // Device memory a context holds at once, in all processes together.
+  static constexpr uint64_t kDeviceMemoryBytes = 1 << 20;
+
+  // Lays the table out in `fd` (a new, empty memfd) for the context that
+  // process `proc` (pid `pid`) opens.
+  static Result<ContextFile*> create(int fd, uint32_t proc, uint32_t pid);
+  // Maps the table of another process's context; no_such_device_or_address
+  // when `fd` is no context's file, or the context is closed everywhere.
+  static Result<ContextFile*> attach(int fd);
+  ~ContextFile();
+  ContextFile(const ContextFile&) = delete;
+  ContextFile& operator=(const ContextFile&) = delete;
+
+  // The process that opened the context (for the importer's checks).
+  uint32_t creator_proc() const;
+  uint32_t creator_pid() const;
+
+  // One engine context (in any process) holds the file; the last release
+  // closes the context everywhere: attach refuses it from then on.
+  void hold();
+  void release();
+
+  // Records `record` (kind and handle name it); false when the table is full.
+  bool publish(const ExportRecord& record);
+  void withdraw(ExportKind kind, uint32_t handle);
+  std::optional<ExportRecord> find(ExportKind kind, uint32_t handle) const;
+  // The count of users of exported PD `handle`, in every process: changed
+  // by `delta`, and read (0 when the PD is not in the table).
+  void add_pd_users(uint32_t handle, int delta);
+  uint32_t pd_users(uint32_t handle) const;
+  // A handle no process of the context has given yet (device memory has
+  // no number of its own).
+  uint32_t next_handle();
+
+  // Device memory: `length` bytes of the file (whole pages), or
+  // not_enough_memory; the range is the file's offset.
+  Result<uint64_t> take_device_memory(uint64_t length);
+  void give_device_memory(uint64_t offset, uint64_t length);
+  // The file's device memory as mapped here.
+  char* device_memory(uint64_t offset) const;
+
+  struct Layout;  // the file's layout (context_file.cpp)
+
+ private:
+  explicit ContextFile(Layout* layout) : layout_(layout) {}
+  void lock() const;
+  void unlock() const;
+  Layout* layout_;
+};
+
+}  // namespace softhca::engine
