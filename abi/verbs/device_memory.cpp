@@ -64,7 +64,11 @@ int free_dm_op(ibv_dm* dm) {
     engine::DeviceMemory* impl = to_dm(dm);
     if (impl == nullptr) return EINVAL;
     if (impl->in_use()) return EBUSY;  // an MR still registers it
-    delete impl;
+    if (impl->adopted()) {
+      impl->context().destroy_adopted(impl);  // another process's DM: freed for all
+    } else {
+      delete impl;
+    }
     delete reinterpret_cast<DmHandle*>(dm);
     return 0;
   });

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "engine/device_memory.hpp"
 #include "engine/memory_region.hpp"
 #include "engine/protection_domain.hpp"
 
@@ -90,6 +91,7 @@ Context::~Context() {
   // with this context, the objects stay (MRs first: they name their PD).
   for (MemoryRegion* mr : adopted_mrs_) delete mr;
   for (ProtectionDomain* pd : adopted_pds_) delete pd;
+  for (DeviceMemory* dm : adopted_dms_) delete dm;
   if (file_ != nullptr) {
     file_->release();
     delete file_;
@@ -157,7 +159,7 @@ void Context::destroy_adopted(ProtectionDomain* pd) {
 }
 
 void Context::destroy_adopted(MemoryRegion* mr) {
-  const uint32_t key = mr->key();
+  const uint32_t key = mr->handle();
   if (file_ != nullptr) file_->withdraw(ExportKind::kMr, key);
   {
     std::lock_guard guard(objects_mutex_);
@@ -167,11 +169,41 @@ void Context::destroy_adopted(MemoryRegion* mr) {
   delete mr;
 }
 
-void Context::add_pd_users(uint32_t handle, int delta) {
-  if (file_ != nullptr) file_->add_pd_users(handle, delta);
+void Context::publish(DeviceMemory* dm, uint32_t handle, uint64_t offset) {
+  publish_in(dms_, handle, dm);
+  file_->publish(
+      ExportRecord{ExportKind::kDm, handle, node_->proc(), node_->host().pid(), 0, 0, dm->length(), 0, offset});
 }
 
-uint32_t Context::pd_users(uint32_t handle) const { return file_ != nullptr ? file_->pd_users(handle) : 0; }
+DeviceMemory* Context::find_dm(uint32_t handle) {
+  if (DeviceMemory* dm = find_in(dms_, handle)) return dm;
+  const std::optional<ExportRecord> record = file_->find(ExportKind::kDm, handle);
+  if (!record) return nullptr;
+  std::lock_guard guard(objects_mutex_);
+  if (auto it = dms_.find(handle); it != dms_.end()) return it->second;
+  DeviceMemory* dm = DeviceMemory::adopt(*this, *record);
+  dms_[handle] = dm;
+  adopted_dms_.push_back(dm);
+  return dm;
+}
+
+void Context::destroy_adopted(DeviceMemory* dm) {
+  dm->free_everywhere();
+  {
+    std::lock_guard guard(objects_mutex_);
+    if (auto it = dms_.find(dm->handle()); it != dms_.end() && it->second == dm) dms_.erase(it);
+    std::erase(adopted_dms_, dm);
+  }
+  delete dm;
+}
+
+void Context::add_pd_users(uint32_t handle, int delta) {
+  if (file_ != nullptr) file_->add_users(ExportKind::kPd, handle, delta);
+}
+
+uint32_t Context::pd_users(uint32_t handle) const {
+  return file_ != nullptr ? file_->users(ExportKind::kPd, handle) : 0;
+}
 
 void Context::raise_async_event(const AsyncEvent& event) {
   // The count goes up under the lock too: forget_events, which takes an

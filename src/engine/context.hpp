@@ -119,11 +119,15 @@ class Context {
   // The users of PD `handle` in every process (0 if the file does not hold it).
   void add_pd_users(uint32_t handle, int delta);
   uint32_t pd_users(uint32_t handle) const;
-  void publish(DeviceMemory* dm, uint32_t handle) { publish_in(dms_, handle, dm); }
+  // A DM, at `offset` of the context's file.
+  void publish(DeviceMemory* dm, uint32_t handle, uint64_t offset);
   void withdraw(DeviceMemory* dm, uint32_t handle) { withdraw_from(dms_, handle, dm); }
-  DeviceMemory* find_dm(uint32_t handle) { return find_in(dms_, handle); }
-  // A handle number for objects that have none of their own (device memory).
-  uint32_t next_handle() { return next_handle_.fetch_add(1, std::memory_order_relaxed); }
+  // A DM of this context; one another process allocated is adopted.
+  DeviceMemory* find_dm(uint32_t handle);
+  // ibv_free_dm of an adopted DM: freed for every process, deleted here.
+  void destroy_adopted(DeviceMemory* dm);
+  // The file behind cmd_fd, shared with the other processes that hold the context.
+  ContextFile& file() { return *file_; }
 
   Node& node() { return *node_; }
   int async_fd() const { return async_fd_; }
@@ -165,10 +169,10 @@ class Context {
   // Objects other processes made, adopted here (find_pd, find_mr).
   std::vector<ProtectionDomain*> adopted_pds_;
   std::vector<MemoryRegion*> adopted_mrs_;
+  std::vector<DeviceMemory*> adopted_dms_;
   std::unordered_map<uint32_t, ProtectionDomain*> pds_;
   std::unordered_map<uint32_t, MemoryRegion*> mrs_;
   std::unordered_map<uint32_t, DeviceMemory*> dms_;
-  std::atomic<uint32_t> next_handle_{1};
   AhTranslator ah_translator_ = nullptr;
   MwTranslator mw_translator_ = nullptr;
   MrTranslator mr_translator_ = nullptr;

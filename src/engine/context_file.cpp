@@ -186,16 +186,16 @@ std::optional<ExportRecord> ContextFile::find(ExportKind kind, uint32_t handle) 
   return out;
 }
 
-void ContextFile::add_pd_users(uint32_t handle, int delta) {
+void ContextFile::add_users(ExportKind kind, uint32_t handle, int delta) {
   lock();
-  if (Entry* e = find_entry(layout_->entries, ExportKind::kPd, handle))
+  if (Entry* e = find_entry(layout_->entries, kind, handle))
     e->users.fetch_add(static_cast<uint32_t>(delta), std::memory_order_relaxed);
   unlock();
 }
 
-uint32_t ContextFile::pd_users(uint32_t handle) const {
+uint32_t ContextFile::users(ExportKind kind, uint32_t handle) const {
   lock();
-  const Entry* e = find_entry(layout_->entries, ExportKind::kPd, handle);
+  const Entry* e = find_entry(layout_->entries, kind, handle);
   const uint32_t n = e != nullptr ? e->users.load(std::memory_order_relaxed) : 0;
   unlock();
   return n;
@@ -223,14 +223,20 @@ Result<uint64_t> ContextFile::take_device_memory(uint64_t length) {
   return fail(std::errc::not_enough_memory);
 }
 
-void ContextFile::give_device_memory(uint64_t offset, uint64_t length) {
-  const uint32_t first = static_cast<uint32_t>((offset - kDmStart) / kPage);
-  const uint32_t pages = static_cast<uint32_t>((length + kPage - 1) / kPage);
-  // The pages go back to the file's hole: the next DM there reads zeros, as a new allocation should.
-  ::madvise(device_memory(offset), static_cast<size_t>(pages) * kPage, MADV_REMOVE);
+bool ContextFile::retire_device_memory(uint32_t handle) {
   lock();
-  for (uint32_t p = first; p < first + pages; ++p) layout_->dm_used[p / 64] &= ~(uint64_t{1} << (p % 64));
+  Entry* e = find_entry(layout_->entries, ExportKind::kDm, handle);
+  if (e != nullptr) {
+    const uint32_t first = static_cast<uint32_t>((e->offset - kDmStart) / kPage);
+    const uint32_t pages = static_cast<uint32_t>((e->length + kPage - 1) / kPage);
+    // The pages go back to the file's hole: the next DM there reads zeros,
+    // as a new allocation must.
+    ::madvise(device_memory(e->offset), static_cast<size_t>(pages) * kPage, MADV_REMOVE);
+    for (uint32_t p = first; p < first + pages; ++p) layout_->dm_used[p / 64] &= ~(uint64_t{1} << (p % 64));
+    e->kind = kTombstone;
+  }
   unlock();
+  return e != nullptr;
 }
 
 char* ContextFile::device_memory(uint64_t offset) const { return reinterpret_cast<char*>(layout_) + offset; }

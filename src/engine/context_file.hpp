@@ -5,8 +5,9 @@
 //   - the PDs, MRs and DMs made in the context, in any of those processes,
 //     by the handle numbers the application sees (what ibv_import_pd, _mr
 //     and _dm look up), with the process that made each;
-//   - each PD's count of objects that use it, in every process (so that
-//     ibv_dealloc_pd refuses, EBUSY, while another process's QP uses it);
+//   - each PD's and DM's count of objects that use it, in every process
+//     (so that ibv_dealloc_pd refuses, EBUSY, while another process's QP
+//     uses the PD);
 //   - the context's device memory: DMs live in the file, so that every
 //     process that maps it reaches them.
 // Changes are rare (object creation and destruction): a spinlock in the
@@ -65,10 +66,10 @@ class ContextFile {
   bool publish(const ExportRecord& record);
   void withdraw(ExportKind kind, uint32_t handle);
   std::optional<ExportRecord> find(ExportKind kind, uint32_t handle) const;
-  // The count of users of exported PD `handle`, in every process: changed
-  // by `delta`, and read (0 when the PD is not in the table).
-  void add_pd_users(uint32_t handle, int delta);
-  uint32_t pd_users(uint32_t handle) const;
+  // The count of users of an exported PD or DM, in every process: changed
+  // by `delta`, and read (0 when the object is not in the table).
+  void add_users(ExportKind kind, uint32_t handle, int delta);
+  uint32_t users(ExportKind kind, uint32_t handle) const;
   // A handle no process of the context has given yet (device memory has
   // no number of its own).
   uint32_t next_handle();
@@ -76,7 +77,9 @@ class ContextFile {
   // Device memory: `length` bytes of the file (whole pages), or
   // not_enough_memory; the range is the file's offset.
   Result<uint64_t> take_device_memory(uint64_t length);
-  void give_device_memory(uint64_t offset, uint64_t length);
+  // Withdraws DM `handle` and gives its pages back to the file; false when
+  // it is not there (another process freed it already).
+  bool retire_device_memory(uint32_t handle);
   // The file's device memory as mapped here.
   char* device_memory(uint64_t offset) const;
 

@@ -1,6 +1,5 @@
 #include "engine/device_memory.hpp"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -23,22 +22,45 @@ Result<DeviceMemory*> DeviceMemory::allocate(Context& context, uint64_t length, 
   if (length > limits::kMaxDmSize) return fail(std::errc::not_enough_memory);
   Node& node = context.node();
   if (!node.dm_bytes().try_take(static_cast<uint32_t>(length))) return fail(std::errc::not_enough_memory);
-  // Whole pages of private anonymous memory: a DM MR can move them into the
-  // shared file like any heap range, so peers reach them without copying.
-  const uint64_t mapped = (length + page_size() - 1) & ~(page_size() - 1);
-  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED) {
+  // Whole pages of the context's file (so page aligned, and zeros: a
+  // freed DM's pages went back to the file's hole).
+  auto offset = context.file().take_device_memory(length);
+  if (!offset) {
     node.dm_bytes().give_back(static_cast<uint32_t>(length));
-    return fail(std::errc::not_enough_memory);
+    return fail(offset.error());
   }
-  auto* dm = new DeviceMemory(context, base, length, mapped, context.next_handle());
-  context.publish(dm, dm->handle());  // for ibv_import_dm
+  const uint32_t handle = context.file().next_handle();
+  auto* dm = new DeviceMemory(context, context.file().device_memory(*offset), length, handle, false);
+  // For ibv_import_dm, here and in the other processes that share the context.
+  context.publish(dm, handle, *offset);
   return dm;
 }
 
+DeviceMemory* DeviceMemory::adopt(Context& context, const ExportRecord& record) {
+  return new DeviceMemory(context, context.file().device_memory(record.offset), record.length, record.handle, true);
+}
+
+void DeviceMemory::free_everywhere() { context_.file().retire_device_memory(handle_); }
+
+void DeviceMemory::attach() {
+  here_.attach();
+  context_.file().add_users(ExportKind::kDm, handle_, 1);
+}
+
+void DeviceMemory::detach() {
+  here_.detach();
+  context_.file().add_users(ExportKind::kDm, handle_, -1);
+}
+
+bool DeviceMemory::in_use() const {
+  return here_.in_use() || context_.file().users(ExportKind::kDm, handle_) != 0;
+}
+
 DeviceMemory::~DeviceMemory() {
+  if (adopted_) return;  // the context keeps its adopted objects' books
   context_.withdraw(this, handle_);
-  munmap(base_, mapped_);
+  // Unless a process that imported it freed it already.
+  context_.file().retire_device_memory(handle_);
   context_.node().dm_bytes().give_back(static_cast<uint32_t>(length_));
 }
 

@@ -1,26 +1,39 @@
 // Device memory (ibv_alloc_dm): on a NIC, a small memory on the adapter that
 // peers reach without crossing PCIe to the host. softhca has no adapter, so
-// it is memory of the process, handed out from a per-process budget of
-// max_dm_size bytes, read and written with ibv_memcpy_to_dm/from_dm under
-// the device's rules (4-byte granularity, within the allocation), and made
-// reachable by peers through ibv_reg_dm_mr like any registered memory.
+// it is pages of the context's file (ContextFile), which every process that
+// shares the context maps (ibv_import_dm), handed out from a per-process
+// budget of max_dm_size bytes, read and written with ibv_memcpy_to_dm/from_dm
+// under the device's rules (4-byte granularity, within the allocation), and
+// made reachable by peers through ibv_reg_dm_mr like any registered memory.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 
 #include "common/result.hpp"
+#include "engine/context_file.hpp"
 #include "engine/user_count.hpp"
 
 namespace softhca::engine {
 
 class Context;
 
-class DeviceMemory : public UserCount {
+class DeviceMemory {
  public:
   // `length` bytes aligned to 2^log_align (at most a page); no_memory when
   // the process's budget is spent.
   static Result<DeviceMemory*> allocate(Context& context, uint64_t length, uint32_t log_align);
+  // This process's handle onto DM `record` that another process sharing
+  // the context allocated (ibv_import_dm).
+  static DeviceMemory* adopt(Context& context, const ExportRecord& record);
+  // ibv_free_dm: the memory goes back to the context, for every process.
+  // (Deleting an adopted handle without it leaves the DM to its owner.)
+  void free_everywhere();
+  // The MRs over it, in every process that shares the context: ibv_free_dm
+  // refuses (EBUSY) while any is registered.
+  void attach();
+  void detach();
+  bool in_use() const;
   ~DeviceMemory();
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
@@ -37,16 +50,19 @@ class DeviceMemory : public UserCount {
   // The handle ibv_import_dm names it by (unique in its context).
   uint32_t handle() const { return handle_; }
   uint64_t length() const { return length_; }
+  bool adopted() const { return adopted_; }
+  Context& context() { return context_; }
 
  private:
-  DeviceMemory(Context& context, void* base, uint64_t length, uint64_t mapped, uint32_t handle)
-      : context_(context), base_(base), length_(length), mapped_(mapped), handle_(handle) {}
+  DeviceMemory(Context& context, void* base, uint64_t length, uint32_t handle, bool adopted)
+      : context_(context), base_(base), length_(length), handle_(handle), adopted_(adopted) {}
 
   Context& context_;
-  void* base_;
+  void* base_;  // in the context's file, as mapped here
   uint64_t length_;
-  uint64_t mapped_;  // whole pages
   uint32_t handle_;
+  bool adopted_;
+  UserCount here_;  // this process's MRs over it
 };
 
 }  // namespace softhca::engine

@@ -109,6 +109,7 @@ Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uin
     return fail(key.error());
   }
   mr->key_ = *key;
+  mr->handle_ = *key;
   pd.attach();
   pd.context().publish(mr, mr->key_);  // for ibv_import_mr
   return mr;
@@ -117,6 +118,7 @@ Result<MemoryRegion*> MemoryRegion::create(ProtectionDomain& pd, void* addr, uin
 MemoryRegion* MemoryRegion::adopt(ProtectionDomain& pd, const ExportRecord& record) {
   auto* mr = new MemoryRegion(pd, nullptr, record.length, record.iova, record.access);
   mr->key_ = record.handle;
+  mr->handle_ = record.handle;
   mr->owner_proc_ = record.proc;
   return mr;
 }

@@ -46,6 +46,8 @@ class MemoryRegion {
   Result<void> rereg(int flags, ProtectionDomain* pd, void* addr, uint64_t length, uint32_t access);
 
   uint32_t key() const { return key_; }
+  // The handle ibv_import_mr names it by: its key, kept after deregistration.
+  uint32_t handle() const { return handle_; }
   ProtectionDomain& pd() { return *pd_; }
   void* addr() const { return addr_; }
   uint64_t length() const { return length_; }
@@ -62,6 +64,7 @@ class MemoryRegion {
   uint64_t iova_;
   uint32_t access_;
   uint32_t key_ = 0;
+  uint32_t handle_ = 0;
   // The registry slot of the process that registered it, when another (adopt).
   static constexpr uint32_t kOwnProcess = ~0u;
   uint32_t owner_proc_ = kOwnProcess;

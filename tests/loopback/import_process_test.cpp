@@ -12,10 +12,16 @@
 //
 // The child never uses gtest: it reports through its exit status (0 = good,
 // otherwise the number of the step that failed) and the pipes.
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "child_process.hpp"
 #include "loopback.hpp"
@@ -101,37 +107,69 @@ int run_wr(ibv_qp* qp, ibv_cq* cq, ibv_send_wr& wr) {
   return wc.status;
 }
 
-// The importer.
-int importer(int sock, int rfd, int wfd) {
+// The importer's side of a test: the owner's context, PD and shared MR
+// imported, and a QP of this process in that PD connected to the owner's.
+struct Imported {
   Handles h{};
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_mr* shared = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+};
+
+// 0, or the number of the step that failed.
+int import_and_connect(int sock, int rfd, int wfd, Imported& out) {
+  Handles& h = out.h;
   const int fd = receive_fd(sock, &h, sizeof h);
   if (fd < 0) return 1;
-  ibv_context* ctx = ibv_import_device(fd);
-  if (ctx == nullptr) return 2;
-  if (ctx->cmd_fd != fd) return 3;
-  ibv_pd* pd = ibv_import_pd(ctx, h.pd);
-  if (pd == nullptr || pd->handle != h.pd) return 4;
-  ibv_mr* shared = ibv_import_mr(pd, h.shared_mr);
-  if (shared == nullptr || shared->lkey != h.shared_lkey || shared->rkey != h.shared_lkey ||
-      shared->length != h.shared_length)
+  out.ctx = ibv_import_device(fd);
+  if (out.ctx == nullptr) return 2;
+  if (out.ctx->cmd_fd != fd) return 3;
+  out.pd = ibv_import_pd(out.ctx, h.pd);
+  if (out.pd == nullptr || out.pd->handle != h.pd) return 4;
+  out.shared = ibv_import_mr(out.pd, h.shared_mr);
+  if (out.shared == nullptr || out.shared->lkey != h.shared_lkey || out.shared->rkey != h.shared_lkey ||
+      out.shared->length != h.shared_length)
     return 5;
+  QpConfig cfg;
+  out.cq = ibv_create_cq(out.ctx, 16, nullptr, nullptr, 0);
+  if (out.cq == nullptr) return 6;
+  out.qp = create_qp(out.pd, out.cq, out.cq, cfg);
+  if (out.qp == nullptr) return 7;
+  ibv_gid gid{};
+  if (ibv_query_gid(out.ctx, 1, 0, &gid) != 0 || bring_up(out.qp, h.qpn, gid, cfg) != 0) return 8;
+  if (!write_all(wfd, &out.qp->qp_num, sizeof out.qp->qp_num) || !await_step(rfd, 'G')) return 9;
+  return 0;
+}
+
+// The owner's side: hands its context to the importer, connects its QP to
+// the importer's and gives the go. False if any of that fails.
+bool hand_over_and_connect(Child& child, int sock, ibv_context* ctx, const Handles& h, ibv_qp* qp,
+                           const ibv_gid& gid) {
+  uint32_t peer_qpn = 0;
+  return send_fd(sock, ctx->cmd_fd, &h, sizeof h) &&
+         read_all(child.rfd, &peer_qpn, sizeof peer_qpn, kChildDeadline) &&
+         bring_up(qp, peer_qpn, gid, QpConfig{}) == 0 && signal_step(child.wfd, 'G');
+}
+
+// The importer of the first test.
+int importer(int sock, int rfd, int wfd) {
+  Imported in;
+  if (const int step = import_and_connect(sock, rfd, wfd, in); step != 0) return step;
+  const Handles& h = in.h;
+  ibv_context* ctx = in.ctx;
+  ibv_pd* pd = in.pd;
+  ibv_mr* shared = in.shared;
+  ibv_cq* cq = in.cq;
+  ibv_qp* qp = in.qp;
   // Handles nobody made, and an MR through a PD it is not in.
   ibv_pd* spare = ibv_import_pd(ctx, h.spare_pd);
-  if (spare == nullptr) return 6;
+  if (spare == nullptr) return 10;
   errno = 0;
-  if (ibv_import_mr(spare, h.shared_mr) != nullptr || errno != EINVAL) return 7;
+  if (ibv_import_mr(spare, h.shared_mr) != nullptr || errno != EINVAL) return 11;
   errno = 0;
-  if (ibv_import_pd(ctx, 0xFFFFFFF0u) != nullptr || errno != EINVAL) return 8;
-
-  // A QP of this process in the owner's PD, connected to the owner's QP.
-  QpConfig cfg;
-  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
-  if (cq == nullptr) return 10;
-  ibv_qp* qp = create_qp(pd, cq, cq, cfg);
-  if (qp == nullptr) return 11;
-  ibv_gid gid{};
-  if (ibv_query_gid(ctx, 1, 0, &gid) != 0 || bring_up(qp, h.qpn, gid, cfg) != 0) return 12;
-  if (!write_all(wfd, &qp->qp_num, sizeof qp->qp_num) || !await_step(rfd, 'G')) return 13;
+  if (ibv_import_pd(ctx, 0xFFFFFFF0u) != nullptr || errno != EINVAL) return 12;
 
   // The owner's memory as local SGEs: gathered (WRITE), scattered (READ),
   // and an atomic's original value.
@@ -168,6 +206,8 @@ int importer(int sock, int rfd, int wfd) {
   ibv_mr* doomed = ibv_import_mr(pd, h.doomed_mr);
   if (doomed == nullptr) return 40;
   if (ibv_dereg_mr(doomed) != 0) return 41;
+  errno = 0;
+  if (ibv_import_mr(pd, h.doomed_mr) != nullptr || errno != EINVAL) return 44;  // gone from the context
   // And the PD: ours cannot go while our QP uses it.
   if (ibv_dealloc_pd(pd) != EBUSY) return 42;
   if (!signal_step(wfd, '6') || !await_step(rfd, '7')) return 43;
@@ -231,12 +271,8 @@ TEST(ImportAcrossProcesses, TheImporterUsesTheOwnersPdAndMemory) {
 
   const Handles h{dev.pd->handle, spare->handle, shared.mr()->handle, shared.lkey(), shared.addr(),
                   shared.size(),  doomed->handle,  target.rkey(),       target.addr(),  qp->qp_num};
-  ASSERT_TRUE(send_fd(socks[0], dev.ctx->cmd_fd, &h, sizeof h));
-  uint32_t peer_qpn = 0;
-  ASSERT_TRUE(read_all(child.rfd, &peer_qpn, sizeof peer_qpn, kChildDeadline))
+  ASSERT_TRUE(hand_over_and_connect(child, socks[0], dev.ctx, h, qp, dev.gid))
       << "child exited with " << child.wait_exit(Millis{100});
-  ASSERT_EQ(bring_up(qp, peer_qpn, dev.gid, cfg), 0);
-  ASSERT_TRUE(signal_step(child.wfd, 'G'));
 
   // The importer's WRITE took our shared bytes, its READ and its atomic
   // put theirs into our shared MR.
@@ -299,6 +335,260 @@ TEST(ImportAcrossProcesses, TheImporterUsesTheOwnersPdAndMemory) {
   EXPECT_EQ(ibv_dereg_mr(doomed), 0);
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  ::close(socks[0]);
+}
+
+// Device memory is the context's: what one process writes the other reads,
+// an MR over it in either process keeps it from being freed, and freeing it
+// through an imported handle frees it for its allocator too.
+constexpr uint32_t kDmWord1 = 0xC0FFEE01, kDmWord2 = 0xBADC0DE2;
+
+int dm_importer(int sock, int rfd, int wfd) {
+  struct {
+    uint32_t pd, dm;
+  } handles{};
+  const int fd = receive_fd(sock, &handles, sizeof handles);
+  if (fd < 0) return 1;
+  ibv_context* ctx = ibv_import_device(fd);
+  if (ctx == nullptr) return 2;
+  ibv_dm* dm = ibv_import_dm(ctx, handles.dm);
+  ibv_pd* pd = ibv_import_pd(ctx, handles.pd);
+  if (dm == nullptr || pd == nullptr) return 3;
+  uint32_t seen = 0;
+  if (ibv_memcpy_from_dm(&seen, dm, 8, 4) != 0 || seen != kDmWord1) return 4;
+  if (ibv_memcpy_to_dm(dm, 16, &kDmWord2, 4) != 0) return 5;
+  ibv_mr* mr = ibv_reg_dm_mr(pd, dm, 0, 64, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE);
+  if (mr == nullptr) return 6;
+  if (!signal_step(wfd, '1') || !await_step(rfd, '2')) return 7;
+  if (ibv_dereg_mr(mr) != 0) return 8;
+  if (ibv_free_dm(dm) != 0) return 9;  // for the allocator too
+  ibv_unimport_pd(pd);
+  if (ibv_close_device(ctx) != 0) return 10;
+  return signal_step(wfd, '3') ? 0 : 11;
+}
+
+TEST(ImportAcrossProcesses, DeviceMemoryIsTheContextsForEveryProcess) {
+  int socks[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM, 0, socks), 0);
+  Child child([&](int rfd, int wfd) {
+    ::close(socks[0]);
+    return dm_importer(socks[1], rfd, wfd);
+  });
+  ::close(socks[1]);
+  ASSERT_TRUE(child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_alloc_dm_attr attr{};
+  attr.length = 64;
+  ibv_dm* dm = ibv_alloc_dm(dev.ctx, &attr);
+  ASSERT_NE(dm, nullptr);
+  ASSERT_EQ(ibv_memcpy_to_dm(dm, 8, &kDmWord1, 4), 0);
+  const struct {
+    uint32_t pd, dm;
+  } handles{dev.pd->handle, dm->handle};
+  ASSERT_TRUE(send_fd(socks[0], dev.ctx->cmd_fd, &handles, sizeof handles));
+  ASSERT_TRUE(await_step(child.rfd, '1')) << "child exited with " << child.wait_exit(Millis{100});
+  uint32_t seen = 0;
+  ASSERT_EQ(ibv_memcpy_from_dm(&seen, dm, 16, 4), 0);
+  EXPECT_EQ(seen, kDmWord2);
+  EXPECT_EQ(ibv_free_dm(dm), EBUSY);  // the importer's MR is over it
+  ASSERT_TRUE(signal_step(child.wfd, '2'));
+  ASSERT_TRUE(await_step(child.rfd, '3')) << "child exited with " << child.wait_exit(Millis{100});
+  EXPECT_EQ(child.wait_exit(kChildDeadline), 0);
+  // Freed by the importer: our handle only lets go; the next DM reads zeros
+  // where the old one had words.
+  EXPECT_EQ(ibv_free_dm(dm), 0);
+  ibv_dm* fresh = ibv_alloc_dm(dev.ctx, &attr);
+  ASSERT_NE(fresh, nullptr);
+  uint32_t words[16] = {};
+  ASSERT_EQ(ibv_memcpy_from_dm(words, fresh, 0, sizeof words), 0);
+  EXPECT_EQ(words[2], 0u);
+  EXPECT_EQ(words[4], 0u);
+  EXPECT_EQ(ibv_free_dm(fresh), 0);
+  ::close(socks[0]);
+}
+
+// Teardown racing traffic: while the importer READs into the owner's shared
+// MR through the imported key (its requester scatters each answer there)
+// and the owner WRITEs into that MR through the importer's QP (whose
+// responder reaches the owner's memory), the owner deregisters the MR and
+// fills it with a sentinel at once. Not one byte of either stream may land
+// after ibv_dereg_mr returned.
+constexpr size_t kStreamLen = 3 * 4096 + 200;  // partial pages and whole ones
+constexpr uint8_t kSentinel = 0xEE;
+
+int streaming_importer(int sock, int rfd, int wfd) {
+  Imported in;
+  if (const int step = import_and_connect(sock, rfd, wfd, in); step != 0) return step;
+  // READs of the owner's target into its shared MR, until one fails.
+  uint64_t done = 0;
+  for (;;) {
+    ibv_sge sge{in.h.shared_addr, static_cast<uint32_t>(kStreamLen), in.shared->lkey};
+    ibv_send_wr wr = make_wr(done, IBV_WR_RDMA_READ, &sge, 1);
+    wr.wr.rdma.remote_addr = in.h.target_addr;
+    wr.wr.rdma.rkey = in.h.target_rkey;
+    const int status = run_wr(in.qp, in.cq, wr);
+    if (status != IBV_WC_SUCCESS) break;
+    if (++done == 20 && !signal_step(wfd, 'R')) return 20;  // streaming: the owner may deregister
+  }
+  if (done < 20) return 21;
+  return signal_step(wfd, 'E') ? 0 : 22;
+}
+
+TEST(ImportAcrossProcesses, NoByteLandsInTheOwnersMemoryAfterItsDeregistration) {
+  int socks[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM, 0, socks), 0);
+  Child child([&](int rfd, int wfd) {
+    ::close(socks[0]);
+    return streaming_importer(socks[1], rfd, wfd);
+  });
+  ::close(socks[1]);
+  ASSERT_TRUE(child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_NE(qp, nullptr);
+  std::vector<uint8_t> shared(kStreamLen, 0);
+  ibv_mr* shared_mr = ibv_reg_mr(dev.pd, shared.data(), shared.size(), Buffer::kAllAccess);
+  Buffer target(dev.pd, kStreamLen);
+  Buffer source(dev.pd, kStreamLen);
+  ASSERT_TRUE(shared_mr && target.mr() && source.mr());
+  fill_pattern(target.span(0, kStreamLen), 5);
+  fill_pattern(source.span(0, kStreamLen), 6);
+  const Handles h{dev.pd->handle, 0, shared_mr->handle, shared_mr->lkey, reinterpret_cast<uint64_t>(shared.data()),
+                  shared.size(),  0, target.rkey(),     target.addr(),   qp->qp_num};
+  ASSERT_TRUE(hand_over_and_connect(child, socks[0], dev.ctx, h, qp, dev.gid))
+      << "child exited with " << child.wait_exit(Millis{100});
+
+  // Our WRITEs into the shared MR through the importer's QP, from a thread
+  // of ours, until one fails.
+  std::atomic<uint64_t> writes{0};
+  std::thread writer([&] {
+    for (;;) {
+      ibv_sge sge = source.sge(0, kStreamLen);
+      ibv_send_wr wr = make_wr(1, IBV_WR_RDMA_WRITE, &sge, 1);
+      wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(shared.data());
+      wr.wr.rdma.rkey = shared_mr->rkey;
+      if (run_wr(qp, cq, wr) != IBV_WC_SUCCESS) return;
+      writes.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  const bool streaming = await_step(child.rfd, 'R');
+  const auto until = Clock::now() + kChildDeadline;
+  while (writes.load(std::memory_order_relaxed) < 20 && Clock::now() < until) std::this_thread::yield();
+  EXPECT_EQ(ibv_dereg_mr(shared_mr), 0);
+  std::memset(shared.data(), kSentinel, shared.size());
+  // Both streams end: the importer's next READ finds no key, and our WRITEs
+  // stop at the first that fails (the importer's QP went to ERROR).
+  writer.join();
+  EXPECT_TRUE(streaming) << "child exited with " << child.wait_exit(Millis{100});
+  EXPECT_TRUE(await_step(child.rfd, 'E'));
+  EXPECT_EQ(child.wait_exit(kChildDeadline), 0);
+  EXPECT_GE(writes.load(), 20u);
+  EXPECT_EQ(first_not(std::span<const uint8_t>(shared), kSentinel), -1);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  ::close(socks[0]);
+}
+
+// The same fence, made certain over the udp link: the importer READs into
+// the owner's shared MR from a third process's memory while that process
+// is stopped (SIGSTOP), so the answer is still to come when the owner
+// deregisters the MR and fills it with a sentinel; the third process then
+// goes on and answers. The answer must not be placed: the READ ends in
+// LOC_PROT_ERR. (Over shared memory the importer reads the third process's
+// memory itself, and its READ has ended before the owner deregisters.)
+struct Endpoint {
+  uint32_t qpn, rkey;
+  uint64_t addr;
+};
+
+int paused_target(int rfd, int wfd) {
+  Device dev;
+  if (!dev.ok()) return 1;
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ibv_qp* qp = cq ? create_qp(dev.pd, cq, cq, cfg) : nullptr;
+  Buffer memory(dev.pd, kStreamLen);
+  if (qp == nullptr || memory.mr() == nullptr) return 2;
+  fill_pattern(memory.span(0, kStreamLen), 7);
+  const Endpoint mine{qp->qp_num, memory.rkey(), memory.addr()};
+  uint32_t peer_qpn = 0;
+  if (!write_all(wfd, &mine, sizeof mine) || !read_all(rfd, &peer_qpn, sizeof peer_qpn, kChildDeadline)) return 3;
+  if (bring_up(qp, peer_qpn, dev.gid, cfg) != 0 || !signal_step(wfd, 'U')) return 4;
+  if (!await_step(rfd, 'Q')) return 5;
+  ibv_destroy_qp(qp);
+  ibv_destroy_cq(cq);
+  return 0;
+}
+
+int late_reader(int sock, int rfd, int wfd) {
+  Imported in;
+  if (const int step = import_and_connect(sock, rfd, wfd, in); step != 0) return step;
+  ibv_sge sge{in.h.shared_addr, static_cast<uint32_t>(kStreamLen), in.shared->lkey};
+  ibv_send_wr wr = make_wr(1, IBV_WR_RDMA_READ, &sge, 1);
+  wr.wr.rdma.remote_addr = in.h.target_addr;
+  wr.wr.rdma.rkey = in.h.target_rkey;
+  if (post_send(in.qp, wr) != 0) return 20;
+  if (!signal_step(wfd, 'P') || !await_step(rfd, 'D')) return 21;
+  ibv_wc wc{};
+  if (!poll_one(in.cq, &wc, kChildDeadline)) return 22;
+  const int32_t status = wc.status;
+  return write_all(wfd, &status, sizeof status) ? 0 : 23;
+}
+
+TEST(ImportAcrossProcesses, AnAnswerThatComesAfterTheOwnersDeregistrationIsNotPlaced) {
+  int socks[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM, 0, socks), 0);
+  Child reader([&](int rfd, int wfd) {
+    ::close(socks[0]);
+    return late_reader(socks[1], rfd, wfd);
+  });
+  ::close(socks[1]);
+  Child target(paused_target);
+  ASSERT_TRUE(reader.ok() && target.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  std::vector<uint8_t> shared(kStreamLen, 0);
+  ibv_mr* shared_mr = ibv_reg_mr(dev.pd, shared.data(), shared.size(), Buffer::kAllAccess);
+  ASSERT_NE(shared_mr, nullptr);
+  Endpoint far{};
+  ASSERT_TRUE(read_all(target.rfd, &far, sizeof far, kChildDeadline)) << "target exited with " << target.wait_exit(Millis{100});
+  const Handles h{dev.pd->handle, 0, shared_mr->handle, shared_mr->lkey, reinterpret_cast<uint64_t>(shared.data()),
+                  shared.size(),  0, far.rkey,          far.addr,        far.qpn};
+  ASSERT_TRUE(send_fd(socks[0], dev.ctx->cmd_fd, &h, sizeof h));
+  uint32_t reader_qpn = 0;
+  ASSERT_TRUE(read_all(reader.rfd, &reader_qpn, sizeof reader_qpn, kChildDeadline))
+      << "reader exited with " << reader.wait_exit(Millis{100});
+  ASSERT_TRUE(write_all(target.wfd, &reader_qpn, sizeof reader_qpn));
+  ASSERT_TRUE(await_step(target.rfd, 'U')) << "target exited with " << target.wait_exit(Millis{100});
+
+  ASSERT_EQ(::kill(target.pid(), SIGSTOP), 0);
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(target.pid()), &info, WSTOPPED), 0);
+  ASSERT_TRUE(signal_step(reader.wfd, 'G'));
+  ASSERT_TRUE(await_step(reader.rfd, 'P')) << "reader exited with " << reader.wait_exit(Millis{100});
+  EXPECT_EQ(ibv_dereg_mr(shared_mr), 0);
+  std::memset(shared.data(), kSentinel, shared.size());
+  ASSERT_EQ(::kill(target.pid(), SIGCONT), 0);
+  ASSERT_TRUE(signal_step(reader.wfd, 'D'));
+  int32_t status = -1;
+  ASSERT_TRUE(read_all(reader.rfd, &status, sizeof status, kChildDeadline))
+      << "reader exited with " << reader.wait_exit(Millis{100});
+  const char* link = std::getenv("SOFTHCA_LINK");
+  if (link != nullptr && std::string(link) == "udp") {
+    EXPECT_EQ(status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(static_cast<ibv_wc_status>(status));
+  } else {
+    EXPECT_TRUE(status == IBV_WC_SUCCESS || status == IBV_WC_LOC_PROT_ERR)
+        << ibv_wc_status_str(static_cast<ibv_wc_status>(status));
+  }
+  EXPECT_EQ(first_not(std::span<const uint8_t>(shared), kSentinel), -1);
+  EXPECT_EQ(reader.wait_exit(kChildDeadline), 0);
+  ASSERT_TRUE(signal_step(target.wfd, 'Q'));
+  EXPECT_EQ(target.wait_exit(kChildDeadline), 0);
   ::close(socks[0]);
 }
 
