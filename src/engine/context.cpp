@@ -197,12 +197,14 @@ void Context::destroy_adopted(DeviceMemory* dm) {
   delete dm;
 }
 
-void Context::add_pd_users(uint32_t handle, int delta) {
-  if (file_ != nullptr) file_->add_users(ExportKind::kPd, handle, delta);
+void Context::add_users(ExportKind kind, uint32_t handle, int delta) {
+  file_->add_users(kind, handle, node_->proc(), node_->host().pid(), delta);
 }
 
-uint32_t Context::pd_users(uint32_t handle) const {
-  return file_ != nullptr ? file_->users(ExportKind::kPd, handle) : 0;
+uint32_t Context::users_elsewhere(ExportKind kind, uint32_t handle) {
+  host::HostRegistry& registry = node_->registry();
+  return file_->users_elsewhere(kind, handle, node_->proc(),
+                                [&](uint32_t proc, uint32_t pid) { return registry.process_alive(proc, pid); });
 }
 
 void Context::raise_async_event(const AsyncEvent& event) {

@@ -116,9 +116,10 @@ class Context {
   // every process (withdrawn from the file) and deleted here.
   void destroy_adopted(ProtectionDomain* pd);
   void destroy_adopted(MemoryRegion* mr);
-  // The users of PD `handle` in every process (0 if the file does not hold it).
-  void add_pd_users(uint32_t handle, int delta);
-  uint32_t pd_users(uint32_t handle) const;
+  // This process's objects that use PD or DM `handle`, counted in the
+  // file (delta), and the users in the other live processes.
+  void add_users(ExportKind kind, uint32_t handle, int delta);
+  uint32_t users_elsewhere(ExportKind kind, uint32_t handle);
   // A DM, at `offset` of the context's file.
   void publish(DeviceMemory* dm, uint32_t handle, uint64_t offset);
   void withdraw(DeviceMemory* dm, uint32_t handle) { withdraw_from(dms_, handle, dm); }

@@ -31,8 +31,17 @@ struct Entry {
   uint64_t length;
   uint64_t iova;
   uint64_t offset;
-  std::atomic<uint32_t> users;  // a PD's users, in every process
-  uint32_t unused;
+};
+
+// How many objects of process (proc, pid) use object (kind, handle). A
+// record whose count fell to 0 may be reused; kind 0 was never used (a
+// lookup's probe stops there).
+struct UserRecord {
+  uint32_t kind;
+  uint32_t handle;
+  uint32_t proc;
+  uint32_t pid;
+  uint32_t count;
 };
 
 uint32_t bucket(ExportKind kind, uint32_t handle) {
@@ -52,6 +61,7 @@ struct ContextFile::Layout {
   std::atomic<uint32_t> next_handle;
   uint64_t dm_used[kDmPages / 64];  // one bit per page of device memory
   Entry entries[kMaxExports];
+  UserRecord users[kMaxUserRecords];
 };
 
 namespace {
@@ -148,7 +158,6 @@ bool ContextFile::publish(const ExportRecord& record) {
     reuse->length = record.length;
     reuse->iova = record.iova;
     reuse->offset = record.offset;
-    reuse->users.store(0, std::memory_order_relaxed);
     done = true;
   }
   unlock();
@@ -186,17 +195,44 @@ std::optional<ExportRecord> ContextFile::find(ExportKind kind, uint32_t handle) 
   return out;
 }
 
-void ContextFile::add_users(ExportKind kind, uint32_t handle, int delta) {
+void ContextFile::add_users(ExportKind kind, uint32_t handle, uint32_t proc, uint32_t pid, int delta) {
   lock();
-  if (Entry* e = find_entry(layout_->entries, kind, handle))
-    e->users.fetch_add(static_cast<uint32_t>(delta), std::memory_order_relaxed);
+  UserRecord* found = nullptr;
+  UserRecord* spare = nullptr;
+  const uint32_t start = (bucket(kind, handle) + proc * 40503u) % kMaxUserRecords;
+  for (uint32_t i = 0, at = start; i < kMaxUserRecords; ++i, at = (at + 1) % kMaxUserRecords) {
+    UserRecord& r = layout_->users[at];
+    if (r.kind == static_cast<uint32_t>(kind) && r.handle == handle && r.proc == proc && r.pid == pid &&
+        r.count != 0) {
+      found = &r;
+      break;
+    }
+    if (r.count == 0 && spare == nullptr) spare = &r;
+    if (r.kind == 0) break;
+  }
+  if (found == nullptr && delta > 0 && spare != nullptr) {
+    *spare = UserRecord{static_cast<uint32_t>(kind), handle, proc, pid, 0};
+    found = spare;
+  }
+  // (With every record taken, a user goes uncounted: its PD could then be
+  // deallocated under it by another process. 4096 pairs are far more than
+  // the processes and objects a context holds.)
+  if (found != nullptr) found->count += static_cast<uint32_t>(delta);
   unlock();
 }
 
-uint32_t ContextFile::users(ExportKind kind, uint32_t handle) const {
+uint32_t ContextFile::users_elsewhere(ExportKind kind, uint32_t handle, uint32_t self,
+                                      const std::function<bool(uint32_t, uint32_t)>& alive) {
   lock();
-  const Entry* e = find_entry(layout_->entries, kind, handle);
-  const uint32_t n = e != nullptr ? e->users.load(std::memory_order_relaxed) : 0;
+  uint32_t n = 0;
+  for (UserRecord& r : layout_->users) {
+    if (r.count == 0 || r.kind != static_cast<uint32_t>(kind) || r.handle != handle || r.proc == self) continue;
+    if (alive(r.proc, r.pid)) {
+      n += r.count;
+    } else {
+      r.count = 0;  // its objects died with it
+    }
+  }
   unlock();
   return n;
 }

@@ -5,9 +5,9 @@
 //   - the PDs, MRs and DMs made in the context, in any of those processes,
 //     by the handle numbers the application sees (what ibv_import_pd, _mr
 //     and _dm look up), with the process that made each;
-//   - each PD's and DM's count of objects that use it, in every process
-//     (so that ibv_dealloc_pd refuses, EBUSY, while another process's QP
-//     uses the PD);
+//   - how many objects of each process use each PD and DM (so that
+//     ibv_dealloc_pd refuses, EBUSY, while another process's QP uses the
+//     PD, and stops refusing once that process is gone);
 //   - the context's device memory: DMs live in the file, so that every
 //     process that maps it reaches them.
 // Changes are rare (object creation and destruction): a spinlock in the
@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "common/result.hpp"
@@ -40,6 +41,8 @@ struct ExportRecord {
 class ContextFile {
  public:
   static constexpr uint32_t kMaxExports = 1 << 16;
+  // (object, process) pairs with objects of that process using that PD or DM.
+  static constexpr uint32_t kMaxUserRecords = 1 << 12;
   // Device memory a context holds at once, in all processes together.
   static constexpr uint64_t kDeviceMemoryBytes = 1 << 20;
 
@@ -66,10 +69,14 @@ class ContextFile {
   bool publish(const ExportRecord& record);
   void withdraw(ExportKind kind, uint32_t handle);
   std::optional<ExportRecord> find(ExportKind kind, uint32_t handle) const;
-  // The count of users of an exported PD or DM, in every process: changed
-  // by `delta`, and read (0 when the object is not in the table).
-  void add_users(ExportKind kind, uint32_t handle, int delta);
-  uint32_t users(ExportKind kind, uint32_t handle) const;
+  // The objects of process `proc` (pid `pid`) that use PD or DM `handle`
+  // change by `delta`.
+  void add_users(ExportKind kind, uint32_t handle, uint32_t proc, uint32_t pid, int delta);
+  // The users of PD or DM `handle` in processes other than `self` that
+  // `alive(proc, pid)` says still run: a dead process's objects are gone
+  // with it (its counts are dropped here).
+  uint32_t users_elsewhere(ExportKind kind, uint32_t handle, uint32_t self,
+                           const std::function<bool(uint32_t, uint32_t)>& alive);
   // A handle no process of the context has given yet (device memory has
   // no number of its own).
   uint32_t next_handle();

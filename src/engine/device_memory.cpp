@@ -44,16 +44,16 @@ void DeviceMemory::free_everywhere() { context_.file().retire_device_memory(hand
 
 void DeviceMemory::attach() {
   here_.attach();
-  context_.file().add_users(ExportKind::kDm, handle_, 1);
+  context_.add_users(ExportKind::kDm, handle_, 1);
 }
 
 void DeviceMemory::detach() {
   here_.detach();
-  context_.file().add_users(ExportKind::kDm, handle_, -1);
+  context_.add_users(ExportKind::kDm, handle_, -1);
 }
 
 bool DeviceMemory::in_use() const {
-  return here_.in_use() || context_.file().users(ExportKind::kDm, handle_) != 0;
+  return here_.in_use() || context_.users_elsewhere(ExportKind::kDm, handle_) != 0;
 }
 
 DeviceMemory::~DeviceMemory() {

@@ -93,6 +93,36 @@ int receive_fd(int sock, void* data, size_t size) {
   return fd;
 }
 
+// A forked child that also gets one end of a Unix socket, over which the
+// owner passes it the context's cmd_fd: body(socket, rfd, wfd).
+class ImporterChild {
+ public:
+  template <typename Fn>
+  explicit ImporterChild(Fn body)
+      : child([this, body](int rfd, int wfd) {
+          ::close(socks_.fds[0]);
+          return body(socks_.fds[1], rfd, wfd);
+        }) {
+    ::close(socks_.fds[1]);
+    socks_.fds[1] = -1;
+  }
+  bool ok() const { return socks_.fds[0] >= 0 && child.ok(); }
+  int sock() const { return socks_.fds[0]; }
+
+ private:
+  struct SocketPair {
+    int fds[2] = {-1, -1};
+    SocketPair() { ::socketpair(AF_UNIX, SOCK_DGRAM, 0, fds); }
+    ~SocketPair() {
+      for (int fd : fds)
+        if (fd >= 0) ::close(fd);
+    }
+  } socks_;  // before `child`: made before the fork
+
+ public:
+  Child child;
+};
+
 bool signal_step(int fd, char step) { return write_all(fd, &step, 1); }
 bool await_step(int fd, char step) {
   char got = 0;
@@ -228,14 +258,9 @@ int importer(int sock, int rfd, int wfd) {
 }
 
 TEST(ImportAcrossProcesses, TheImporterUsesTheOwnersPdAndMemory) {
-  int socks[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM, 0, socks), 0);
-  Child child([&](int rfd, int wfd) {
-    ::close(socks[0]);
-    return importer(socks[1], rfd, wfd);
-  });
-  ::close(socks[1]);
-  ASSERT_TRUE(child.ok());
+  ImporterChild importer_child(importer);
+  Child& child = importer_child.child;
+  ASSERT_TRUE(importer_child.ok());
   Device dev;  // opened after the fork
   ASSERT_TRUE(dev.ok());
   ibv_pd* spare = ibv_alloc_pd(dev.ctx);
@@ -271,7 +296,7 @@ TEST(ImportAcrossProcesses, TheImporterUsesTheOwnersPdAndMemory) {
 
   const Handles h{dev.pd->handle, spare->handle, shared.mr()->handle, shared.lkey(), shared.addr(),
                   shared.size(),  doomed->handle,  target.rkey(),       target.addr(),  qp->qp_num};
-  ASSERT_TRUE(hand_over_and_connect(child, socks[0], dev.ctx, h, qp, dev.gid))
+  ASSERT_TRUE(hand_over_and_connect(child, importer_child.sock(), dev.ctx, h, qp, dev.gid))
       << "child exited with " << child.wait_exit(Millis{100});
 
   // The importer's WRITE took our shared bytes, its READ and its atomic
@@ -335,7 +360,6 @@ TEST(ImportAcrossProcesses, TheImporterUsesTheOwnersPdAndMemory) {
   EXPECT_EQ(ibv_dereg_mr(doomed), 0);
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
-  ::close(socks[0]);
 }
 
 // Device memory is the context's: what one process writes the other reads,
@@ -368,14 +392,9 @@ int dm_importer(int sock, int rfd, int wfd) {
 }
 
 TEST(ImportAcrossProcesses, DeviceMemoryIsTheContextsForEveryProcess) {
-  int socks[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM, 0, socks), 0);
-  Child child([&](int rfd, int wfd) {
-    ::close(socks[0]);
-    return dm_importer(socks[1], rfd, wfd);
-  });
-  ::close(socks[1]);
-  ASSERT_TRUE(child.ok());
+  ImporterChild importer_child(dm_importer);
+  Child& child = importer_child.child;
+  ASSERT_TRUE(importer_child.ok());
   Device dev;
   ASSERT_TRUE(dev.ok());
   ibv_alloc_dm_attr attr{};
@@ -386,7 +405,7 @@ TEST(ImportAcrossProcesses, DeviceMemoryIsTheContextsForEveryProcess) {
   const struct {
     uint32_t pd, dm;
   } handles{dev.pd->handle, dm->handle};
-  ASSERT_TRUE(send_fd(socks[0], dev.ctx->cmd_fd, &handles, sizeof handles));
+  ASSERT_TRUE(send_fd(importer_child.sock(), dev.ctx->cmd_fd, &handles, sizeof handles));
   ASSERT_TRUE(await_step(child.rfd, '1')) << "child exited with " << child.wait_exit(Millis{100});
   uint32_t seen = 0;
   ASSERT_EQ(ibv_memcpy_from_dm(&seen, dm, 16, 4), 0);
@@ -405,7 +424,6 @@ TEST(ImportAcrossProcesses, DeviceMemoryIsTheContextsForEveryProcess) {
   EXPECT_EQ(words[2], 0u);
   EXPECT_EQ(words[4], 0u);
   EXPECT_EQ(ibv_free_dm(fresh), 0);
-  ::close(socks[0]);
 }
 
 // Teardown racing traffic: while the importer READs into the owner's shared
@@ -436,14 +454,9 @@ int streaming_importer(int sock, int rfd, int wfd) {
 }
 
 TEST(ImportAcrossProcesses, NoByteLandsInTheOwnersMemoryAfterItsDeregistration) {
-  int socks[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM, 0, socks), 0);
-  Child child([&](int rfd, int wfd) {
-    ::close(socks[0]);
-    return streaming_importer(socks[1], rfd, wfd);
-  });
-  ::close(socks[1]);
-  ASSERT_TRUE(child.ok());
+  ImporterChild importer_child(streaming_importer);
+  Child& child = importer_child.child;
+  ASSERT_TRUE(importer_child.ok());
   Device dev;
   ASSERT_TRUE(dev.ok());
   QpConfig cfg;
@@ -460,18 +473,19 @@ TEST(ImportAcrossProcesses, NoByteLandsInTheOwnersMemoryAfterItsDeregistration) 
   fill_pattern(source.span(0, kStreamLen), 6);
   const Handles h{dev.pd->handle, 0, shared_mr->handle, shared_mr->lkey, reinterpret_cast<uint64_t>(shared.data()),
                   shared.size(),  0, target.rkey(),     target.addr(),   qp->qp_num};
-  ASSERT_TRUE(hand_over_and_connect(child, socks[0], dev.ctx, h, qp, dev.gid))
+  ASSERT_TRUE(hand_over_and_connect(child, importer_child.sock(), dev.ctx, h, qp, dev.gid))
       << "child exited with " << child.wait_exit(Millis{100});
 
   // Our WRITEs into the shared MR through the importer's QP, from a thread
   // of ours, until one fails.
   std::atomic<uint64_t> writes{0};
+  const uint32_t shared_rkey = shared_mr->rkey;  // the handle goes at the dereg below
   std::thread writer([&] {
     for (;;) {
       ibv_sge sge = source.sge(0, kStreamLen);
       ibv_send_wr wr = make_wr(1, IBV_WR_RDMA_WRITE, &sge, 1);
       wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(shared.data());
-      wr.wr.rdma.rkey = shared_mr->rkey;
+      wr.wr.rdma.rkey = shared_rkey;
       if (run_wr(qp, cq, wr) != IBV_WC_SUCCESS) return;
       writes.fetch_add(1, std::memory_order_relaxed);
     }
@@ -491,7 +505,6 @@ TEST(ImportAcrossProcesses, NoByteLandsInTheOwnersMemoryAfterItsDeregistration) 
   EXPECT_EQ(first_not(std::span<const uint8_t>(shared), kSentinel), -1);
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
-  ::close(socks[0]);
 }
 
 // The same fence, made certain over the udp link: the importer READs into
@@ -541,15 +554,10 @@ int late_reader(int sock, int rfd, int wfd) {
 }
 
 TEST(ImportAcrossProcesses, AnAnswerThatComesAfterTheOwnersDeregistrationIsNotPlaced) {
-  int socks[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM, 0, socks), 0);
-  Child reader([&](int rfd, int wfd) {
-    ::close(socks[0]);
-    return late_reader(socks[1], rfd, wfd);
-  });
-  ::close(socks[1]);
+  ImporterChild importer_child(late_reader);
+  Child& reader = importer_child.child;
   Child target(paused_target);
-  ASSERT_TRUE(reader.ok() && target.ok());
+  ASSERT_TRUE(importer_child.ok() && target.ok());
   Device dev;
   ASSERT_TRUE(dev.ok());
   std::vector<uint8_t> shared(kStreamLen, 0);
@@ -559,7 +567,7 @@ TEST(ImportAcrossProcesses, AnAnswerThatComesAfterTheOwnersDeregistrationIsNotPl
   ASSERT_TRUE(read_all(target.rfd, &far, sizeof far, kChildDeadline)) << "target exited with " << target.wait_exit(Millis{100});
   const Handles h{dev.pd->handle, 0, shared_mr->handle, shared_mr->lkey, reinterpret_cast<uint64_t>(shared.data()),
                   shared.size(),  0, far.rkey,          far.addr,        far.qpn};
-  ASSERT_TRUE(send_fd(socks[0], dev.ctx->cmd_fd, &h, sizeof h));
+  ASSERT_TRUE(send_fd(importer_child.sock(), dev.ctx->cmd_fd, &h, sizeof h));
   uint32_t reader_qpn = 0;
   ASSERT_TRUE(read_all(reader.rfd, &reader_qpn, sizeof reader_qpn, kChildDeadline))
       << "reader exited with " << reader.wait_exit(Millis{100});
@@ -589,7 +597,39 @@ TEST(ImportAcrossProcesses, AnAnswerThatComesAfterTheOwnersDeregistrationIsNotPl
   EXPECT_EQ(reader.wait_exit(kChildDeadline), 0);
   ASSERT_TRUE(signal_step(target.wfd, 'Q'));
   EXPECT_EQ(target.wait_exit(kChildDeadline), 0);
-  ::close(socks[0]);
+}
+
+// A process that shares a context and is killed: its QP and MR in the
+// owner's PD die with it, and stop holding the PD.
+int holder_then_killed(int sock, int rfd, int wfd) {
+  uint32_t pd_handle = 0;
+  const int fd = receive_fd(sock, &pd_handle, sizeof pd_handle);
+  ibv_context* ctx = fd >= 0 ? ibv_import_device(fd) : nullptr;
+  ibv_pd* pd = ctx != nullptr ? ibv_import_pd(ctx, pd_handle) : nullptr;
+  if (pd == nullptr) return 1;
+  ibv_cq* cq = ibv_create_cq(ctx, 4, nullptr, nullptr, 0);
+  ibv_qp* qp = cq != nullptr ? create_qp(pd, cq, cq, QpConfig{}) : nullptr;
+  std::vector<uint8_t> bytes(4096);
+  ibv_mr* mr = ibv_reg_mr(pd, bytes.data(), bytes.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (qp == nullptr || mr == nullptr) return 2;
+  if (!signal_step(wfd, 'H')) return 3;
+  await_step(rfd, 'Q');  // killed before this comes
+  return 4;
+}
+
+TEST(ImportAcrossProcesses, AKilledImportersObjectsNoLongerHoldThePd) {
+  ImporterChild importer_child(holder_then_killed);
+  Child& child = importer_child.child;
+  ASSERT_TRUE(importer_child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_pd* pd = ibv_alloc_pd(dev.ctx);
+  ASSERT_NE(pd, nullptr);
+  ASSERT_TRUE(send_fd(importer_child.sock(), dev.ctx->cmd_fd, &pd->handle, sizeof pd->handle));
+  ASSERT_TRUE(await_step(child.rfd, 'H')) << "child exited with " << child.wait_exit(Millis{100});
+  EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY);
+  child.kill_now();
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
 }  // namespace
