@@ -31,7 +31,8 @@ Result<Context*> Context::open() {
     delete ctx;
     return fail(static_cast<std::errc>(err));
   }
-  auto file = ContextFile::create(ctx->cmd_fd_, ctx->node_->proc(), ctx->node_->host().pid());
+  auto file = ContextFile::create(ctx->cmd_fd_, ctx->node_->proc(), ctx->node_->host().pid(),
+                                  ctx->node_->registry().file_identity());
   if (!file) {
     delete ctx;
     return fail(file.error());
@@ -53,14 +54,18 @@ Result<Context*> Context::import(int fd) {
     return found;
   }
   // Another process's context (or one closed here while others hold it):
-  // a context of ours onto its file. Its creator must be a process of this
-  // user's registry, alive: PD ids and keys mean something only there.
+  // a context of ours onto its file. PD ids and keys mean something only
+  // in the registry they came from.
   auto file = ContextFile::attach(fd);
   if (!file) {
     Node::release();
     return fail(file.error());
   }
-  if (!(*node)->registry().process_alive((*file)->creator_proc(), (*file)->creator_pid())) {
+  // Its creator must be a live process of our registry (another Unix user,
+  // or another mount namespace's /dev/shm, has a registry of its own).
+  const uint64_t registry = (*node)->registry().file_identity();
+  if (registry == 0 || (*file)->registry() != registry ||
+      !(*node)->registry().process_alive((*file)->creator_proc(), (*file)->creator_pid())) {
     (*file)->release();
     delete *file;
     Node::release();

@@ -58,6 +58,7 @@ struct ContextFile::Layout {
   std::atomic<uint32_t> holders;
   uint32_t creator_proc;
   uint32_t creator_pid;
+  uint64_t registry;  // HostRegistry::file_identity of the creator's registry
   std::atomic<uint32_t> next_handle;
   uint64_t dm_used[kDmPages / 64];  // one bit per page of device memory
   Entry entries[kMaxExports];
@@ -77,7 +78,7 @@ ContextFile::Layout* map_file(int fd) {
 
 }  // namespace
 
-Result<ContextFile*> ContextFile::create(int fd, uint32_t proc, uint32_t pid) {
+Result<ContextFile*> ContextFile::create(int fd, uint32_t proc, uint32_t pid, uint64_t registry) {
   if (::ftruncate(fd, static_cast<off_t>(kFileSize)) != 0) return fail(static_cast<std::errc>(errno));
   Layout* layout = map_file(fd);
   if (layout == nullptr) return fail(static_cast<std::errc>(errno));
@@ -86,6 +87,7 @@ Result<ContextFile*> ContextFile::create(int fd, uint32_t proc, uint32_t pid) {
   layout->holders.store(1, std::memory_order_relaxed);
   layout->creator_proc = proc;
   layout->creator_pid = pid;
+  layout->registry = registry;
   layout->next_handle.store(1, std::memory_order_relaxed);
   layout->version = kVersion;
   layout->layout_size = static_cast<uint32_t>(sizeof(Layout));
@@ -121,6 +123,7 @@ ContextFile::~ContextFile() { ::munmap(layout_, kFileSize); }
 
 uint32_t ContextFile::creator_proc() const { return layout_->creator_proc; }
 uint32_t ContextFile::creator_pid() const { return layout_->creator_pid; }
+uint64_t ContextFile::registry() const { return layout_->registry; }
 
 void ContextFile::hold() { layout_->holders.fetch_add(1, std::memory_order_acq_rel); }
 void ContextFile::release() { layout_->holders.fetch_sub(1, std::memory_order_acq_rel); }

@@ -47,8 +47,9 @@ class ContextFile {
   static constexpr uint64_t kDeviceMemoryBytes = 1 << 20;
 
   // Lays the table out in `fd` (a new, empty memfd) for the context that
-  // process `proc` (pid `pid`) opens.
-  static Result<ContextFile*> create(int fd, uint32_t proc, uint32_t pid);
+  // process `proc` (pid `pid`) of host registry `registry` (its
+  // file_identity) opens.
+  static Result<ContextFile*> create(int fd, uint32_t proc, uint32_t pid, uint64_t registry);
   // Maps the table of another process's context; no_such_device_or_address
   // when `fd` is no context's file, or the context is closed everywhere.
   static Result<ContextFile*> attach(int fd);
@@ -59,6 +60,7 @@ class ContextFile {
   // The process that opened the context (for the importer's checks).
   uint32_t creator_proc() const;
   uint32_t creator_pid() const;
+  uint64_t registry() const;
 
   // One engine context (in any process) holds the file; the last release
   // closes the context everywhere: attach refuses it from then on.

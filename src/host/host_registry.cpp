@@ -96,6 +96,12 @@ HostRegistry::~HostRegistry() {
   if (unlink_on_close_) ::unlink(path_.c_str());
 }
 
+uint64_t HostRegistry::file_identity() const {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) return 0;
+  return (static_cast<uint64_t>(st.st_dev) << 40) ^ static_cast<uint64_t>(st.st_ino);
+}
+
 void HostRegistry::lock() {
   // A holder that died left every slot consistent (the validating field is
   // written last), so the state is usable as it is.

@@ -355,6 +355,10 @@ class HostRegistry {
   void claim_gsi_agent(uint32_t proc);
   std::optional<uint32_t> gsi_agent() const;
 
+  // Which registry file this is (its device and inode, folded): what a
+  // process's PD ids and keys mean depends on it. 0 if it cannot be told.
+  uint64_t file_identity() const;
+
   const ProcSlot& proc(uint32_t index) const { return layout_->procs[index]; }
   // QP slot `index` (0 <= index < kMaxQpSlots), for tools that list every QP.
   const QpSlot& qp_slot(uint32_t index) const { return layout_->qps[index]; }

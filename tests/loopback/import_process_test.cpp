@@ -14,6 +14,7 @@
 // otherwise the number of the step that failed) and the pipes.
 #include <signal.h>
 #include <sys/socket.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -630,6 +631,35 @@ TEST(ImportAcrossProcesses, AKilledImportersObjectsNoLongerHoldThePd) {
   EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY);
   child.kill_now();
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
+// Another Unix user's process that is handed the fd has a host registry of
+// its own, where the owner's PD ids and keys mean nothing: it cannot import
+// the context (ENXIO), whatever it is passed.
+int other_user_importer(int sock, int, int wfd) {
+  if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0)
+    return 1;
+  uint32_t pd_handle = 0;
+  const int fd = receive_fd(sock, &pd_handle, sizeof pd_handle);
+  if (fd < 0) return 2;
+  errno = 0;
+  ibv_context* ctx = ibv_import_device(fd);
+  const int32_t err = ctx == nullptr ? errno : 0;
+  return write_all(wfd, &err, sizeof err) ? 0 : 3;
+}
+
+TEST(ImportAcrossProcesses, AnotherUsersProcessCannotImport) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user (65534)";
+  ImporterChild importer_child(other_user_importer);
+  Child& child = importer_child.child;
+  ASSERT_TRUE(importer_child.ok());
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ASSERT_TRUE(send_fd(importer_child.sock(), dev.ctx->cmd_fd, &dev.pd->handle, sizeof dev.pd->handle));
+  int32_t err = -1;
+  ASSERT_TRUE(read_all(child.rfd, &err, sizeof err, kChildDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  EXPECT_EQ(err, ENXIO) << std::strerror(err);
+  EXPECT_EQ(child.wait_exit(kChildDeadline), 0);
 }
 
 }  // namespace
