@@ -60,6 +60,14 @@ constexpr uint64_t kAdd = 0x1234;
 constexpr size_t kBackOff = 2 * 4096 - 50;   // the owner WRITEs into shared[kBackOff, +kBackLen) through the importer's QP
 constexpr size_t kBackLen = 3000;
 constexpr size_t kTargetLen = 65536;
+constexpr size_t kTheirsLen = 8192;          // the importer's MR, which the owner imports and sends from
+constexpr size_t kTheirsAt = 40000;          // ... into target[kTheirsAt, ...)
+
+// What the importer tells the owner of an MR it made in the shared PD.
+struct Lent {
+  uint32_t handle;
+  uint64_t addr;  // in the importer's address space
+};
 
 bool send_fd(int sock, int fd, const void* data, size_t size) {
   iovec iov{const_cast<void*>(data), size};
@@ -223,6 +231,16 @@ int importer(int sock, int rfd, int wfd) {
   // The owner checks those, and WRITEs into its shared MR through our QP.
   if (!signal_step(wfd, '1') || !await_step(rfd, '2')) return 23;
 
+  // An MR of ours in the shared PD, which the owner imports in turn (the
+  // context's objects are every holder's) and sends from.
+  std::vector<uint8_t> theirs(kTheirsLen);
+  fill_pattern(theirs, 9);
+  ibv_mr* lent = ibv_reg_mr(pd, theirs.data(), theirs.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (lent == nullptr) return 24;
+  const Lent note{lent->handle, reinterpret_cast<uint64_t>(theirs.data())};
+  if (!write_all(wfd, &note, sizeof note) || !await_step(rfd, 'M')) return 25;
+  if (ibv_dereg_mr(lent) != 0) return 26;
+
   // An MR of ours in the owner's spare PD: the owner cannot deallocate the
   // PD while it is there.
   std::vector<uint8_t> mine(4096, 0);
@@ -331,6 +349,27 @@ TEST(ImportAcrossProcesses, TheImporterUsesTheOwnersPdAndMemory) {
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   EXPECT_EQ(first_mismatch(shared.span(kBackOff, kBackLen), source.span(0, kBackLen)), -1);
   ASSERT_TRUE(signal_step(child.wfd, '2'));
+
+  // The importer's MR in our PD, imported here and sent from: its bytes,
+  // gathered from the importer's memory, land in our target.
+  Lent lent{};
+  ASSERT_TRUE(read_all(child.rfd, &lent, sizeof lent, kChildDeadline)) << "child exited with " << child.wait_exit(Millis{100});
+  ibv_mr* theirs = ibv_import_mr(dev.pd, lent.handle);
+  ASSERT_NE(theirs, nullptr) << "errno " << errno;
+  EXPECT_EQ(theirs->length, kTheirsLen);
+  sge = ibv_sge{lent.addr + 5, static_cast<uint32_t>(kTheirsLen - 10), theirs->lkey};
+  wr = make_wr(3, IBV_WR_RDMA_WRITE, &sge, 1);
+  wr.wr.rdma.remote_addr = target.addr(kTheirsAt);
+  wr.wr.rdma.rkey = target.rkey();
+  ASSERT_EQ(post_send(qp, wr), 0);
+  ASSERT_TRUE(poll_one(cq, &wc, kChildDeadline));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  std::vector<uint8_t> their_bytes(kTheirsLen);
+  fill_pattern(their_bytes, 9);
+  EXPECT_EQ(first_mismatch(target.span(kTheirsAt, kTheirsLen - 10), std::span(their_bytes).subspan(5, kTheirsLen - 10)),
+            -1);
+  ibv_unimport_mr(theirs);
+  ASSERT_TRUE(signal_step(child.wfd, 'M'));
 
   // The importer's MR in our spare PD keeps it from going; once it is gone the PD goes.
   ASSERT_TRUE(await_step(child.rfd, '3')) << "child exited with " << child.wait_exit(Millis{100});
