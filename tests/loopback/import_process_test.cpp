@@ -62,6 +62,9 @@ constexpr size_t kBackLen = 3000;
 constexpr size_t kTargetLen = 65536;
 constexpr size_t kTheirsLen = 8192;          // the importer's MR, which the owner imports and sends from
 constexpr size_t kTheirsAt = 40000;          // ... into target[kTheirsAt, ...)
+constexpr size_t kHeaderLen = 100;           // the owner SENDs a header into the importer's memory
+constexpr size_t kRecvOff = 12400;           // ... and the rest into shared[kRecvOff, +kRecvLen)
+constexpr size_t kRecvLen = 3000;
 
 // What the importer tells the owner of an MR it made in the shared PD.
 struct Lent {
@@ -241,6 +244,23 @@ int importer(int sock, int rfd, int wfd) {
   if (!write_all(wfd, &note, sizeof note) || !await_step(rfd, 'M')) return 25;
   if (ibv_dereg_mr(lent) != 0) return 26;
 
+  // A receive WQE with SGEs in two processes' memory: a header here, the
+  // payload in the owner's shared MR. The owner's SEND fills both.
+  std::vector<uint8_t> header(kHeaderLen, 0);
+  ibv_mr* header_mr = ibv_reg_mr(pd, header.data(), header.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (header_mr == nullptr) return 27;
+  ibv_sge rsges[2] = {{reinterpret_cast<uint64_t>(header.data()), static_cast<uint32_t>(kHeaderLen), header_mr->lkey},
+                      {h.shared_addr + kRecvOff, static_cast<uint32_t>(kRecvLen), shared->lkey}};
+  if (post_recv(qp, 7, rsges, 2) != 0 || !signal_step(wfd, 'V')) return 28;
+  ibv_wc rwc{};
+  if (!poll_one(cq, &rwc, kChildDeadline) || rwc.status != IBV_WC_SUCCESS || rwc.wr_id != 7 ||
+      rwc.byte_len != kHeaderLen + kRecvLen)
+    return 29;
+  std::vector<uint8_t> sent(kHeaderLen + kRecvLen);
+  fill_pattern(sent, 11);
+  if (first_mismatch(header, std::span(sent).first(kHeaderLen)) != -1) return 34;
+  if (ibv_dereg_mr(header_mr) != 0 || !signal_step(wfd, 'W')) return 35;
+
   // An MR of ours in the owner's spare PD: the owner cannot deallocate the
   // PD while it is there.
   std::vector<uint8_t> mine(4096, 0);
@@ -370,6 +390,20 @@ TEST(ImportAcrossProcesses, TheImporterUsesTheOwnersPdAndMemory) {
             -1);
   ibv_unimport_mr(theirs);
   ASSERT_TRUE(signal_step(child.wfd, 'M'));
+
+  // Our SEND into the importer's receive WQE, whose SGEs are a header of
+  // its memory and a range of our shared MR.
+  ASSERT_TRUE(await_step(child.rfd, 'V')) << "child exited with " << child.wait_exit(Millis{100});
+  Buffer message(dev.pd, kHeaderLen + kRecvLen);
+  ASSERT_NE(message.mr(), nullptr);
+  fill_pattern(message.span(0, message.size()), 11);
+  sge = message.sge(0, static_cast<uint32_t>(message.size()));
+  wr = make_wr(4, IBV_WR_SEND, &sge, 1);
+  ASSERT_EQ(post_send(qp, wr), 0);
+  ASSERT_TRUE(poll_one(cq, &wc, kChildDeadline));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  ASSERT_TRUE(await_step(child.rfd, 'W')) << "child exited with " << child.wait_exit(Millis{100});
+  EXPECT_EQ(first_mismatch(shared.span(kRecvOff, kRecvLen), message.span(kHeaderLen, kRecvLen)), -1);
 
   // The importer's MR in our spare PD keeps it from going; once it is gone the PD goes.
   ASSERT_TRUE(await_step(child.rfd, '3')) << "child exited with " << child.wait_exit(Millis{100});

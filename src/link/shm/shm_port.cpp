@@ -44,8 +44,8 @@ bool ShmResponderPort::KeysInUse::any_on_demand() const {
   return false;
 }
 
-bool ShmResponderPort::own_ranges_mapped(const iovec* ranges, int n, bool written) {
-  if (memory().proc != host_.proc() || !keys_.any_on_demand()) return true;
+bool ShmResponderPort::own_ranges_mapped(const TargetQp& owner, const iovec* ranges, int n, bool written) {
+  if (owner.proc != host_.proc() || !keys_.any_on_demand()) return true;
   for (int i = 0; i < n; ++i)
     if (ranges[i].iov_len != 0 &&
         !host::check_process_range(ranges[i].iov_base, ranges[i].iov_len,
@@ -54,16 +54,22 @@ bool ShmResponderPort::own_ranges_mapped(const iovec* ranges, int n, bool writte
   return true;
 }
 
-const host::MrRecord* ShmResponderPort::KeysInUse::holding(uint64_t addr, uint64_t length) const {
+const host::MrRecord* ShmResponderPort::KeysInUse::holding(uint32_t proc, uint64_t addr, uint64_t length) const {
   for (int i = 0; i < n_; ++i) {
     const host::MrRecord& r = records_[i];
-    if (addr >= r.host_addr && length <= r.length && addr - r.host_addr <= r.length - length) return &r;
+    if (r.proc == proc && addr >= r.host_addr && length <= r.length && addr - r.host_addr <= r.length - length)
+      return &r;
   }
   return nullptr;
 }
 
-bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
-  TargetQp& owner = memory();
+TargetQp* ShmResponderPort::owner_of(const iovec& range, iovec& untagged) {
+  const uint64_t addr = reinterpret_cast<uint64_t>(range.iov_base);
+  untagged = iovec{reinterpret_cast<void*>(addr & ~kOtherProcess), range.iov_len};
+  return (addr & kOtherProcess) == 0 ? data_ : memory_;  // (nullptr: no such key was given)
+}
+
+bool ShmResponderPort::local_views(TargetQp& owner, const iovec* target, int n, iovec* local) {
   // Our own registered memory too goes through our window onto its file, not
   // through the address the application registered: as a NIC writes into
   // the pages an MR pinned, a WRITE must land even where the application
@@ -77,7 +83,7 @@ bool ShmResponderPort::local_views(const iovec* target, int n, iovec* local) {
     return false;
   for (int i = 0; i < n; ++i) {
     const uint64_t addr = reinterpret_cast<uint64_t>(target[i].iov_base);
-    const host::MrRecord* mr = keys_.holding(addr, target[i].iov_len);
+    const host::MrRecord* mr = keys_.holding(owner.proc, addr, target[i].iov_len);
     // Only whole pages are in the file: a range reaching a partial page at
     // the MR's ends is copied, all of it.
     if (mr == nullptr) return false;
@@ -106,22 +112,24 @@ transport::ResponderQp ShmResponderPort::qp() {
   return v;
 }
 
-// A key of the message's memory process. The first key may name an MR of
-// another process in the same PD (a PD that processes share through an
-// imported context): that process becomes the message's memory, announced
-// before the key is read again. Every key of one message must then name
-// that same process.
+// A key of the message's memory. Besides the QP's (or its XRC SRQ's)
+// process, the keys may name MRs of one other process in the same PD (a PD
+// that processes share through an imported context): announced at its
+// first key, before that key is read again.
 std::optional<transport::MemoryKey> ShmResponderPort::memory_key(uint32_t key) {
   host::MrRecord mr;
   if (!host_.registry().lookup_mr(key, mr)) return std::nullopt;
-  if (mr.proc != memory().proc && !adopt_memory_process(key, mr)) return std::nullopt;
+  if (mr.proc != data_->proc && (memory_ == nullptr || mr.proc != memory_->proc) && !adopt_memory_process(key, mr))
+    return std::nullopt;
   keys_.add(mr);
-  return transport::MemoryKey{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
+  // The other process's addresses are tagged (see kOtherProcess).
+  const uint64_t host_addr = mr.proc == data_->proc ? mr.host_addr : mr.host_addr | kOtherProcess;
+  return transport::MemoryKey{mr.key,     mr.pd_id, mr.access, mr.iova, mr.length, host_addr,
                               static_cast<transport::KeyKind>(mr.kind), mr.qpn};
 }
 
 bool ShmResponderPort::adopt_memory_process(uint32_t key, host::MrRecord& mr) {
-  if (memory_ != nullptr || !keys_.empty() || mr.kind != host::kKeyRegion) return false;
+  if (memory_ != nullptr || mr.kind != host::kKeyRegion) return false;
   char* base = host_.segment_base(mr.proc);
   const uint32_t pid = host_.pid_of(mr.proc);
   if (base == nullptr || pid == 0) return false;
@@ -221,15 +229,14 @@ bool ShmResponderPort::take_receive(transport::ReceiveWqe& out) {
   return true;
 }
 
-transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from,
-                                                    int nfrom, uint64_t length) {
-  const TargetQp& data = memory();
+transport::CopyStatus ShmResponderPort::copy_owned(TargetQp& data, bool into_target, const iovec* to, int nto,
+                                                   const iovec* from, int nfrom, uint64_t length) {
   // The owner's side seen here: plain copies, no system call.
   iovec view[limits::kMaxSge + 1];
   const iovec* owner = into_target ? to : from;
   const int nowner = into_target ? nto : nfrom;
-  if (!own_ranges_mapped(owner, nowner, into_target)) return transport::CopyStatus::kFault;
-  const bool local = nowner <= limits::kMaxSge + 1 && local_views(owner, nowner, view);
+  if (!own_ranges_mapped(data, owner, nowner, into_target)) return transport::CopyStatus::kFault;
+  const bool local = nowner <= limits::kMaxSge + 1 && local_views(data, owner, nowner, view);
   if (local) {
     if (into_target) to = view;
     else from = view;
@@ -259,6 +266,43 @@ transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iove
   return transport::CopyStatus::kOk;
 }
 
+// The memory of one process, the common case, or, when a message's keys
+// name MRs of two processes (a receive WQE with SGEs in this process's
+// memory and in memory imported from another), each range with its own.
+transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from,
+                                                    int nfrom, uint64_t length) {
+  if (memory_ == nullptr) return copy_owned(*data_, into_target, to, nto, from, nfrom, length);
+  const iovec* tagged = into_target ? to : from;
+  const int nowner = into_target ? nto : nfrom;
+  iovec owner[limits::kMaxSge + 1];
+  TargetQp* owners[limits::kMaxSge + 1] = {data_};
+  if (nowner > limits::kMaxSge + 1) return transport::CopyStatus::kFault;
+  bool mixed = false;
+  for (int i = 0; i < nowner; ++i) {
+    owners[i] = owner_of(tagged[i], owner[i]);
+    if (owners[i] == nullptr) return transport::CopyStatus::kFault;
+    mixed |= owners[i] != owners[0];
+  }
+  if (!mixed)
+    return into_target ? copy_owned(*owners[0], true, owner, nowner, from, nfrom, length)
+                       : copy_owned(*owners[0], false, to, nto, owner, nowner, length);
+  const iovec* other = into_target ? from : to;
+  const int nother = into_target ? nfrom : nto;
+  uint64_t offset = 0;
+  for (int i = 0; i < nowner && offset < length; ++i) {
+    const uint64_t bytes = owner[i].iov_len < length - offset ? owner[i].iov_len : length - offset;
+    if (bytes == 0) continue;
+    iovec part[limits::kMaxSge + 1];
+    const int nparts = slice_iovecs(other, nother, offset, bytes, part);
+    const iovec mine{owner[i].iov_base, static_cast<size_t>(bytes)};
+    const transport::CopyStatus status = into_target ? copy_owned(*owners[i], true, &mine, 1, part, nparts, bytes)
+                                                     : copy_owned(*owners[i], false, part, nparts, &mine, 1, bytes);
+    if (status != transport::CopyStatus::kOk) return status;
+    offset += bytes;
+  }
+  return transport::CopyStatus::kOk;
+}
+
 transport::CopyStatus ShmResponderPort::write(const iovec* to, int nto, const iovec* from, int nfrom,
                                               uint64_t length) {
   return fenced_copy(true, to, nto, from, nfrom, length);
@@ -275,11 +319,14 @@ transport::CopyStatus ShmResponderPort::read(const iovec* to, int nto, const iov
 // side sees half of.
 transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp op, uint64_t compare_add,
                                                uint64_t swap, uint64_t& original) {
-  const TargetQp& owner = memory();
-  const iovec where{word, sizeof(uint64_t)};
-  if (!own_ranges_mapped(&where, 1, true)) return transport::CopyStatus::kFault;
+  iovec where;
+  TargetQp* found = owner_of(iovec{word, sizeof(uint64_t)}, where);
+  if (found == nullptr) return transport::CopyStatus::kFault;
+  TargetQp& owner = *found;
+  word = where.iov_base;
+  if (!own_ranges_mapped(owner, &where, 1, true)) return transport::CopyStatus::kFault;
   iovec view;
-  const bool local = local_views(&where, 1, &view);
+  const bool local = local_views(owner, &where, 1, &view);
   host::AtomicStripe& stripe = host_.registry().atomic_stripe(owner.pid, reinterpret_cast<uint64_t>(word));
   while (stripe.locked.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
   CopyResult r = CopyResult::kOk;

@@ -50,9 +50,9 @@ class ShmResponderPort final : public transport::ResponderPort {
     // Whether one of them is an ODP MR (transport::is_on_demand): its pages
     // are checked when used.
     bool any_on_demand() const;
-    bool empty() const { return n_ == 0; }
-    // The validated MR that holds [addr, addr + length) of the owner, or nullptr.
-    const host::MrRecord* holding(uint64_t addr, uint64_t length) const;
+    // The validated MR of process `proc` that holds [addr, addr + length)
+    // of its memory, or nullptr.
+    const host::MrRecord* holding(uint32_t proc, uint64_t addr, uint64_t length) const;
 
    private:
     static constexpr int kMax = limits::kMaxSge + 1;
@@ -61,23 +61,33 @@ class ShmResponderPort final : public transport::ResponderPort {
   };
 
   host::SharedRq* receive_queue() const;
-  // Makes the process of `mr` (key `key`, read before) the message's memory,
-  // if no key named another yet; `mr` is read again under its announcement.
+  // Makes the process of `mr` (key `key`, read before) the message's other
+  // memory process, if no key named one yet; `mr` is read again under its
+  // announcement.
   bool adopt_memory_process(uint32_t key, host::MrRecord& mr);
   void raise(uint32_t detail);
-  // The owner's memory `target` (n ranges) as seen here through its backing
+  // `owner`'s memory `target` (n ranges) as seen here through its backing
   // file, into `local`; false if any range is not in a shared MR.
-  bool local_views(const iovec* target, int n, iovec* local);
-  // False if `n` ranges of the owner, reached through an ODP key in
+  bool local_views(TargetQp& owner, const iovec* target, int n, iovec* local);
+  // False if `n` ranges of `owner`, reached through an ODP key in
   // this very process (copied with memcpy, not by the kernel), are not mapped
   // with the access the copy needs.
-  bool own_ranges_mapped(const iovec* ranges, int n, bool written);
+  bool own_ranges_mapped(const TargetQp& owner, const iovec* ranges, int n, bool written);
+  // The responder computes target addresses from the keys memory_key gave
+  // it and hands them back to write, read and atomic, never dereferencing
+  // them. The keys of memory_'s process carry this bit in their host
+  // address, so that every range says whose memory it is even where the two
+  // processes' address spaces overlap (a process and its forked child).
+  // User addresses never have it.
+  static constexpr uint64_t kOtherProcess = uint64_t{1} << 63;
+  // Whose memory `range` (as the responder gave it) is, and the range
+  // itself, untagged, in `untagged`.
+  TargetQp* owner_of(const iovec& range, iovec& untagged);
   transport::CopyStatus fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from, int nfrom,
                                     uint64_t length);
-
-  // Whose memory the message's keys reach: data_'s process, or the one
-  // process whose MR the first key named (memory_key).
-  TargetQp& memory() { return memory_ != nullptr ? *memory_ : *data_; }
+  // fenced_copy for ranges that are all `owner`'s.
+  transport::CopyStatus copy_owned(TargetQp& owner, bool into_target, const iovec* to, int nto, const iovec* from,
+                                   int nfrom, uint64_t length);
 
   host::Attachment& host_;
   TargetQp& target_;  // the QP: its state, its events
@@ -93,8 +103,9 @@ class ShmResponderPort final : public transport::ResponderPort {
   // The access to the SRQ's process, when it is not the QP's.
   uint32_t xrc_access_ = host::HostRegistry::kNoAccessSlot;
   // The process of an MR in the QP's PD that another process registered
-  // (a PD shared through ibv_import_pd), when the message's keys name one:
-  // its memory as a target, and the access announced to it.
+  // (a PD shared through ibv_import_pd), when the message's keys name one
+  // (the others are data_'s): its memory as a target, and the access
+  // announced to it.
   TargetQp* memory_ = nullptr;
   TargetQp memory_owner_;
   uint32_t memory_access_ = host::HostRegistry::kNoAccessSlot;
