@@ -157,7 +157,7 @@ QueuePair::Step QueuePair::execute_locked(SendWqe& wqe, uint32_t position, uint6
     length = wqe.inline_len;
   } else {
     const uint32_t access = reads_into_local ? IBV_ACCESS_LOCAL_WRITE : 0;
-    staging_.erase(position);  // an earlier attempt's
+    if (!staging_.empty()) staging_.erase(position);  // an earlier attempt's
     ForeignStaging staging;
     const ibv_wc_status checked =
         local_iovecs(node_, pd_->id(), wqe.sge, wqe.num_sge, access, local, &nlocal, &length, &staging);
