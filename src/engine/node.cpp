@@ -130,7 +130,9 @@ void Node::on_event(const host::Event& event) {
       cqs_.with(event.object, [](CompletionQueue& cq) { cq.on_overrun(); });
       break;
     case host::EventKind::kQpAsync:
-      qps_.with(event.object, [&](QueuePair& qp) { qp.on_remote_event(event.detail); });
+      qps_.with(event.object, [&](QueuePair& qp) {
+        if (qp.qpn() == event.qpn) qp.on_remote_event(event.detail);  // else a destroyed QP's, whose id it has
+      });
       break;
     case host::EventKind::kSrqLimit:
       srqs_.with(event.object, [](SharedReceiveQueue& srq) { srq.on_limit_reached(); });

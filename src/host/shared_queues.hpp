@@ -344,7 +344,12 @@ struct Event {
   uint32_t kind;
   uint32_t object;
   uint32_t detail;
-  uint32_t pad;
+  // kQpAsync: the QP's number. Object ids are reused at once, so an event
+  // still in the ring when its QP is destroyed would otherwise be relayed
+  // to the next QP of the process that gets the id (an error event on a
+  // healthy QP, or one raised before ibv_create_qp returned, which no
+  // destroy ever took back). 0 elsewhere.
+  uint32_t qpn;
 };
 
 struct alignas(16) EventSlot {

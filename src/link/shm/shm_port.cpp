@@ -448,7 +448,8 @@ bool ShmResponderPort::requester_range(uint32_t requester_qpn, uint64_t va, uint
 void ShmResponderPort::raise(uint32_t detail) {
   if (target_.proc != host::kHostOwned) {
     host_.notify(target_.proc, target_.pid,
-                 host::Event{static_cast<uint32_t>(host::EventKind::kQpAsync), target_.qp->owner_qp_id, detail, 0});
+                 host::Event{static_cast<uint32_t>(host::EventKind::kQpAsync), target_.qp->owner_qp_id, detail,
+                             target_.qpn});
     return;
   }
   // A TGT QP's events go to every handle to it, in every process.
@@ -458,7 +459,7 @@ void ShmResponderPort::raise(uint32_t detail) {
   const uint32_t n = host_.registry().tgt_holders(*record, holders);
   for (uint32_t i = 0; i < n; ++i)
     host_.notify(holders[i].proc, holders[i].pid,
-                 host::Event{static_cast<uint32_t>(host::EventKind::kQpAsync), holders[i].qp_id, detail, 0});
+                 host::Event{static_cast<uint32_t>(host::EventKind::kQpAsync), holders[i].qp_id, detail, target_.qpn});
 }
 
 // The responder QP moves to ERROR; its owner flushes it and reports `event`.
