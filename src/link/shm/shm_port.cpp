@@ -144,11 +144,11 @@ bool ShmResponderPort::adopt_memory_process(uint32_t key, host::MrRecord& mr) {
   host::MrRecord again;
   if (!host_.registry().lookup_mr(key, again) || again.proc != mr.proc || host_.pid_of(mr.proc) != pid) return false;
   mr = again;
-  memory_owner_ = TargetQp{};
-  memory_owner_.base = base;
-  memory_owner_.pid = pid;
-  memory_owner_.proc = mr.proc;
-  memory_ = &memory_owner_;
+  TargetQp& owner = memory_owner_.emplace();
+  owner.base = base;
+  owner.pid = pid;
+  owner.proc = mr.proc;
+  memory_ = &owner;
   return true;
 }
 
@@ -271,7 +271,13 @@ transport::CopyStatus ShmResponderPort::copy_owned(TargetQp& data, bool into_tar
 // memory and in memory imported from another), each range with its own.
 transport::CopyStatus ShmResponderPort::fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from,
                                                     int nfrom, uint64_t length) {
-  if (memory_ == nullptr) return copy_owned(*data_, into_target, to, nto, from, nfrom, length);
+  if (memory_ == nullptr) [[likely]]
+    return copy_owned(*data_, into_target, to, nto, from, nfrom, length);
+  return copy_two_processes(into_target, to, nto, from, nfrom, length);
+}
+
+transport::CopyStatus ShmResponderPort::copy_two_processes(bool into_target, const iovec* to, int nto,
+                                                           const iovec* from, int nfrom, uint64_t length) {
   const iovec* tagged = into_target ? to : from;
   const int nowner = into_target ? nto : nfrom;
   iovec owner[limits::kMaxSge + 1];
@@ -319,11 +325,14 @@ transport::CopyStatus ShmResponderPort::read(const iovec* to, int nto, const iov
 // side sees half of.
 transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp op, uint64_t compare_add,
                                                uint64_t swap, uint64_t& original) {
-  iovec where;
-  TargetQp* found = owner_of(iovec{word, sizeof(uint64_t)}, where);
-  if (found == nullptr) return transport::CopyStatus::kFault;
+  iovec where{word, sizeof(uint64_t)};
+  TargetQp* found = data_;
+  if (memory_ != nullptr) [[unlikely]] {
+    found = owner_of(iovec{word, sizeof(uint64_t)}, where);
+    if (found == nullptr) return transport::CopyStatus::kFault;
+    word = where.iov_base;
+  }
   TargetQp& owner = *found;
-  word = where.iov_base;
   if (!own_ranges_mapped(owner, &where, 1, true)) return transport::CopyStatus::kFault;
   iovec view;
   const bool local = local_views(owner, &where, 1, &view);

@@ -7,6 +7,8 @@
 // the fence chunk stops once one of them is deregistered.
 #pragma once
 
+#include <optional>
+
 #include "common/limits.hpp"
 #include "host/attachment.hpp"
 #include "link/shm/target.hpp"
@@ -64,7 +66,7 @@ class ShmResponderPort final : public transport::ResponderPort {
   // Makes the process of `mr` (key `key`, read before) the message's other
   // memory process, if no key named one yet; `mr` is read again under its
   // announcement.
-  bool adopt_memory_process(uint32_t key, host::MrRecord& mr);
+  [[gnu::noinline, gnu::cold]] bool adopt_memory_process(uint32_t key, host::MrRecord& mr);
   void raise(uint32_t detail);
   // `owner`'s memory `target` (n ranges) as seen here through its backing
   // file, into `local`; false if any range is not in a shared MR.
@@ -85,6 +87,10 @@ class ShmResponderPort final : public transport::ResponderPort {
   TargetQp* owner_of(const iovec& range, iovec& untagged);
   transport::CopyStatus fenced_copy(bool into_target, const iovec* to, int nto, const iovec* from, int nfrom,
                                     uint64_t length);
+  // fenced_copy when a second process's key was given (memory_): kept out
+  // of the common path.
+  [[gnu::noinline, gnu::cold]] transport::CopyStatus copy_two_processes(bool into_target, const iovec* to, int nto,
+                                                                        const iovec* from, int nfrom, uint64_t length);
   // fenced_copy for ranges that are all `owner`'s.
   transport::CopyStatus copy_owned(TargetQp& owner, bool into_target, const iovec* to, int nto, const iovec* from,
                                    int nfrom, uint64_t length);
@@ -107,7 +113,7 @@ class ShmResponderPort final : public transport::ResponderPort {
   // (the others are data_'s): its memory as a target, and the access
   // announced to it.
   TargetQp* memory_ = nullptr;
-  TargetQp memory_owner_;
+  std::optional<TargetQp> memory_owner_;  // (not built for the common message: the port is made per message)
   uint32_t memory_access_ = host::HostRegistry::kNoAccessSlot;
 };
 
