@@ -325,6 +325,9 @@ void CompletionQueue::push(const host::Cqe& cqe) {
 void CompletionQueue::on_remote_notify() { signal_channel(); }
 
 void CompletionQueue::on_overrun() {
+  // A relayed overrun of a CQ destroyed meanwhile reaches the CQ that got
+  // its id: only a ring that did overrun reports one.
+  if (shared_->overrun.load(std::memory_order_acquire) == 0) return;
   if (error_raised_.exchange(true)) return;
   SOFTHCA_WARN("cq overrun: more completions than its %d entries; the cq is in error", cqe_);
   context_.raise_async_event(AsyncEvent{IBV_EVENT_CQ_ERR, handle, 0});
