@@ -131,7 +131,11 @@ void Node::on_event(const host::Event& event) {
       break;
     case host::EventKind::kQpAsync:
       qps_.with(event.object, [&](QueuePair& qp) {
-        if (qp.qpn() == event.qpn) qp.on_remote_event(event.detail);  // else a destroyed QP's, whose id it has
+        // A QP whose creation has not yet handed it to the application
+        // (its number may still be being written), or one of another
+        // number: the event is a destroyed QP's that had this id.
+        if (qp.handle.load(std::memory_order_acquire) == nullptr) return;
+        if (qp.qpn() == event.qpn) qp.on_remote_event(event.detail);
       });
       break;
     case host::EventKind::kSrqLimit:
