@@ -42,20 +42,6 @@ DeviceMemory* DeviceMemory::adopt(Context& context, const ExportRecord& record) 
 
 void DeviceMemory::free_everywhere() { context_.file().retire_device_memory(handle_); }
 
-void DeviceMemory::attach() {
-  here_.attach();
-  context_.add_users(ExportKind::kDm, handle_, 1);
-}
-
-void DeviceMemory::detach() {
-  here_.detach();
-  context_.add_users(ExportKind::kDm, handle_, -1);
-}
-
-bool DeviceMemory::in_use() const {
-  return here_.in_use() || context_.users_elsewhere(ExportKind::kDm, handle_) != 0;
-}
-
 DeviceMemory::~DeviceMemory() {
   if (adopted_) return;  // the context keeps its adopted objects' books
   context_.withdraw(this, handle_);

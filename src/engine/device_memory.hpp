@@ -12,7 +12,7 @@
 
 #include "common/result.hpp"
 #include "engine/context_file.hpp"
-#include "engine/user_count.hpp"
+#include "engine/shared_users.hpp"
 
 namespace softhca::engine {
 
@@ -31,9 +31,9 @@ class DeviceMemory {
   void free_everywhere();
   // The MRs over it, in every process that shares the context: ibv_free_dm
   // refuses (EBUSY) while any is registered.
-  void attach();
-  void detach();
-  bool in_use() const;
+  void attach() { users_.attach(); }
+  void detach() { users_.detach(); }
+  bool in_use() const { return users_.in_use(); }
   ~DeviceMemory();
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
@@ -55,14 +55,19 @@ class DeviceMemory {
 
  private:
   DeviceMemory(Context& context, void* base, uint64_t length, uint32_t handle, bool adopted)
-      : context_(context), base_(base), length_(length), handle_(handle), adopted_(adopted) {}
+      : context_(context),
+        base_(base),
+        length_(length),
+        handle_(handle),
+        adopted_(adopted),
+        users_(context, ExportKind::kDm, handle) {}
 
   Context& context_;
   void* base_;  // in the context's file, as mapped here
   uint64_t length_;
   uint32_t handle_;
   bool adopted_;
-  UserCount here_;  // this process's MRs over it
+  SharedUsers users_;  // the MRs over it
 };
 
 }  // namespace softhca::engine

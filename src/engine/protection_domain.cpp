@@ -22,20 +22,4 @@ ProtectionDomain::~ProtectionDomain() {
   context_.node().pd_quota().give_back();
 }
 
-// Each user counts here and, for the other processes that share the
-// context, in its file.
-void ProtectionDomain::attach() {
-  here_.attach();
-  context_.add_users(ExportKind::kPd, id_, 1);
-}
-
-void ProtectionDomain::detach() {
-  here_.detach();
-  context_.add_users(ExportKind::kPd, id_, -1);
-}
-
-bool ProtectionDomain::in_use() const {
-  return here_.in_use() || context_.users_elsewhere(ExportKind::kPd, id_) != 0;
-}
-
 }  // namespace softhca::engine

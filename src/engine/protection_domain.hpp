@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "common/result.hpp"
-#include "engine/user_count.hpp"
+#include "engine/shared_users.hpp"
 
 namespace softhca::engine {
 
@@ -25,9 +25,9 @@ class ProtectionDomain {
 
   // The objects that use the PD, in every process that shares its context:
   // ibv_dealloc_pd refuses (EBUSY) while any is attached.
-  void attach();
-  void detach();
-  bool in_use() const;
+  void attach() { users_.attach(); }
+  void detach() { users_.detach(); }
+  bool in_use() const { return users_.in_use(); }
 
   Context& context() { return context_; }
   uint32_t id() const { return id_; }
@@ -35,12 +35,13 @@ class ProtectionDomain {
   bool adopted() const { return adopted_; }
 
  private:
-  ProtectionDomain(Context& context, uint32_t id, bool adopted) : context_(context), id_(id), adopted_(adopted) {}
+  ProtectionDomain(Context& context, uint32_t id, bool adopted)
+      : context_(context), id_(id), adopted_(adopted), users_(context, ExportKind::kPd, id) {}
 
   Context& context_;
   uint32_t id_;
   bool adopted_;
-  UserCount here_;  // this process's users
+  SharedUsers users_;
 };
 
 }  // namespace softhca::engine
