@@ -64,6 +64,16 @@ struct Answer {
   ibv_wc_status status = IBV_WC_SUCCESS;
 };
 
+// An RC WRITE or READ of one local range that a channel may complete on the
+// spot (Channel::copy_direct).
+struct DirectCopy {
+  bool read = false;        // READ: from the peer's memory into `local`
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  void* local = nullptr;    // this process's memory, already checked
+  uint64_t length = 0;      // > 0
+};
+
 // A connected QP's (RC or UC) path to its peer, opened when the QP moves to
 // RTR and dropped when it is reset. Used under the QP's send lock only.
 class Channel {
@@ -76,6 +86,13 @@ class Channel {
   // after answers came). `position` names the WQE in its send queue and
   // `local` keeps pointing at its buffers until it is answered.
   virtual transport::Response deliver(const transport::Request& request, uint32_t position) = 0;
+  // The common case without the general responder: true when the copy is
+  // done and the responder would have acknowledged it, with no other effect
+  // than deliver() would have had (no error, no event, no counter, no
+  // receive WQE). False: nothing happened, and the caller delivers the
+  // message the general way, which gives every other outcome. Only a link
+  // that runs the responder in the requester's thread can say true.
+  virtual bool copy_direct(const DirectCopy&) { return false; }
   // The QP reached RTS: it may send from sq_psn on.
   virtual void start_sending(const SendConfig&) {}
   // The next answer of an asynchronous channel, in posting order.

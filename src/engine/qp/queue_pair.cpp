@@ -483,7 +483,7 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
       err = ENOMEM;
       break;
     }
-    enqueue_send_locked(*wr);
+    if (!post_direct_locked(*wr)) enqueue_send_locked(*wr);
   }
   if (err) *bad_wr = wr;
   // No clock read on the way of every post: progress reads it only where a

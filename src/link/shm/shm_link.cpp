@@ -15,6 +15,7 @@
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
 #include "transport/answer_counters.hpp"
+#include "transport/memory_key.hpp"
 #include "wire/ud_grh.hpp"
 
 namespace softhca::shm {
@@ -26,8 +27,11 @@ class ShmChannel final : public link::Channel {
       : host_(host), reliable_(qp_type == IBV_QPT_RC || qp_type == IBV_QPT_XRC_SEND), dest_qpn_(dest_qpn) {
     // Bind to the peer that has the QPN now; if there is none yet, to the
     // one found at the first send.
-    TargetQp peer;
-    if (resolve(host_, dest_qpn_, peer)) peer_incarnation_ = peer.incarnation;
+    if (resolve(host_, dest_qpn_, target_)) {
+      peer_incarnation_ = target_.incarnation;
+    } else {
+      target_ = TargetQp{};
+    }
   }
 
   transport::Response deliver(const transport::Request& request, uint32_t) override {
@@ -61,6 +65,8 @@ class ShmChannel final : public link::Channel {
     }
   }
 
+  bool copy_direct(const link::DirectCopy& op) override;
+
  private:
   host::Attachment& host_;
   const bool reliable_;
@@ -69,6 +75,57 @@ class ShmChannel final : public link::Channel {
   uint64_t peer_incarnation_ = 0;
   transport::MessageInProgress scratch_;  // the responder's, for each message (under the QP's send lock)
 };
+
+// What deliver() would do for an RC WRITE or READ that succeeds, and only
+// that: every condition the responder checks is asked here as a predicate,
+// the first one that does not hold hands the message back (false) before
+// anything is touched, and deliver() then gives the outcome (an error NAK and
+// its event, COMM_EST, a copy through process_vm, a chunked copy). So the
+// rules stay where they are; this is their conjunction for the common case,
+// without the general responder's records, scratch and indirect calls.
+bool ShmChannel::copy_direct(const link::DirectCopy& op) {
+  // A peer reached before, the same incarnation, another process's QP (a TGT
+  // QP is the host's and never RC).
+  if (!reliable_ || target_.qp == nullptr || target_.base == nullptr || peer_incarnation_ == 0 ||
+      target_.incarnation != peer_incarnation_ || op.length == 0 || op.length > kFenceChunk)
+    return false;
+  MemoryAccess access(host_, target_.proc);
+  if (!still_there(target_)) return false;
+  const host::SharedQp& qp = *target_.qp;
+  const uint32_t needed = op.read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+  // transport::accept / respond: the same transport, a receiving state, the
+  // QP's access flags, a READ's responder resources; and the first message
+  // has been seen (COMM_EST is the general path's to raise).
+  if (qp.qp_type != IBV_QPT_RC || !transport::receives_in_state(qp.state.load(std::memory_order_acquire)) ||
+      (qp.access.load(std::memory_order_acquire) & needed) != needed ||
+      (op.read && qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0) ||
+      qp.comm_established.load(std::memory_order_relaxed) == 0)
+    return false;
+  // remote_range: the key, of the QP's process (another's goes through the
+  // port's second target), neither on-demand (checked page by page) nor
+  // beyond what the key grants.
+  host::MrRecord mr;
+  if (!host_.registry().lookup_mr(op.rkey, mr) || mr.proc != target_.proc) return false;
+  const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
+                                 static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+  if (transport::is_on_demand(key) ||
+      !transport::remote_key_allows(key, qp.pd_id, target_.qpn, needed, op.remote_addr, op.length))
+    return false;
+  // ShmResponderPort::local_views: a live owner, the range in its file.
+  if (!reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running()) return false;
+  host::PeerBackings::View window{target_.backing, target_.backing_length};
+  char* at = host_.in_backing(target_.proc, mr.shared, reinterpret_cast<uint64_t>(transport::owner_address(key, op.remote_addr)),
+                              op.length, window);
+  if (at == nullptr) return false;
+  target_.backing = window.base;
+  target_.backing_length = window.length;
+  if (op.read) {
+    std::memcpy(op.local, at, op.length);
+  } else {
+    std::memcpy(at, op.local, op.length);
+  }
+  return true;  // an ACK: no counter (transport::count_sent_answer)
+}
 
 class ShmLink final : public link::Link {
  public:

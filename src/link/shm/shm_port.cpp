@@ -8,10 +8,6 @@
 namespace softhca::shm {
 namespace {
 
-// Copies of this size or less run as one; longer ones in chunks of it, the
-// keys re-checked before each: the longest a deregistration waits.
-constexpr size_t kFenceChunk = 1 << 20;
-
 transport::CopyStatus status_of(CopyResult r) {
   switch (r) {
     case CopyResult::kOk:

@@ -16,6 +16,10 @@
 
 namespace softhca::shm {
 
+// Copies of this size or less run as one; longer ones in chunks of it, the
+// keys re-checked before each: the longest a deregistration waits.
+inline constexpr size_t kFenceChunk = 1 << 20;
+
 class ShmResponderPort final : public transport::ResponderPort {
  public:
   // The caller holds a MemoryAccess for `target`, and found it still_there.

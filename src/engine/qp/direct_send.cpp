@@ -1,0 +1,68 @@
+// The requester's common case, done on the spot: an RC WRITE or READ of one
+// local range, posted to an idle send queue, whose link can complete it at
+// once (link::Channel::copy_direct: the shm link, peer and memory on this
+// host). No WQE is queued for it and no request is built: the local range is
+// checked as local_iovecs (requester.cpp) would check it, the link copies,
+// and the WQE completes as the general path would complete it. Whenever a
+// condition does not hold, nothing has happened yet and the WR goes the
+// general way, which gives every other outcome.
+#include "common/log.hpp"
+#include "engine/node.hpp"
+#include "engine/protection_domain.hpp"
+#include "engine/qp/queue_pair.hpp"
+#include "host/host_registry.hpp"
+#include "transport/memory_key.hpp"
+
+namespace softhca::engine {
+
+bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
+  const bool read = wr.opcode == IBV_WR_RDMA_READ;
+  if ((!read && wr.opcode != IBV_WR_RDMA_WRITE) || init_.type != IBV_QPT_RC || wr.num_sge != 1 || !channel_ ||
+      sq_sent_ != sq_head_ || sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
+      shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS)
+    return false;
+  const ibv_sge& sge = wr.sg_list[0];
+  if (sge.length == 0) return false;
+  link::DirectCopy op;
+  op.read = read;
+  op.remote_addr = wr.wr.rdma.remote_addr;
+  op.rkey = wr.wr.rdma.rkey;
+  op.length = sge.length;
+  if (wr.send_flags & IBV_SEND_INLINE) {
+    // validate_send checked the length against max_inline_data (and refused
+    // an inline READ); the bytes are taken now, as enqueue_send_locked would.
+    op.local = reinterpret_cast<void*>(sge.addr);
+  } else {
+    // An MR of this process (another's is staged: the general path),
+    // not on-demand (its pages are checked when used), in the QP's PD.
+    host::MrRecord mr;
+    if (!node_.registry().lookup_mr(sge.lkey, mr) || mr.proc != node_.proc()) return false;
+    const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
+                                   static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+    if (transport::is_on_demand(key) ||
+        !transport::local_key_allows(key, pd_->id(), read ? IBV_ACCESS_LOCAL_WRITE : 0, sge.addr, sge.length))
+      return false;
+    void* at = transport::owner_address(key, sge.addr);
+    // Through our window onto the MR's pages where they moved into our file.
+    host::PeerBackings::View own{};
+    if (char* in_file = node_.host().in_backing(node_.proc(), mr.shared, reinterpret_cast<uint64_t>(at), sge.length, own))
+      at = in_file;
+    op.local = at;
+  }
+  if (!channel_->copy_direct(op)) return false;
+  SendWqe* wqe = sq_slot(sq_head_);
+  wqe->wr_id = wr.wr_id;
+  wqe->opcode = wr.opcode;
+  wqe->send_flags = wr.send_flags;
+  wqe->num_sge = 0;
+  wqe->inline_len = 0;
+  wqe->length = sge.length;
+  wqe->retry = transport::RetryState::start(attrs_.rnr_retry, attrs_.retry_cnt);
+  wqe->ah = nullptr;
+  wqe->mw = nullptr;
+  ++sq_head_;
+  complete_send_locked(*wqe, IBV_WC_SUCCESS);
+  return true;
+}
+
+}  // namespace softhca::engine

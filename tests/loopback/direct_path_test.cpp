@@ -1,0 +1,381 @@
+// RC WRITE and READ of one local range, to a peer on this host, complete on
+// the spot (the engine's direct path) while every check of the responder
+// passes; the moment one does not, the operation must end exactly as the
+// general responder ends it. These tests take the direct path first, then
+// change what it relies on between two operations of the same connection,
+// and check the second outcome: status, the responder QP's state and event,
+// and the bytes.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include "loopback.hpp"
+
+using namespace loopback;
+
+namespace {
+
+constexpr uint32_t kLen = 64;
+
+// Registered memory of whole pages: what the direct path reaches (a range
+// on a partly registered page is copied the general way), as perftest's
+// buffers are.
+class Pages {
+ public:
+  Pages(ibv_pd* pd, size_t size, int access = Buffer::kAllAccess) : size_(size) {
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    bytes_ = static_cast<uint8_t*>(p);
+    mr_ = ibv_reg_mr(pd, bytes_, size_, access);
+  }
+  ~Pages() {
+    if (mr_) ibv_dereg_mr(mr_);
+    if (bytes_) ::munmap(bytes_, size_);
+  }
+  Pages(const Pages&) = delete;
+  Pages& operator=(const Pages&) = delete;
+
+  bool ok() const { return mr_ != nullptr; }
+  // Deregisters now; the memory stays.
+  int dereg() {
+    const int rc = ibv_dereg_mr(mr_);
+    mr_ = nullptr;
+    return rc;
+  }
+  uint8_t* data() { return bytes_; }
+  size_t size() const { return size_; }
+  uint64_t addr(size_t offset = 0) { return reinterpret_cast<uint64_t>(bytes_ + offset); }
+  uint32_t rkey() const { return mr_->rkey; }
+  ibv_mr* mr() const { return mr_; }
+  ibv_sge sge(size_t offset, uint32_t length) { return ibv_sge{addr(offset), length, mr_->lkey}; }
+  std::span<uint8_t> span(size_t offset, size_t length) { return {bytes_ + offset, length}; }
+
+ private:
+  size_t size_;
+  uint8_t* bytes_ = nullptr;
+  ibv_mr* mr_ = nullptr;
+};
+
+ibv_send_wr rdma_wr(uint64_t wr_id, ibv_wr_opcode opcode, ibv_sge* sge, uint64_t remote_addr, uint32_t rkey,
+                    unsigned flags = IBV_SEND_SIGNALED) {
+  ibv_send_wr wr = make_wr(wr_id, opcode, sge, 1, flags);
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  return wr;
+}
+
+// One signaled operation from a to b's memory; its completion.
+ibv_wc run_one(QpPair& pair, ibv_send_wr wr) {
+  ibv_wc wc{};
+  wc.status = IBV_WC_GENERAL_ERR;
+  EXPECT_EQ(post_send(pair.a, wr), 0);
+  EXPECT_TRUE(poll_one(pair.a_send_cq, &wc));
+  return wc;
+}
+
+}  // namespace
+
+TEST(DirectPath, WriteAndReadMoveTheBytes) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpPair pair(dev, QpConfig{});
+  ASSERT_TRUE(pair.ok());
+  Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+  fill_pattern(local.span(0, kLen), 1);
+  ibv_sge sge = local.sge(0, kLen);
+  ibv_wc wc = run_one(pair, rdma_wr(1, IBV_WR_RDMA_WRITE, &sge, remote.addr(100), remote.rkey()));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(wc.wr_id, 1u);
+  EXPECT_EQ(first_mismatch(remote.span(100, kLen), local.span(0, kLen)), -1);
+  EXPECT_EQ(first_not(remote.span(0, 100), 0), -1);
+  EXPECT_EQ(first_not(remote.span(100 + kLen, 4096 - 100 - kLen), 0), -1);
+
+  fill_pattern(remote.span(1000, kLen), 2);
+  ibv_sge into = local.sge(2000, kLen);
+  wc = run_one(pair, rdma_wr(2, IBV_WR_RDMA_READ, &into, remote.addr(1000), remote.rkey()));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(wc.byte_len, kLen);
+  EXPECT_EQ(first_mismatch(local.span(2000, kLen), remote.span(1000, kLen)), -1);
+}
+
+// Inline data is taken when the WR is posted: the buffer may change at once.
+TEST(DirectPath, InlineWriteTakesTheBytesAtPost) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_inline_data = 64;
+  QpPair pair(dev, cfg);
+  ASSERT_TRUE(pair.ok());
+  Pages remote(dev.pd, 4096);
+  uint8_t bytes[32];
+  std::memset(bytes, 0x5a, sizeof bytes);
+  ibv_sge sge{reinterpret_cast<uint64_t>(bytes), sizeof bytes, 0};
+  ibv_send_wr wr = rdma_wr(1, IBV_WR_RDMA_WRITE, &sge, remote.addr(8), remote.rkey(), IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+  ASSERT_EQ(post_send(pair.a, wr), 0);
+  std::memset(bytes, 0xa5, sizeof bytes);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(first_not(remote.span(8, 32), 0x5a), -1);
+}
+
+// The first message that reaches a QP in RTR raises COMM_EST, WRITE or READ
+// alike, and only once.
+TEST(DirectPath, FirstWriteToRtrRaisesCommEstablished) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
+  ibv_qp* b = create_qp(dev.pd, cq, cq, cfg);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(bring_up(a, b->qp_num, dev.gid, cfg), 0);
+  ASSERT_EQ(qp_to_init(b, cfg), 0);
+  ASSERT_EQ(qp_to_rtr(b, a->qp_num, dev.gid, cfg), 0);
+  {
+    Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+    fill_pattern(local.span(0, kLen), 3);
+    ibv_sge sge = local.sge(0, kLen);
+    for (uint64_t i = 0; i < 3; ++i) {
+      ibv_send_wr wr = rdma_wr(i, IBV_WR_RDMA_WRITE, &sge, remote.addr(), remote.rkey());
+      ASSERT_EQ(post_send(a, wr), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_one(cq, &wc));
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+      if (i == 0) {
+        decltype(ibv_async_event::element) element{};
+        ASSERT_TRUE(wait_async_event(dev.ctx, IBV_EVENT_COMM_EST, &element));
+        EXPECT_EQ(element.qp, b);
+      }
+    }
+    EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{20}));
+    EXPECT_EQ(first_mismatch(remote.span(0, kLen), local.span(0, kLen)), -1);
+  }
+  EXPECT_EQ(ibv_destroy_qp(a), 0);
+  EXPECT_EQ(ibv_destroy_qp(b), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// The responder QP's access flags change under an established connection:
+// the next WRITE (READ) is refused as the responder refuses it, its QP going
+// to ERROR with an access error event, and nothing lands.
+class AccessRevoked : public testing::TestWithParam<ibv_wr_opcode> {};
+
+TEST_P(AccessRevoked, NextOperationGetsRemoteAccessError) {
+  const ibv_wr_opcode opcode = GetParam();
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpPair pair(dev, QpConfig{});
+  ASSERT_TRUE(pair.ok());
+  Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+  fill_pattern(local.span(0, kLen), 4);
+  ibv_sge sge = local.sge(0, kLen);
+  ibv_wc wc = run_one(pair, rdma_wr(1, opcode, &sge, remote.addr(), remote.rkey()));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+
+  ibv_qp_attr attr{};
+  attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE;  // neither remote write nor read
+  ASSERT_EQ(ibv_modify_qp(pair.b, &attr, IBV_QP_ACCESS_FLAGS), 0);
+  fill_pattern(local.span(0, kLen), 5);
+  std::vector<uint8_t> before(remote.data(), remote.data() + remote.size());
+  wc = run_one(pair, rdma_wr(2, opcode, &sge, remote.addr(), remote.rkey()));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
+  EXPECT_EQ(qp_state(pair.b), IBV_QPS_ERR);
+  EXPECT_EQ(qp_state(pair.a), IBV_QPS_ERR);
+  decltype(ibv_async_event::element) element{};
+  ASSERT_TRUE(wait_async_event(dev.ctx, IBV_EVENT_QP_ACCESS_ERR, &element));
+  EXPECT_EQ(element.qp, pair.b);
+  EXPECT_EQ(first_mismatch(remote.span(0, remote.size()), before), -1);
+}
+
+INSTANTIATE_TEST_SUITE_P(WriteAndRead, AccessRevoked, testing::Values(IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ));
+
+// The target MR is deregistered between two WRITEs: the second gets
+// REM_ACCESS_ERR and its bytes land nowhere.
+TEST(DirectPath, WriteAfterDeregistrationIsRefused) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpPair pair(dev, QpConfig{});
+  ASSERT_TRUE(pair.ok());
+  Pages local(dev.pd, 4096), target(dev.pd, 4096);
+  ASSERT_TRUE(local.ok() && target.ok());
+  const uint32_t rkey = target.rkey();
+  fill_pattern(local.span(0, kLen), 6);
+  ibv_sge sge = local.sge(0, kLen);
+  ibv_wc wc = run_one(pair, rdma_wr(1, IBV_WR_RDMA_WRITE, &sge, target.addr(), rkey));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(first_mismatch(target.span(0, kLen), local.span(0, kLen)), -1);
+
+  ASSERT_EQ(target.dereg(), 0);
+  const std::vector<uint8_t> before(target.data(), target.data() + target.size());
+  fill_pattern(local.span(0, kLen), 7);
+  wc = run_one(pair, rdma_wr(2, IBV_WR_RDMA_WRITE, &sge, target.addr(), rkey));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
+  EXPECT_EQ(first_mismatch(target.span(0, target.size()), before), -1);
+}
+
+// A range one byte past the MR, and a READ to a QP without responder
+// resources, after a WRITE that went through.
+TEST(DirectPath, BadRangeAndNoReadResourcesAnswerAsTheResponder) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  {
+    QpPair pair(dev, QpConfig{});
+    ASSERT_TRUE(pair.ok());
+    Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+    ibv_sge sge = local.sge(0, kLen);
+    ASSERT_EQ(run_one(pair, rdma_wr(1, IBV_WR_RDMA_WRITE, &sge, remote.addr(), remote.rkey())).status,
+              IBV_WC_SUCCESS);
+    const ibv_wc wc = run_one(pair, rdma_wr(2, IBV_WR_RDMA_WRITE, &sge, remote.addr(4096 - kLen + 1), remote.rkey()));
+    EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
+    drain_async_events(dev.ctx);
+  }
+  {
+    QpConfig responder;
+    responder.max_dest_rd_atomic = 0;
+    QpPair pair(dev, QpConfig{}, responder);
+    ASSERT_TRUE(pair.ok());
+    Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+    ibv_sge sge = local.sge(0, kLen);
+    ASSERT_EQ(run_one(pair, rdma_wr(1, IBV_WR_RDMA_WRITE, &sge, remote.addr(), remote.rkey())).status,
+              IBV_WC_SUCCESS);
+    const ibv_wc wc = run_one(pair, rdma_wr(2, IBV_WR_RDMA_READ, &sge, remote.addr(), remote.rkey()));
+    EXPECT_EQ(wc.status, IBV_WC_REM_INV_REQ_ERR) << wc_str(wc);
+    drain_async_events(dev.ctx);
+  }
+}
+
+// Keys that do not grant the operation, after one that did: an MR without
+// remote write, an MR of another PD, a window narrower than its MR.
+TEST(DirectPath, KeysThatDoNotGrantAnswerRemoteAccessError) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_pd* other = ibv_alloc_pd(dev.ctx);
+  ASSERT_NE(other, nullptr);
+  {
+    Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+    Pages read_only(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    Pages foreign(other, 4096);
+    Pages windowed(dev.pd, 4096, Buffer::kAllAccess | IBV_ACCESS_MW_BIND);
+    ASSERT_TRUE(local.ok() && remote.ok() && read_only.ok() && foreign.ok() && windowed.ok());
+    ibv_sge sge = local.sge(0, kLen);
+    struct Case {
+      const char* what;
+      uint64_t addr;
+      uint32_t rkey;
+    };
+    std::vector<Case> cases = {{"an MR without remote write", read_only.addr(), read_only.rkey()},
+                               {"an MR of another PD", foreign.addr(), foreign.rkey()}};
+    // A type 1 window over bytes [1024, 2048) of its MR, and a WRITE that
+    // ends one byte past it (inside the MR).
+    ibv_mw* mw = ibv_alloc_mw(dev.pd, IBV_MW_TYPE_1);
+    ASSERT_NE(mw, nullptr);
+    QpPair binder(dev, QpConfig{});
+    ASSERT_TRUE(binder.ok());
+    ibv_mw_bind bind{};
+    bind.wr_id = 9;
+    bind.send_flags = IBV_SEND_SIGNALED;
+    bind.bind_info.mr = windowed.mr();
+    bind.bind_info.addr = windowed.addr(1024);
+    bind.bind_info.length = 1024;
+    bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    ASSERT_EQ(ibv_bind_mw(binder.a, mw, &bind), 0);
+    ibv_wc bound{};
+    ASSERT_TRUE(poll_one(binder.a_send_cq, &bound));
+    ASSERT_EQ(bound.status, IBV_WC_SUCCESS) << wc_str(bound);
+    cases.push_back({"a range one byte past a window", windowed.addr(2048 - kLen + 1), mw->rkey});
+    for (const Case& c : cases) {
+      QpPair pair(dev, QpConfig{});
+      ASSERT_TRUE(pair.ok());
+      ASSERT_EQ(run_one(pair, rdma_wr(1, IBV_WR_RDMA_WRITE, &sge, remote.addr(), remote.rkey())).status,
+                IBV_WC_SUCCESS);
+      const ibv_wc wc = run_one(pair, rdma_wr(2, IBV_WR_RDMA_WRITE, &sge, c.addr, c.rkey));
+      EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << c.what << ": " << wc_str(wc);
+      drain_async_events(dev.ctx);
+    }
+    EXPECT_EQ(first_not(read_only.span(0, 4096), 0), -1);
+    EXPECT_EQ(first_not(foreign.span(0, 4096), 0), -1);
+    EXPECT_EQ(first_not(windowed.span(0, 4096), 0), -1);
+    EXPECT_EQ(ibv_dealloc_mw(mw), 0);
+  }
+  EXPECT_EQ(ibv_dealloc_pd(other), 0);
+}
+
+// A local SGE the QP's PD does not own is a local protection error, as
+// before, and a READ into memory registered without local write too.
+TEST(DirectPath, LocalKeyChecksStay) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_pd* other = ibv_alloc_pd(dev.ctx);
+  ASSERT_NE(other, nullptr);
+  {
+    QpPair pair(dev, QpConfig{});
+    ASSERT_TRUE(pair.ok());
+    Pages foreign(other, 4096), remote(dev.pd, 4096);
+    ibv_sge sge = foreign.sge(0, kLen);
+    const ibv_wc wc = run_one(pair, rdma_wr(1, IBV_WR_RDMA_WRITE, &sge, remote.addr(), remote.rkey()));
+    EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << wc_str(wc);
+  }
+  {
+    QpPair pair(dev, QpConfig{});
+    ASSERT_TRUE(pair.ok());
+    Pages read_only(dev.pd, 4096, IBV_ACCESS_REMOTE_READ), remote(dev.pd, 4096);
+    ibv_sge sge = read_only.sge(0, kLen);
+    const ibv_wc wc = run_one(pair, rdma_wr(1, IBV_WR_RDMA_READ, &sge, remote.addr(), remote.rkey()));
+    EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << wc_str(wc);
+  }
+  drain_async_events(dev.ctx);
+  EXPECT_EQ(ibv_dealloc_pd(other), 0);
+}
+
+// Operations that complete at once still hold their send queue slot until
+// a completion retires it: unsignaled ones fill the queue (ENOMEM), as on
+// hardware, and every byte they carried landed.
+TEST(DirectPath, UnsignaledWritesStillFillTheSendQueue) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_wr = 16;
+  QpPair pair(dev, cfg);
+  ASSERT_TRUE(pair.ok());
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(pair.a, &attr, IBV_QP_CAP, &init), 0);
+  const uint32_t depth = attr.cap.max_send_wr;
+  Pages local(dev.pd, 4096), remote(dev.pd, 4096 * 8);
+  fill_pattern(local.span(0, 4096), 8);
+  uint32_t posted = 0;
+  for (; posted < depth + 1; ++posted) {
+    ibv_sge sge = local.sge(posted % 64 * 8, 8);
+    ibv_send_wr wr = rdma_wr(posted, IBV_WR_RDMA_WRITE, &sge, remote.addr(posted * 8), remote.rkey(), 0);
+    const int rc = post_send(pair.a, wr);
+    if (rc != 0) {
+      EXPECT_EQ(rc, ENOMEM);
+      break;
+    }
+  }
+  EXPECT_EQ(posted, depth);
+  EXPECT_TRUE(stays_empty(pair.a_send_cq, Millis{10}));
+  for (uint32_t i = 0; i < posted; ++i)
+    EXPECT_EQ(first_mismatch(remote.span(i * 8, 8), local.span(i % 64 * 8, 8)), -1) << "write " << i;
+}
+
+// Longer than one fence chunk (1 MiB): the general path, chunk by chunk.
+TEST(DirectPath, LongWritesAndReadsStillArriveWhole) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpPair pair(dev, QpConfig{});
+  ASSERT_TRUE(pair.ok());
+  constexpr uint32_t kBig = 3 << 20;
+  Pages local(dev.pd, kBig), remote(dev.pd, kBig), back(dev.pd, kBig);
+  fill_pattern(local.span(0, kBig), 9);
+  ibv_sge sge = local.sge(0, kBig);
+  ASSERT_EQ(run_one(pair, rdma_wr(1, IBV_WR_RDMA_WRITE, &sge, remote.addr(), remote.rkey())).status, IBV_WC_SUCCESS);
+  ibv_sge into = back.sge(0, kBig);
+  const ibv_wc wc = run_one(pair, rdma_wr(2, IBV_WR_RDMA_READ, &into, remote.addr(), remote.rkey()));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(wc.byte_len, kBig);
+  EXPECT_EQ(first_mismatch(back.span(0, kBig), local.span(0, kBig)), -1);
+}
