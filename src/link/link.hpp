@@ -64,14 +64,17 @@ struct Answer {
   ibv_wc_status status = IBV_WC_SUCCESS;
 };
 
-// An RC WRITE or READ of one local range that a channel may complete on the
-// spot (Channel::copy_direct).
+// An RC WRITE, READ or atomic of one local range that a channel may
+// complete on the spot (Channel::copy_direct).
 struct DirectCopy {
-  bool read = false;        // READ: from the peer's memory into `local`
+  enum class Kind { kWrite, kRead, kFetchAdd, kCompareSwap };
+  Kind kind = Kind::kWrite;
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
-  void* local = nullptr;    // this process's memory, already checked
-  uint64_t length = 0;      // > 0
+  void* local = nullptr;    // this process's memory, already checked (an atomic's: 8 bytes, its original value)
+  uint64_t length = 0;      // > 0; 8 for an atomic
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
 };
 
 // A connected QP's (RC or UC) path to its peer, opened when the QP moves to

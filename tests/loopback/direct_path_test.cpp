@@ -379,3 +379,91 @@ TEST(DirectPath, LongWritesAndReadsStillArriveWhole) {
   EXPECT_EQ(wc.byte_len, kBig);
   EXPECT_EQ(first_mismatch(back.span(0, kBig), local.span(0, kBig)), -1);
 }
+
+namespace {
+
+ibv_send_wr atomic_wr(uint64_t wr_id, ibv_wr_opcode opcode, ibv_sge* sge, uint64_t remote_addr, uint32_t rkey,
+                      uint64_t compare_add, uint64_t swap = 0) {
+  ibv_send_wr wr = make_wr(wr_id, opcode, sge, 1);
+  wr.wr.atomic.remote_addr = remote_addr;
+  wr.wr.atomic.rkey = rkey;
+  wr.wr.atomic.compare_add = compare_add;
+  wr.wr.atomic.swap = swap;
+  return wr;
+}
+
+uint64_t word_at(Pages& pages, size_t offset) {
+  uint64_t v = 0;
+  std::memcpy(&v, pages.data() + offset, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+// Fetch-and-add and compare-and-swap: the original value lands in the local
+// SGE, the word changes once, a failed compare leaves it alone.
+TEST(DirectPath, AtomicsReturnTheOriginalAndChangeTheWordOnce) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpPair pair(dev, QpConfig{});
+  ASSERT_TRUE(pair.ok());
+  Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+  ASSERT_TRUE(local.ok() && remote.ok());
+  const uint64_t start = 0x1000000000000005;
+  std::memcpy(remote.data() + 64, &start, sizeof start);
+  ibv_sge sge = local.sge(0, 8);
+  for (uint64_t i = 0; i < 4; ++i) {
+    const ibv_wc wc = run_one(pair, atomic_wr(i, IBV_WR_ATOMIC_FETCH_AND_ADD, &sge, remote.addr(64), remote.rkey(), 3));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.opcode, IBV_WC_FETCH_ADD);
+    EXPECT_EQ(wc.byte_len, 8u);
+    EXPECT_EQ(word_at(local, 0), start + 3 * i);
+  }
+  EXPECT_EQ(word_at(remote, 64), start + 12);
+  ibv_wc wc = run_one(pair, atomic_wr(9, IBV_WR_ATOMIC_CMP_AND_SWP, &sge, remote.addr(64), remote.rkey(), 1, 7));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(word_at(local, 0), start + 12);
+  EXPECT_EQ(word_at(remote, 64), start + 12);  // the compare failed
+  wc = run_one(pair, atomic_wr(10, IBV_WR_ATOMIC_CMP_AND_SWP, &sge, remote.addr(64), remote.rkey(), start + 12, 7));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_EQ(wc.opcode, IBV_WC_COMP_SWAP);
+  EXPECT_EQ(word_at(local, 0), start + 12);
+  EXPECT_EQ(word_at(remote, 64), 7u);
+}
+
+// After an atomic that went through: a misaligned word, an MR without
+// remote atomic access and a 4-byte local SGE end as the general path ends
+// them.
+TEST(DirectPath, AtomicErrorsAnswerAsTheResponder) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+  Pages no_atomic(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  ASSERT_TRUE(local.ok() && remote.ok() && no_atomic.ok());
+  struct Case {
+    const char* what;
+    uint64_t addr;
+    uint32_t rkey;
+    uint32_t local_length;
+    ibv_wc_status status;
+  };
+  const Case cases[] = {
+      {"a misaligned word", remote.addr(68), remote.rkey(), 8, IBV_WC_REM_INV_REQ_ERR},
+      {"an MR without remote atomic access", no_atomic.addr(64), no_atomic.rkey(), 8, IBV_WC_REM_ACCESS_ERR},
+      {"a 4-byte local SGE", remote.addr(64), remote.rkey(), 4, IBV_WC_LOC_LEN_ERR},
+  };
+  for (const Case& c : cases) {
+    QpPair pair(dev, QpConfig{});
+    ASSERT_TRUE(pair.ok());
+    ibv_sge sge = local.sge(0, 8);
+    ASSERT_EQ(run_one(pair, atomic_wr(1, IBV_WR_ATOMIC_FETCH_AND_ADD, &sge, remote.addr(64), remote.rkey(), 1)).status,
+              IBV_WC_SUCCESS);
+    const uint64_t before = word_at(remote, 64);
+    sge.length = c.local_length;
+    const ibv_wc wc = run_one(pair, atomic_wr(2, IBV_WR_ATOMIC_FETCH_AND_ADD, &sge, c.addr, c.rkey, 1));
+    EXPECT_EQ(wc.status, c.status) << c.what << ": " << wc_str(wc);
+    EXPECT_EQ(word_at(remote, 64), before) << c.what;
+    EXPECT_EQ(word_at(no_atomic, 64), 0u) << c.what;
+    drain_async_events(dev.ctx);
+  }
+}

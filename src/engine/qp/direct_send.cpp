@@ -1,4 +1,4 @@
-// The requester's common case, done on the spot: an RC WRITE or READ of one
+// The requester's common case, done on the spot: an RC WRITE, READ or atomic of one
 // local range, posted to an idle send queue, whose link can complete it at
 // once (link::Channel::copy_direct: the shm link, peer and memory on this
 // host). No WQE is queued for it and no request is built: the local range is
@@ -16,17 +16,42 @@
 namespace softhca::engine {
 
 bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
-  const bool read = wr.opcode == IBV_WR_RDMA_READ;
-  if ((!read && wr.opcode != IBV_WR_RDMA_WRITE) || init_.type != IBV_QPT_RC || wr.num_sge != 1 || !channel_ ||
-      sq_sent_ != sq_head_ || sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
+  using Kind = link::DirectCopy::Kind;
+  link::DirectCopy op;
+  switch (wr.opcode) {
+    case IBV_WR_RDMA_WRITE:
+      op.kind = Kind::kWrite;
+      break;
+    case IBV_WR_RDMA_READ:
+      op.kind = Kind::kRead;
+      break;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      op.kind = Kind::kFetchAdd;
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      op.kind = Kind::kCompareSwap;
+      break;
+    default:
+      return false;
+  }
+  if (init_.type != IBV_QPT_RC || wr.num_sge != 1 || !channel_ || sq_sent_ != sq_head_ ||
+      sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
       shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS)
     return false;
   const ibv_sge& sge = wr.sg_list[0];
-  if (sge.length == 0) return false;
-  link::DirectCopy op;
-  op.read = read;
-  op.remote_addr = wr.wr.rdma.remote_addr;
-  op.rkey = wr.wr.rdma.rkey;
+  const bool atomic = op.kind == Kind::kFetchAdd || op.kind == Kind::kCompareSwap;
+  const bool read = op.kind != Kind::kWrite;  // into local memory
+  // An atomic's local SGE other than 8 bytes is LOC_LEN_ERR: the general path's.
+  if (sge.length == 0 || (atomic && sge.length != 8)) return false;
+  if (atomic) {
+    op.remote_addr = wr.wr.atomic.remote_addr;
+    op.rkey = wr.wr.atomic.rkey;
+    op.compare_add = wr.wr.atomic.compare_add;
+    op.swap = wr.wr.atomic.swap;
+  } else {
+    op.remote_addr = wr.wr.rdma.remote_addr;
+    op.rkey = wr.wr.rdma.rkey;
+  }
   op.length = sge.length;
   if (wr.send_flags & IBV_SEND_INLINE) {
     // validate_send checked the length against max_inline_data (and refused

@@ -76,29 +76,34 @@ class ShmChannel final : public link::Channel {
   transport::MessageInProgress scratch_;  // the responder's, for each message (under the QP's send lock)
 };
 
-// What deliver() would do for an RC WRITE or READ that succeeds, and only
-// that: every condition the responder checks is asked here as a predicate,
-// the first one that does not hold hands the message back (false) before
-// anything is touched, and deliver() then gives the outcome (an error NAK and
-// its event, COMM_EST, a copy through process_vm, a chunked copy). So the
-// rules stay where they are; this is their conjunction for the common case,
-// without the general responder's records, scratch and indirect calls.
+// What deliver() would do for an RC WRITE, READ or atomic that succeeds,
+// and only that: every condition the responder checks is asked here as a
+// predicate, the first one that does not hold hands the message back (false)
+// before anything is touched, and deliver() then gives the outcome (an error
+// NAK and its event, COMM_EST, a copy through process_vm, a chunked copy).
+// So the rules stay where they are; this is their conjunction for the common
+// case, without the general responder's records, scratch and indirect calls.
 bool ShmChannel::copy_direct(const link::DirectCopy& op) {
+  using Kind = link::DirectCopy::Kind;
+  const bool atomic = op.kind == Kind::kFetchAdd || op.kind == Kind::kCompareSwap;
   // A peer reached before, the same incarnation, another process's QP (a TGT
   // QP is the host's and never RC).
   if (!reliable_ || target_.qp == nullptr || target_.base == nullptr || peer_incarnation_ == 0 ||
-      target_.incarnation != peer_incarnation_ || op.length == 0 || op.length > kFenceChunk)
+      target_.incarnation != peer_incarnation_ || op.length == 0 || op.length > kFenceChunk ||
+      (atomic && (op.length != 8 || (op.remote_addr & 7) != 0)))
     return false;
   MemoryAccess access(host_, target_.proc);
   if (!still_there(target_)) return false;
   const host::SharedQp& qp = *target_.qp;
-  const uint32_t needed = op.read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+  const uint32_t needed = op.kind == Kind::kWrite  ? IBV_ACCESS_REMOTE_WRITE
+                          : op.kind == Kind::kRead ? IBV_ACCESS_REMOTE_READ
+                                                   : IBV_ACCESS_REMOTE_ATOMIC;
   // transport::accept / respond: the same transport, a receiving state, the
-  // QP's access flags, a READ's responder resources; and the first message
-  // has been seen (COMM_EST is the general path's to raise).
+  // QP's access flags, a READ's or atomic's responder resources; and the
+  // first message has been seen (COMM_EST is the general path's to raise).
   if (qp.qp_type != IBV_QPT_RC || !transport::receives_in_state(qp.state.load(std::memory_order_acquire)) ||
       (qp.access.load(std::memory_order_acquire) & needed) != needed ||
-      (op.read && qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0) ||
+      (op.kind != Kind::kWrite && qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0) ||
       qp.comm_established.load(std::memory_order_relaxed) == 0)
     return false;
   // remote_range: the key, of the QP's process (another's goes through the
@@ -113,16 +118,36 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
     return false;
   // ShmResponderPort::local_views: a live owner, the range in its file.
   if (!reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running()) return false;
+  const auto owner_addr = reinterpret_cast<uint64_t>(transport::owner_address(key, op.remote_addr));
   host::PeerBackings::View window{target_.backing, target_.backing_length};
-  char* at = host_.in_backing(target_.proc, mr.shared, reinterpret_cast<uint64_t>(transport::owner_address(key, op.remote_addr)),
-                              op.length, window);
+  char* at = host_.in_backing(target_.proc, mr.shared, owner_addr, op.length, window);
   if (at == nullptr) return false;
   target_.backing = window.base;
   target_.backing_length = window.length;
-  if (op.read) {
-    std::memcpy(op.local, at, op.length);
-  } else {
-    std::memcpy(at, op.local, op.length);
+  switch (op.kind) {
+    case Kind::kWrite:
+      std::memcpy(at, op.local, op.length);
+      break;
+    case Kind::kRead:
+      std::memcpy(op.local, at, op.length);
+      break;
+    case Kind::kFetchAdd:
+    case Kind::kCompareSwap: {
+      // As ShmResponderPort::atomic: one CPU atomic on the shared word, under
+      // the host's stripe for the owner's address (IBV_ATOMIC_HCA).
+      host::AtomicStripe& stripe = host_.registry().atomic_stripe(target_.pid, owner_addr);
+      while (stripe.locked.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
+      auto* word = reinterpret_cast<uint64_t*>(at);
+      uint64_t original = op.compare_add;
+      if (op.kind == Kind::kFetchAdd) {
+        original = __atomic_fetch_add(word, op.compare_add, __ATOMIC_SEQ_CST);
+      } else {
+        __atomic_compare_exchange_n(word, &original, op.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+      }
+      stripe.locked.store(0, std::memory_order_release);
+      std::memcpy(op.local, &original, sizeof original);
+      break;
+    }
   }
   return true;  // an ACK: no counter (transport::count_sent_answer)
 }
