@@ -64,10 +64,10 @@ struct Answer {
   ibv_wc_status status = IBV_WC_SUCCESS;
 };
 
-// An RC WRITE, READ or atomic of one local range that a channel may
+// An RC WRITE, READ, atomic or SEND of one local range that a channel may
 // complete on the spot (Channel::copy_direct).
 struct DirectCopy {
-  enum class Kind { kWrite, kRead, kFetchAdd, kCompareSwap };
+  enum class Kind { kWrite, kRead, kFetchAdd, kCompareSwap, kSend, kSendWithImm };
   Kind kind = Kind::kWrite;
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
@@ -75,6 +75,10 @@ struct DirectCopy {
   uint64_t length = 0;      // > 0; 8 for an atomic
   uint64_t compare_add = 0;
   uint64_t swap = 0;
+  // SENDs: what the receive completion reports.
+  uint32_t src_qpn = 0;
+  uint32_t imm_data = 0;
+  bool solicited = false;
 };
 
 // A connected QP's (RC or UC) path to its peer, opened when the QP moves to

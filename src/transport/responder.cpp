@@ -88,25 +88,6 @@ bool keys_unchanged(const MessageInProgress& m, ResponderPort& port) {
   return true;
 }
 
-ReceiveCompletion completion_for(const ReceiveWqe& wqe, ibv_wc_status status, ibv_wc_opcode opcode, uint64_t byte_len,
-                                 const Request& req) {
-  ReceiveCompletion c;
-  c.wr_id = wqe.wr_id;
-  c.status = status;
-  c.opcode = opcode;
-  c.byte_len = static_cast<uint32_t>(byte_len);
-  c.src_qp = req.src_qpn;
-  c.solicited = req.solicited;
-  if (req.op == Operation::kSendWithImm || req.op == Operation::kWriteWithImm) {
-    c.wc_flags = IBV_WC_WITH_IMM;
-    c.imm_data = req.imm_data;
-  } else if (req.op == Operation::kSendWithInv) {
-    c.wc_flags = IBV_WC_WITH_INV;
-    c.imm_data = req.invalidate_rkey;  // ibv_wc's invalidated_rkey shares the field
-  }
-  return c;
-}
-
 // Stage "check length" of a SEND, for its next `length` bytes: the receive
 // WQE's SGEs from the cursor on, each validated as local-write memory of the
 // receive PD when the payload first reaches it. LOC_PROT_ERR for a bad SGE,
@@ -192,6 +173,25 @@ Response atomic(const Request& req, ResponderPort& port, const ResponderQp& qp) 
 }
 
 }  // namespace
+
+ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode, uint64_t byte_len,
+                                     const Request& req) {
+  ReceiveCompletion c;
+  c.wr_id = wr_id;
+  c.status = status;
+  c.opcode = opcode;
+  c.byte_len = static_cast<uint32_t>(byte_len);
+  c.src_qp = req.src_qpn;
+  c.solicited = req.solicited;
+  if (req.op == Operation::kSendWithImm || req.op == Operation::kWriteWithImm) {
+    c.wc_flags = IBV_WC_WITH_IMM;
+    c.imm_data = req.imm_data;
+  } else if (req.op == Operation::kSendWithInv) {
+    c.wc_flags = IBV_WC_WITH_INV;
+    c.imm_data = req.invalidate_rkey;  // ibv_wc's invalidated_rkey shares the field
+  }
+  return c;
+}
 
 bool receives_in_state(uint32_t state) {
   constexpr uint32_t kReceiving =
@@ -308,7 +308,7 @@ Response place(MessageInProgress& m, const iovec* data, int ndata, uint64_t leng
   if (!m.reliable || port.gone()) return silence();
   Request about;
   about.op = m.op;
-  ReceiveCompletion c = completion_for(m.wqe, status, IBV_WC_RECV, m.placed + length, about);
+  ReceiveCompletion c = receive_completion(m.wqe.wr_id, status, IBV_WC_RECV, m.placed + length, about);
   c.wc_flags = 0;
   port.complete_receive(c);
   port.fail_qp(IBV_EVENT_QP_FATAL);
@@ -324,15 +324,15 @@ Response finish(MessageInProgress& m, const Request& req, ResponderPort& port) {
     if (!m.reliable || port.gone()) return silence();
     Request about = req;
     about.op = Operation::kSend;
-    port.complete_receive(completion_for(m.wqe, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, m.placed, about));
+    port.complete_receive(receive_completion(m.wqe.wr_id, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, m.placed, about));
     port.fail_qp(IBV_EVENT_QP_REQ_ERR);
     return Response{Syndrome::nak(Answer::kNakInvalidRequest), 0};
   }
   port.established();
   if (m.op == Operation::kWriteWithImm) {
-    port.complete_receive(completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, m.placed, req));
+    port.complete_receive(receive_completion(m.wqe.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, m.placed, req));
   } else if (is_send(m.op)) {
-    port.complete_receive(completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_RECV, m.placed, req));
+    port.complete_receive(receive_completion(m.wqe.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, m.placed, req));
   }
   return Response{Syndrome::ack(), 0};
 }
@@ -370,7 +370,7 @@ Response receive_whole(MessageInProgress& m, const Request& req, ResponderPort& 
   Response r = place(m, req.data, req.ndata, req.length, port);
   if (!passed(r)) return r;
   port.established();
-  port.complete_receive(completion_for(m.wqe, IBV_WC_SUCCESS, opcode, m.placed, req));
+  port.complete_receive(receive_completion(m.wqe.wr_id, IBV_WC_SUCCESS, opcode, m.placed, req));
   return Response{Syndrome::ack(), 0};
 }
 
@@ -432,7 +432,7 @@ Response respond_tagged(const Request& req, ResponderPort& port, TagList& list, 
   for (uint32_t i = 0; i < entry->num_sge; ++i) m.wqe.sge[i] = entry->sge[i];
   m.has_wqe = true;
   Request about = req;
-  ReceiveCompletion c = completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_TM_RECV, 0, about);
+  ReceiveCompletion c = receive_completion(m.wqe.wr_id, IBV_WC_SUCCESS, IBV_WC_TM_RECV, 0, about);
   c.no_wqe = true;
   c.tm_info = true;
   c.tm_tag = tmh.tag;
@@ -467,7 +467,7 @@ Response respond_tagged(const Request& req, ResponderPort& port, TagList& list, 
   c.wc_flags |= IBV_WC_TM_MATCH;
   port.complete_receive(c);
   port.established();
-  ReceiveCompletion data = completion_for(m.wqe, IBV_WC_SUCCESS, IBV_WC_TM_RECV, rvh.length, about);
+  ReceiveCompletion data = receive_completion(m.wqe.wr_id, IBV_WC_SUCCESS, IBV_WC_TM_RECV, rvh.length, about);
   data.no_wqe = true;
   iovec from{};
   ibv_wc_status status = IBV_WC_TM_RNDV_INCOMPLETE;
@@ -544,7 +544,7 @@ void respond_datagram(const Request& req, std::span<const unsigned char> grh, Re
     for (int i = 0; i < req.ndata && nfrom < limits::kMaxSge + 1; ++i) from[nfrom++] = req.data[i];
     if (port.write(to, nto, from, nfrom, needed) != CopyStatus::kOk) status = IBV_WC_LOC_PROT_ERR;
   }
-  ReceiveCompletion c = completion_for(m.wqe, status, IBV_WC_RECV, needed, req);
+  ReceiveCompletion c = receive_completion(m.wqe.wr_id, status, IBV_WC_RECV, needed, req);
   c.wc_flags |= IBV_WC_GRH;
   // On a RoCE port the service level is not reported: mlx5 puts the
   // datagram's network header type there (wire/ud_grh.hpp says why we follow).
@@ -566,7 +566,7 @@ void respond_frame(const Request& req, ResponderPort& port) {
   ibv_wc_status status = scatter_next(m, req.length, port, to, nto);
   if (status == IBV_WC_SUCCESS && port.write(to, nto, req.data, req.ndata, req.length) != CopyStatus::kOk)
     status = IBV_WC_LOC_PROT_ERR;
-  ReceiveCompletion c = completion_for(m.wqe, status, IBV_WC_RECV, req.length, req);
+  ReceiveCompletion c = receive_completion(m.wqe.wr_id, status, IBV_WC_RECV, req.length, req);
   c.src_qp = 0;  // a frame comes from the wire, not from a QP
   port.complete_receive(c);
 }

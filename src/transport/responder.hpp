@@ -134,6 +134,12 @@ void respond_datagram(const Request& request, std::span<const unsigned char> grh
 // later) is dropped, as a NIC drops it.
 void respond_frame(const Request& request, ResponderPort& port);
 
+// The completion of the receive WQE `wr_id` that message `request`
+// consumed, `byte_len` bytes placed: its immediate data or invalidated key,
+// solicited bit and source QPN.
+ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode, uint64_t byte_len,
+                                     const Request& request);
+
 // True for the states in which a QP accepts incoming messages (RTR and later, but not ERROR).
 bool receives_in_state(uint32_t state);
 

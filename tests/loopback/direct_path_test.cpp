@@ -467,3 +467,116 @@ TEST(DirectPath, AtomicErrorsAnswerAsTheResponder) {
     drain_async_events(dev.ctx);
   }
 }
+
+namespace {
+
+// One SEND from a, with its completion; the receive completion is b's to poll.
+ibv_wc send_one(QpPair& pair, ibv_sge* sge, uint64_t wr_id, ibv_wr_opcode opcode = IBV_WR_SEND, uint32_t imm = 0) {
+  ibv_send_wr wr = make_wr(wr_id, opcode, sge, 1);
+  wr.imm_data = imm;
+  return run_one(pair, wr);
+}
+
+}  // namespace
+
+// SENDs land in the receive WQEs in order, across their SGEs, with the
+// completion the general path writes (wr_id, length, source QP, immediate).
+TEST(DirectPath, SendsFillReceiveWqesInOrder) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpPair pair(dev, QpConfig{});
+  ASSERT_TRUE(pair.ok());
+  Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+  ASSERT_TRUE(local.ok() && remote.ok());
+  for (uint64_t i = 0; i < 4; ++i) {
+    // 16 bytes at 512 * i, then 48 more at 512 * i + 256.
+    ibv_sge into[2] = {remote.sge(512 * i, 16), remote.sge(512 * i + 256, 48)};
+    ASSERT_EQ(post_recv(pair.b, 100 + i, into, 2), 0);
+  }
+  for (uint64_t i = 0; i < 4; ++i) {
+    fill_pattern(local.span(64 * i, kLen), 20 + i);
+    ibv_sge sge = local.sge(64 * i, kLen);
+    const ibv_wc wc = i % 2 ? send_one(pair, &sge, i, IBV_WR_SEND_WITH_IMM, htonl(0x1234 + i)) : send_one(pair, &sge, i);
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.opcode, IBV_WC_SEND);
+  }
+  const auto wcs = poll_n(pair.b_recv_cq, 4);
+  ASSERT_EQ(wcs.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) {
+    const ibv_wc& wc = wcs[i];
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.wr_id, 100 + i);
+    EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+    EXPECT_EQ(wc.byte_len, kLen);
+    EXPECT_EQ(wc.qp_num, pair.b->qp_num);
+    EXPECT_EQ(wc.src_qp, pair.a->qp_num);
+    if (i % 2) {
+      EXPECT_TRUE(wc.wc_flags & IBV_WC_WITH_IMM);
+      EXPECT_EQ(wc.imm_data, htonl(0x1234 + i));
+    } else {
+      EXPECT_FALSE(wc.wc_flags & IBV_WC_WITH_IMM);
+    }
+    EXPECT_EQ(first_mismatch(remote.span(512 * i, 16), local.span(64 * i, 16)), -1) << i;
+    EXPECT_EQ(first_mismatch(remote.span(512 * i + 256, 48), local.span(64 * i + 16, 48)), -1) << i;
+    EXPECT_EQ(first_not(remote.span(512 * i + 16, 240), 0), -1) << i;
+  }
+}
+
+// After a SEND that went through: no receive WQE (RNR, rnr_retry 0), a
+// receive WQE too short, and one whose SGE names another PD's MR end as the
+// general responder ends them, the receiver's QP in ERROR for the last two.
+TEST(DirectPath, SendErrorsAnswerAsTheResponder) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_pd* other = ibv_alloc_pd(dev.ctx);
+  ASSERT_NE(other, nullptr);
+  {
+    Pages local(dev.pd, 4096), remote(dev.pd, 4096), foreign(other, 4096);
+    ASSERT_TRUE(local.ok() && remote.ok() && foreign.ok());
+    ibv_sge sge = local.sge(0, kLen);
+    enum class Case { kNoReceive, kTooShort, kOtherPd };
+    for (const Case c : {Case::kNoReceive, Case::kTooShort, Case::kOtherPd}) {
+      QpConfig cfg;
+      cfg.rnr_retry = 0;
+      cfg.max_recv_wr = 4;
+      QpPair pair(dev, cfg);
+      ASSERT_TRUE(pair.ok());
+      // Round the receive ring more than once, so that the slot at its tail
+      // holds a consumed WQE, which must not be taken for a posted one.
+      ibv_wc rwc{};
+      for (uint64_t i = 0; i < 9; ++i) {
+        ibv_sge first = remote.sge(0, kLen);
+        ASSERT_EQ(post_recv(pair.b, 1, &first, 1), 0);
+        ASSERT_EQ(send_one(pair, &sge, 1).status, IBV_WC_SUCCESS);
+        ASSERT_TRUE(poll_one(pair.b_recv_cq, &rwc));
+        ASSERT_EQ(rwc.status, IBV_WC_SUCCESS) << wc_str(rwc);
+      }
+      ibv_sge into = c == Case::kTooShort ? remote.sge(1024, kLen - 1) : foreign.sge(0, kLen);
+      if (c != Case::kNoReceive) {
+        ASSERT_EQ(post_recv(pair.b, 2, &into, 1), 0);
+      }
+      const ibv_wc wc = send_one(pair, &sge, 2);
+      switch (c) {
+        case Case::kNoReceive:
+          EXPECT_EQ(wc.status, IBV_WC_RNR_RETRY_EXC_ERR) << wc_str(wc);
+          EXPECT_EQ(qp_state(pair.b), IBV_QPS_RTS);
+          break;
+        case Case::kTooShort:
+          EXPECT_EQ(wc.status, IBV_WC_REM_INV_REQ_ERR) << wc_str(wc);
+          ASSERT_TRUE(poll_one(pair.b_recv_cq, &rwc));
+          EXPECT_EQ(rwc.status, IBV_WC_LOC_LEN_ERR) << wc_str(rwc);
+          EXPECT_EQ(qp_state(pair.b), IBV_QPS_ERR);
+          break;
+        case Case::kOtherPd:
+          EXPECT_EQ(wc.status, IBV_WC_REM_OP_ERR) << wc_str(wc);
+          ASSERT_TRUE(poll_one(pair.b_recv_cq, &rwc));
+          EXPECT_EQ(rwc.status, IBV_WC_LOC_PROT_ERR) << wc_str(rwc);
+          EXPECT_EQ(qp_state(pair.b), IBV_QPS_ERR);
+          break;
+      }
+      EXPECT_EQ(first_not(foreign.span(0, 4096), 0), -1);
+      drain_async_events(dev.ctx);
+    }
+  }
+  EXPECT_EQ(ibv_dealloc_pd(other), 0);
+}

@@ -1,6 +1,6 @@
-// The requester's common case, done on the spot: an RC WRITE, READ or atomic of one
-// local range, posted to an idle send queue, whose link can complete it at
-// once (link::Channel::copy_direct: the shm link, peer and memory on this
+// The requester's common case, done on the spot: an RC WRITE, READ, atomic
+// or SEND of one local range, posted to an idle send queue, whose link can
+// complete it at once (link::Channel::copy_direct: the shm link, peer and memory on this
 // host). No WQE is queued for it and no request is built: the local range is
 // checked as local_iovecs (requester.cpp) would check it, the link copies,
 // and the WQE completes as the general path would complete it. Whenever a
@@ -31,6 +31,13 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     case IBV_WR_ATOMIC_CMP_AND_SWP:
       op.kind = Kind::kCompareSwap;
       break;
+    case IBV_WR_SEND:
+      op.kind = Kind::kSend;
+      break;
+    case IBV_WR_SEND_WITH_IMM:
+      op.kind = Kind::kSendWithImm;
+      op.imm_data = wr.imm_data;
+      break;
     default:
       return false;
   }
@@ -40,7 +47,8 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     return false;
   const ibv_sge& sge = wr.sg_list[0];
   const bool atomic = op.kind == Kind::kFetchAdd || op.kind == Kind::kCompareSwap;
-  const bool read = op.kind != Kind::kWrite;  // into local memory
+  const bool send = op.kind == Kind::kSend || op.kind == Kind::kSendWithImm;
+  const bool read = op.kind != Kind::kWrite && !send;  // into local memory
   // An atomic's local SGE other than 8 bytes is LOC_LEN_ERR: the general path's.
   if (sge.length == 0 || (atomic && sge.length != 8)) return false;
   if (atomic) {
@@ -48,6 +56,9 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     op.rkey = wr.wr.atomic.rkey;
     op.compare_add = wr.wr.atomic.compare_add;
     op.swap = wr.wr.atomic.swap;
+  } else if (send) {
+    op.src_qpn = qpn_;
+    op.solicited = (wr.send_flags & IBV_SEND_SOLICITED) != 0;
   } else {
     op.remote_addr = wr.wr.rdma.remote_addr;
     op.rkey = wr.wr.rdma.rkey;

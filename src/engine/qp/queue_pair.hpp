@@ -132,8 +132,8 @@ class QueuePair {
   SendWqe* sq_slot(uint32_t index) { return reinterpret_cast<SendWqe*>(sq_.data() + uint64_t{index & (sq_capacity_ - 1)} * sq_stride_); }
   int validate_send(const ibv_send_wr& wr) const;
   void enqueue_send_locked(const ibv_send_wr& wr);
-  // The common case done on the spot (direct_send.cpp): one RC WRITE, READ
-  // or atomic of one local range, the send queue idle, and a link that
+  // The common case done on the spot (direct_send.cpp): one RC WRITE, READ,
+  // atomic or SEND of one local range, the send queue idle, and a link that
   // completes it at once (link::Channel::copy_direct). False: nothing happened, the WR
   // goes the general way.
   bool post_direct_locked(const ibv_send_wr& wr);

@@ -68,6 +68,9 @@ class ShmChannel final : public link::Channel {
   bool copy_direct(const link::DirectCopy& op) override;
 
  private:
+  bool send_direct(const link::DirectCopy& op);
+
+ private:
   host::Attachment& host_;
   const bool reliable_;
   const uint32_t dest_qpn_;
@@ -85,6 +88,7 @@ class ShmChannel final : public link::Channel {
 // case, without the general responder's records, scratch and indirect calls.
 bool ShmChannel::copy_direct(const link::DirectCopy& op) {
   using Kind = link::DirectCopy::Kind;
+  if (op.kind == Kind::kSend || op.kind == Kind::kSendWithImm) return send_direct(op);
   const bool atomic = op.kind == Kind::kFetchAdd || op.kind == Kind::kCompareSwap;
   // A peer reached before, the same incarnation, another process's QP (a TGT
   // QP is the host's and never RC).
@@ -148,8 +152,85 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
       std::memcpy(op.local, &original, sizeof original);
       break;
     }
+    case Kind::kSend:
+    case Kind::kSendWithImm:
+      return false;  // send_direct's
   }
   return true;  // an ACK: no counter (transport::count_sent_answer)
+}
+
+// A SEND as deliver() would run it when it succeeds: the receive WQE at the
+// queue's tail is read without being taken, its SGEs checked as
+// scatter_next checks them, and only then taken (tail moved from where it
+// was read); whoever took it first (the owner flushing the queue, another
+// sender) sends this one the general way. Once taken, nothing can fail: the
+// payload is copied and the completion written by the port's own
+// complete_receive. A QP with an SRQ (its limit event, tag matching) and a
+// queue without a WQE (RNR) go the general way.
+bool ShmChannel::send_direct(const link::DirectCopy& op) {
+  if (!reliable_ || target_.qp == nullptr || target_.base == nullptr || peer_incarnation_ == 0 ||
+      target_.incarnation != peer_incarnation_ || op.length == 0 || op.length > kFenceChunk)
+    return false;
+  MemoryAccess access(host_, target_.proc);
+  if (!still_there(target_)) return false;
+  const host::SharedQp& qp = *target_.qp;
+  if (qp.qp_type != IBV_QPT_RC || qp.srq_offset != 0 ||
+      !transport::receives_in_state(qp.state.load(std::memory_order_acquire)) ||
+      qp.comm_established.load(std::memory_order_relaxed) == 0)
+    return false;
+  if (!reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running()) return false;
+  auto* rq = reinterpret_cast<host::SharedRq*>(target_.base + qp.rq_offset);
+  uint64_t tail = rq->tail.load(std::memory_order_acquire);
+  if (tail == rq->head.load(std::memory_order_acquire)) return false;
+  // The WQE at `tail` stays as it is while tail does (its slot is reused only
+  // a ring later), so what is read here is what the claim below takes.
+  const host::RecvWqe* wqe = rq->slot(tail);
+  const uint64_t wr_id = wqe->wr_id;
+  uint32_t num_sge = wqe->num_sge;
+  if (num_sge > rq->max_sge) num_sge = rq->max_sge;
+  if (num_sge > limits::kMaxSge) return false;
+  host::RecvSge sges[limits::kMaxSge];
+  std::memcpy(sges, wqe->sge, num_sge * sizeof(host::RecvSge));
+  iovec to[limits::kMaxSge];
+  int nto = 0;
+  uint64_t left = op.length;
+  host::PeerBackings::View window{target_.backing, target_.backing_length};
+  for (uint32_t i = 0; i < num_sge && left > 0; ++i) {
+    const host::RecvSge& sge = sges[i];
+    if (sge.length == 0) continue;
+    host::MrRecord mr;
+    if (!host_.registry().lookup_mr(sge.lkey, mr) || mr.proc != target_.proc) return false;
+    const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
+                                   static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+    if (transport::is_on_demand(key) ||
+        !transport::local_key_allows(key, qp.pd_id, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
+      return false;
+    const uint64_t take = sge.length < left ? sge.length : left;
+    char* at = host_.in_backing(target_.proc, mr.shared, reinterpret_cast<uint64_t>(transport::owner_address(key, sge.addr)),
+                                take, window);
+    if (at == nullptr) return false;
+    to[nto++] = iovec{at, static_cast<size_t>(take)};
+    left -= take;
+  }
+  if (left != 0) return false;  // longer than the WQE: LOC_LEN_ERR, the general path's
+  target_.backing = window.base;
+  target_.backing_length = window.length;
+  if (!rq->tail.compare_exchange_strong(tail, tail + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+    return false;
+  const auto* from = static_cast<const unsigned char*>(op.local);
+  for (int i = 0; i < nto; ++i) {
+    std::memcpy(to[i].iov_base, from, to[i].iov_len);
+    from += to[i].iov_len;
+  }
+  transport::Request request;
+  request.op = op.kind == link::DirectCopy::Kind::kSendWithImm ? transport::Operation::kSendWithImm
+                                                                : transport::Operation::kSend;
+  request.src_qpn = op.src_qpn;
+  request.solicited = op.solicited;
+  request.imm_data = op.imm_data;
+  ShmResponderPort port(host_, target_);
+  port.complete_receive(transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, op.length, request));
+  return true;
 }
 
 class ShmLink final : public link::Link {
