@@ -46,6 +46,8 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
   cq->shared_->stamp_completions = timestamps ? 1 : 0;
   cq->id_ = node.cqs().add(cq);
   cq->shared_->owner_cq_id = cq->id_;
+  cq->serial_ = node.next_serial();
+  cq->shared_->owner_serial = cq->serial_;
   cq->shared_->ring_offset.store(ring_offset, std::memory_order_release);
   if (channel) channel->attach();
   return cq;

@@ -57,6 +57,8 @@ class CompletionQueue {
   CompletionChannel* channel() { return channel_; }
   int cqe() const { return cqe_; }  // what the CQ reports (queue_sizes.hpp), not what was asked
   uint32_t id() const { return id_; }
+  // Which CQ of this process the id names now (ids are reused; serials are not).
+  uint32_t serial() const { return serial_; }
   uint64_t shared_offset() const { return shared_offset_; }
   host::SharedCq* shared() const { return shared_; }
 
@@ -85,6 +87,7 @@ class CompletionQueue {
   CompletionChannel* channel_;
   int cqe_;
   uint32_t id_ = 0;
+  uint32_t serial_ = 0;
   bool counted_ = false;  // holds a unit of the node's cq_quota()
   // Allocates and zeroes a ring of `capacity` slots; nullptr when the segment is full.
   host::CqRing* allocate_ring(uint32_t capacity, uint64_t& offset, uint64_t& bytes);

@@ -124,10 +124,14 @@ uint64_t Node::run_due(uint64_t now_ns) { return has_waiting() ? run_timers(now_
 void Node::on_event(const host::Event& event) {
   switch (static_cast<host::EventKind>(event.kind)) {
     case host::EventKind::kCqNotify:
-      cqs_.with(event.object, [](CompletionQueue& cq) { cq.on_remote_notify(); });
+      cqs_.with(event.object, [&](CompletionQueue& cq) {
+        if (cq.serial() == event.tag) cq.on_remote_notify();
+      });
       break;
     case host::EventKind::kCqError:
-      cqs_.with(event.object, [](CompletionQueue& cq) { cq.on_overrun(); });
+      cqs_.with(event.object, [&](CompletionQueue& cq) {
+        if (cq.serial() == event.tag) cq.on_overrun();
+      });
       break;
     case host::EventKind::kQpAsync:
       qps_.with(event.object, [&](QueuePair& qp) {
@@ -135,11 +139,13 @@ void Node::on_event(const host::Event& event) {
         // (its number may still be being written), or one of another
         // number: the event is a destroyed QP's that had this id.
         if (qp.handle.load(std::memory_order_acquire) == nullptr) return;
-        if (qp.qpn() == event.qpn) qp.on_remote_event(event.detail);
+        if (qp.qpn() == event.tag) qp.on_remote_event(event.detail);
       });
       break;
     case host::EventKind::kSrqLimit:
-      srqs_.with(event.object, [](SharedReceiveQueue& srq) { srq.on_limit_reached(); });
+      srqs_.with(event.object, [&](SharedReceiveQueue& srq) {
+        if (srq.serial() == event.tag) srq.on_limit_reached();
+      });
       break;
     case host::EventKind::kTgtSync:
       qps_.with(event.object, [](QueuePair& qp) { qp.sync_tgt_channel(); });

@@ -148,6 +148,9 @@ class Node final : private ProgressThread::Work {
   void add_waiting(QueuePair* qp);
   void remove_waiting(QueuePair* qp);
   bool has_waiting() const { return waiting_count_.load(std::memory_order_relaxed) != 0; }
+  // A number no other CQ or SRQ of this process had (nonzero): the tag that
+  // tells a relayed event's object from a later one with the same id.
+  uint32_t next_serial() { return serials_.fetch_add(1, std::memory_order_relaxed) + 1; }
   // Progresses waiting QPs whose deadline passed (called from poll paths
   // too); returns the earliest deadline still pending, 0 for none.
   uint64_t run_timers(uint64_t now_ns);
@@ -182,6 +185,7 @@ class Node final : private ProgressThread::Work {
   std::mutex waiting_mutex_;
   std::set<QueuePair*> waiting_;
   std::atomic<uint32_t> waiting_count_{0};
+  std::atomic<uint32_t> serials_{0};
   ProgressThread progress_;
 };
 

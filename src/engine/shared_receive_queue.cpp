@@ -42,6 +42,8 @@ Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uin
   srq->shared_->pd_id = pd.id();
   srq->id_ = node.srqs().add(srq);
   srq->shared_->owner_srq_id = srq->id_;
+  srq->serial_ = node.next_serial();
+  srq->shared_->owner_serial = srq->serial_;
   srq->shared_->limit.store(limit, std::memory_order_release);
   pd.attach();
   if (tm.cq != nullptr) {

@@ -78,6 +78,8 @@ class SharedReceiveQueue {
   uint64_t shared_offset() const { return shared_offset_; }
   host::SharedRq* shared() const { return shared_; }
   uint32_t id() const { return id_; }
+  // Which SRQ of this process the id names now (ids are reused; serials are not).
+  uint32_t serial() const { return serial_; }
   // XRC SRQs: the SRQ number senders name (from the host's QPN space), else 0.
   uint32_t srq_num() const { return srq_num_; }
   XrcDomain* xrcd() const { return xrc_.xrcd; }
@@ -95,6 +97,7 @@ class SharedReceiveQueue {
   uint32_t max_wr_ = 0;
   uint32_t max_sge_ = 0;
   uint32_t id_ = 0;
+  uint32_t serial_ = 0;
   XrcSrqInit xrc_;
   uint32_t srq_num_ = 0;
   TmSrqInit tm_;

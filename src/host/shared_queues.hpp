@@ -119,6 +119,7 @@ struct CqRing {
 // QPs name it by the offset of this header, which never moves.
 struct SharedCq {
   uint32_t owner_cq_id;       // the owner's local id for notifications
+  uint32_t owner_serial;      // ... and which CQ of that id (Event::tag)
   uint32_t owner_proc;        // registry proc slot of the owner
   std::atomic<uint64_t> ring_offset;           // the current CqRing in the owner's segment
   uint32_t stamp_completions;                  // 1: producers write Cqe::timestamp
@@ -222,6 +223,7 @@ struct SharedRq {
   uint32_t max_sge;
   uint32_t stride;    // bytes per WQE
   uint32_t owner_srq_id;  // for SRQ_LIMIT_REACHED; 0 for a QP's own RQ
+  uint32_t owner_serial;  // ... and which SRQ of that id (Event::tag)
   uint32_t owner_proc;
   uint32_t pd_id;
   // A tag matching SRQ: its transport::TagList, at this offset of the
@@ -344,12 +346,14 @@ struct Event {
   uint32_t kind;
   uint32_t object;
   uint32_t detail;
-  // kQpAsync: the QP's number. Object ids are reused at once, so an event
-  // still in the ring when its QP is destroyed would otherwise be relayed
-  // to the next QP of the process that gets the id (an error event on a
-  // healthy QP, or one raised before ibv_create_qp returned, which no
-  // destroy ever took back). 0 elsewhere.
-  uint32_t qpn;
+  // Which object of that id: kQpAsync, the QP's number; kCqNotify and
+  // kCqError, the CQ's serial; kSrqLimit, the SRQ's serial. Object ids are
+  // reused at once, so an event still in the ring when its object is
+  // destroyed would otherwise be relayed to the next object of the process
+  // that gets the id (an error event on a healthy QP, a completion event
+  // for a CQ nothing completed on, an SRQ limit event on an SRQ never
+  // armed). 0 elsewhere.
+  uint32_t tag;
 };
 
 struct alignas(16) EventSlot {

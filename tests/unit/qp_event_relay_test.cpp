@@ -4,14 +4,18 @@
 // ibv_async_event. Ids are reused as soon as a QP is destroyed, so an event
 // still in the ring must not reach the next QP that gets the id: the event
 // carries the QP's number, and the relay drops one that names another.
+// The same for CQ (completion event, overrun) and SRQ (limit) events, which
+// carry the object's serial.
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 
+#include "engine/completion_channel.hpp"
 #include "engine/completion_queue.hpp"
 #include "engine/context.hpp"
 #include "engine/protection_domain.hpp"
 #include "engine/qp/queue_pair.hpp"
+#include "engine/shared_receive_queue.hpp"
 #include "host/attachment.hpp"
 
 namespace softhca::engine {
@@ -61,6 +65,59 @@ TEST(QpEventRelay, AnEventNamingAnotherQpNumberIsNotRelayedToTheQpWithItsId) {
   (**ctx).forget_events(&application_qp);
   delete *qp;
   delete *cq;
+  delete *pd;
+  (*ctx)->release();
+}
+
+// Each phase queues a stale event (another object's serial under a live
+// object's id), then a live event of the other object as a barrier: once
+// the barrier arrives, the stale event has been handled, and must have
+// left no trace.
+TEST(CqAndSrqEventRelay, EventsOfAnotherObjectWithTheIdAreNotRelayed) {
+  auto ctx = Context::open();
+  ASSERT_TRUE(ctx.has_value());
+  auto pd = ProtectionDomain::create(**ctx);
+  auto channel = CompletionChannel::create();
+  ASSERT_TRUE(pd.has_value() && channel.has_value());
+  auto cq = CompletionQueue::create(**ctx, 16, *channel);
+  auto srq = SharedReceiveQueue::create(**pd, 16, 1, 0);
+  ASSERT_TRUE(cq.has_value() && srq.has_value());
+  int application_cq = 0, application_srq = 0;
+  (*cq)->handle = &application_cq;
+  (*srq)->handle = &application_srq;
+  host::Attachment& host = (**ctx).node().host();
+  const auto cq_event = [&](host::EventKind kind, uint32_t serial) {
+    return host::Event{static_cast<uint32_t>(kind), (*cq)->id(), 0, serial};
+  };
+  const auto srq_event = [&](uint32_t serial) {
+    return host::Event{static_cast<uint32_t>(host::EventKind::kSrqLimit), (*srq)->id(), 0, serial};
+  };
+
+  // A destroyed CQ's completion event and overrun, then this SRQ's limit.
+  host.notify(host.proc(), host.pid(), cq_event(host::EventKind::kCqNotify, (*cq)->serial() + 1));
+  host.notify(host.proc(), host.pid(), cq_event(host::EventKind::kCqError, (*cq)->serial() + 1));
+  host.notify(host.proc(), host.pid(), srq_event((*srq)->serial()));
+  ASSERT_TRUE(readable_within((**ctx).async_fd(), 5000));
+  auto got = (**ctx).get_async_event();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->type, IBV_EVENT_SRQ_LIMIT_REACHED);
+  EXPECT_EQ(got->handle, &application_srq);
+  EXPECT_FALSE(readable_within((*channel)->fd(), 0));
+  EXPECT_FALSE(readable_within((**ctx).async_fd(), 0));
+
+  // A destroyed SRQ's limit, then this CQ's completion event.
+  host.notify(host.proc(), host.pid(), srq_event((*srq)->serial() + 1));
+  host.notify(host.proc(), host.pid(), cq_event(host::EventKind::kCqNotify, (*cq)->serial()));
+  ASSERT_TRUE(readable_within((*channel)->fd(), 5000));
+  auto signalled = (*channel)->get_event();
+  ASSERT_TRUE(signalled.has_value());
+  EXPECT_EQ(*signalled, *cq);
+  EXPECT_FALSE(readable_within((**ctx).async_fd(), 0));
+
+  (**ctx).forget_events(&application_srq);
+  delete *srq;
+  delete *cq;
+  delete *channel;
   delete *pd;
   (*ctx)->release();
 }

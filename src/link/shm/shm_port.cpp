@@ -221,7 +221,7 @@ bool ShmResponderPort::take_receive(transport::ReceiveWqe& out) {
   if (limit != 0 && remaining < limit && rq->owner_srq_id != 0 &&
       rq->limit.compare_exchange_strong(limit, 0, std::memory_order_acq_rel))
     host_.notify(data_->proc, data_->pid,
-                 host::Event{static_cast<uint32_t>(host::EventKind::kSrqLimit), rq->owner_srq_id, 0, 0});
+                 host::Event{static_cast<uint32_t>(host::EventKind::kSrqLimit), rq->owner_srq_id, 0, rq->owner_serial});
   return true;
 }
 
@@ -413,11 +413,11 @@ void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
       return;
     case host::SharedCq::Push::kOkNotify:
       host_.notify(owner.proc, owner.pid,
-                   host::Event{static_cast<uint32_t>(host::EventKind::kCqNotify), cq->owner_cq_id, 0, 0});
+                   host::Event{static_cast<uint32_t>(host::EventKind::kCqNotify), cq->owner_cq_id, 0, cq->owner_serial});
       return;
     case host::SharedCq::Push::kOverrun:
       host_.notify(owner.proc, owner.pid,
-                   host::Event{static_cast<uint32_t>(host::EventKind::kCqError), cq->owner_cq_id, 0, 0});
+                   host::Event{static_cast<uint32_t>(host::EventKind::kCqError), cq->owner_cq_id, 0, cq->owner_serial});
       return;
   }
 }
