@@ -580,3 +580,104 @@ TEST(DirectPath, SendErrorsAnswerAsTheResponder) {
   }
   EXPECT_EQ(ibv_dealloc_pd(other), 0);
 }
+
+// UC: WRITEs and SENDs succeed at once; a SEND that finds no receive WQE is
+// dropped (the requester still completes it, as UC does).
+TEST(DirectPath, UnreliableConnectedWritesAndSends) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.type = IBV_QPT_UC;
+  QpPair pair(dev, cfg);
+  ASSERT_TRUE(pair.ok());
+  Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+  ASSERT_TRUE(local.ok() && remote.ok());
+  for (uint64_t i = 0; i < 3; ++i) {
+    fill_pattern(local.span(0, kLen), 30 + i);
+    ibv_sge sge = local.sge(0, kLen);
+    const ibv_wc wc = run_one(pair, rdma_wr(i, IBV_WR_RDMA_WRITE, &sge, remote.addr(128 * i), remote.rkey()));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(first_mismatch(remote.span(128 * i, kLen), local.span(0, kLen)), -1) << i;
+  }
+  ibv_sge into = remote.sge(2048, kLen);
+  ASSERT_EQ(post_recv(pair.b, 7, &into, 1), 0);
+  ibv_sge sge = local.sge(0, kLen);
+  for (uint64_t i = 0; i < 2; ++i) {
+    const ibv_wc wc = send_one(pair, &sge, 10 + i);
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  }
+  const auto wcs = poll_n(pair.b_recv_cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 7u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(first_mismatch(remote.span(2048, kLen), local.span(0, kLen)), -1);
+  EXPECT_TRUE(stays_empty(pair.b_recv_cq, Millis{10}));  // the second SEND found no WQE
+  EXPECT_EQ(qp_state(pair.b), IBV_QPS_RTS);
+}
+
+// SENDs to a QP with an SRQ take its WQEs; once the SRQ is armed with a
+// limit, the SEND that takes it below the limit raises SRQ_LIMIT_REACHED.
+TEST(DirectPath, SendsIntoAnSrqAndItsLimit) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_srq_init_attr srq_init{};
+  srq_init.attr.max_wr = 16;
+  srq_init.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(dev.pd, &srq_init);
+  ASSERT_NE(srq, nullptr);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ibv_cq* rcq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ASSERT_TRUE(cq && rcq);
+  QpConfig cfg;
+  ibv_qp* a = create_qp(dev.pd, cq, cq, cfg);
+  ibv_qp* b = create_qp(dev.pd, cq, rcq, cfg, srq);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(bring_up(a, b->qp_num, dev.gid, cfg), 0);
+  ASSERT_EQ(bring_up(b, a->qp_num, dev.gid, cfg), 0);
+  {
+    Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+    ASSERT_TRUE(local.ok() && remote.ok());
+    for (uint64_t i = 0; i < 8; ++i) {
+      ibv_sge into = remote.sge(256 * i, kLen);
+      ibv_recv_wr wr{};
+      wr.wr_id = 50 + i;
+      wr.sg_list = &into;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      ASSERT_EQ(ibv_post_srq_recv(srq, &wr, &bad), 0);
+    }
+    auto send = [&](uint64_t i) {
+      fill_pattern(local.span(0, kLen), 40 + i);
+      ibv_sge sge = local.sge(0, kLen);
+      ibv_send_wr wr = make_wr(i, IBV_WR_SEND, &sge, 1);
+      ASSERT_EQ(post_send(a, wr), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_one(cq, &wc));
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+      ASSERT_TRUE(poll_one(rcq, &wc));
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+      EXPECT_EQ(wc.wr_id, 50 + i);
+      EXPECT_EQ(wc.byte_len, kLen);
+      EXPECT_EQ(first_mismatch(remote.span(256 * i, kLen), local.span(0, kLen)), -1) << i;
+    };
+    for (uint64_t i = 0; i < 4; ++i) send(i);
+    EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{0}));
+    // 4 WQEs left; armed at 3: the next SEND leaves 3, not below; the one
+    // after leaves 2 and raises the event, once.
+    ibv_srq_attr attr{};
+    attr.srq_limit = 3;
+    ASSERT_EQ(ibv_modify_srq(srq, &attr, IBV_SRQ_LIMIT), 0);
+    send(4);
+    send(5);
+    decltype(ibv_async_event::element) element{};
+    ASSERT_TRUE(wait_async_event(dev.ctx, IBV_EVENT_SRQ_LIMIT_REACHED, &element));
+    EXPECT_EQ(element.srq, srq);
+    send(6);
+    EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{20}));
+  }
+  EXPECT_EQ(ibv_destroy_qp(a), 0);
+  EXPECT_EQ(ibv_destroy_qp(b), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_destroy_cq(rcq), 0);
+}

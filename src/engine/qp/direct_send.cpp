@@ -41,7 +41,8 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     default:
       return false;
   }
-  if (init_.type != IBV_QPT_RC || wr.num_sge != 1 || !channel_ || sq_sent_ != sq_head_ ||
+  // RC; UC posts only WRITEs and SENDs (validate_send).
+  if ((init_.type != IBV_QPT_RC && init_.type != IBV_QPT_UC) || wr.num_sge != 1 || !channel_ || sq_sent_ != sq_head_ ||
       sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
       shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS)
     return false;

@@ -24,7 +24,10 @@ namespace {
 class ShmChannel final : public link::Channel {
  public:
   ShmChannel(host::Attachment& host, uint32_t qp_type, uint32_t dest_qpn)
-      : host_(host), reliable_(qp_type == IBV_QPT_RC || qp_type == IBV_QPT_XRC_SEND), dest_qpn_(dest_qpn) {
+      : host_(host),
+        qp_type_(qp_type),
+        reliable_(qp_type == IBV_QPT_RC || qp_type == IBV_QPT_XRC_SEND),
+        dest_qpn_(dest_qpn) {
     // Bind to the peer that has the QPN now; if there is none yet, to the
     // one found at the first send.
     if (resolve(host_, dest_qpn_, target_)) {
@@ -72,6 +75,7 @@ class ShmChannel final : public link::Channel {
 
  private:
   host::Attachment& host_;
+  const uint32_t qp_type_;  // the requester's
   const bool reliable_;
   const uint32_t dest_qpn_;
   TargetQp target_;
@@ -90,11 +94,12 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
   using Kind = link::DirectCopy::Kind;
   if (op.kind == Kind::kSend || op.kind == Kind::kSendWithImm) return send_direct(op);
   const bool atomic = op.kind == Kind::kFetchAdd || op.kind == Kind::kCompareSwap;
-  // A peer reached before, the same incarnation, another process's QP (a TGT
-  // QP is the host's and never RC).
-  if (!reliable_ || target_.qp == nullptr || target_.base == nullptr || peer_incarnation_ == 0 ||
-      target_.incarnation != peer_incarnation_ || op.length == 0 || op.length > kFenceChunk ||
-      (atomic && (op.length != 8 || (op.remote_addr & 7) != 0)))
+  // RC, or a UC WRITE (UC has nothing else a responder answers); a peer
+  // reached before, the same incarnation, another process's QP (a TGT QP is
+  // the host's and never RC or UC).
+  if ((qp_type_ != IBV_QPT_RC && !(qp_type_ == IBV_QPT_UC && op.kind == Kind::kWrite)) || target_.qp == nullptr ||
+      target_.base == nullptr || peer_incarnation_ == 0 || target_.incarnation != peer_incarnation_ ||
+      op.length == 0 || op.length > kFenceChunk || (atomic && (op.length != 8 || (op.remote_addr & 7) != 0)))
     return false;
   MemoryAccess access(host_, target_.proc);
   if (!still_there(target_)) return false;
@@ -105,7 +110,7 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
   // transport::accept / respond: the same transport, a receiving state, the
   // QP's access flags, a READ's or atomic's responder resources; and the
   // first message has been seen (COMM_EST is the general path's to raise).
-  if (qp.qp_type != IBV_QPT_RC || !transport::receives_in_state(qp.state.load(std::memory_order_acquire)) ||
+  if (qp.qp_type != qp_type_ || !transport::receives_in_state(qp.state.load(std::memory_order_acquire)) ||
       (qp.access.load(std::memory_order_acquire) & needed) != needed ||
       (op.kind != Kind::kWrite && qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0) ||
       qp.comm_established.load(std::memory_order_relaxed) == 0)
@@ -165,21 +170,27 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
 // was read); whoever took it first (the owner flushing the queue, another
 // sender) sends this one the general way. Once taken, nothing can fail: the
 // payload is copied and the completion written by the port's own
-// complete_receive. A QP with an SRQ (its limit event, tag matching) and a
-// queue without a WQE (RNR) go the general way.
+// complete_receive. An SRQ armed with a limit (its event), a tag matching
+// SRQ and a queue without a WQE (RNR; for UC, a dropped message) go the
+// general way.
 bool ShmChannel::send_direct(const link::DirectCopy& op) {
-  if (!reliable_ || target_.qp == nullptr || target_.base == nullptr || peer_incarnation_ == 0 ||
-      target_.incarnation != peer_incarnation_ || op.length == 0 || op.length > kFenceChunk)
+  if ((qp_type_ != IBV_QPT_RC && qp_type_ != IBV_QPT_UC) || target_.qp == nullptr || target_.base == nullptr ||
+      peer_incarnation_ == 0 || target_.incarnation != peer_incarnation_ || op.length == 0 ||
+      op.length > kFenceChunk)
     return false;
   MemoryAccess access(host_, target_.proc);
   if (!still_there(target_)) return false;
   const host::SharedQp& qp = *target_.qp;
-  if (qp.qp_type != IBV_QPT_RC || qp.srq_offset != 0 ||
-      !transport::receives_in_state(qp.state.load(std::memory_order_acquire)) ||
+  if (qp.qp_type != qp_type_ || !transport::receives_in_state(qp.state.load(std::memory_order_acquire)) ||
       qp.comm_established.load(std::memory_order_relaxed) == 0)
     return false;
   if (!reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running()) return false;
-  auto* rq = reinterpret_cast<host::SharedRq*>(target_.base + qp.rq_offset);
+  // The QP's own queue, or its SRQ's (of the same process: an SRQ of an RC or
+  // UC QP is never another process's), whose PD the receive SGEs are of.
+  const bool srq = qp.srq_offset != 0;
+  auto* rq = reinterpret_cast<host::SharedRq*>(target_.base + (srq ? qp.srq_offset : qp.rq_offset));
+  if (srq && (rq->tag_list_offset != 0 || rq->limit.load(std::memory_order_acquire) != 0)) return false;
+  const uint32_t receive_pd = srq ? rq->pd_id : qp.pd_id;
   uint64_t tail = rq->tail.load(std::memory_order_acquire);
   if (tail == rq->head.load(std::memory_order_acquire)) return false;
   // The WQE at `tail` stays as it is while tail does (its slot is reused only
@@ -203,7 +214,7 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
     const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
                                    static_cast<transport::KeyKind>(mr.kind), mr.qpn};
     if (transport::is_on_demand(key) ||
-        !transport::local_key_allows(key, qp.pd_id, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
+        !transport::local_key_allows(key, receive_pd, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
       return false;
     const uint64_t take = sge.length < left ? sge.length : left;
     char* at = host_.in_backing(target_.proc, mr.shared, reinterpret_cast<uint64_t>(transport::owner_address(key, sge.addr)),
