@@ -6,6 +6,9 @@
 // and the WQE completes as the general path would complete it. Whenever a
 // condition does not hold, nothing has happened yet and the WR goes the
 // general way, which gives every other outcome.
+#include <cstring>
+
+#include "common/limits.hpp"
 #include "common/log.hpp"
 #include "engine/node.hpp"
 #include "engine/protection_domain.hpp"
@@ -41,17 +44,17 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     default:
       return false;
   }
-  // RC; UC posts only WRITEs and SENDs (validate_send).
-  if ((init_.type != IBV_QPT_RC && init_.type != IBV_QPT_UC) || wr.num_sge != 1 || !channel_ || sq_sent_ != sq_head_ ||
+  // RC; UC posts only WRITEs and SENDs (validate_send). One SGE, or inline
+  // data in any number of them (gathered here, as enqueue_send_locked would).
+  const bool inline_data = (wr.send_flags & IBV_SEND_INLINE) != 0;
+  if ((init_.type != IBV_QPT_RC && init_.type != IBV_QPT_UC) || wr.num_sge < 1 ||
+      (!inline_data && wr.num_sge != 1) || !channel_ || sq_sent_ != sq_head_ ||
       sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
       shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS)
     return false;
-  const ibv_sge& sge = wr.sg_list[0];
   const bool atomic = op.kind == Kind::kFetchAdd || op.kind == Kind::kCompareSwap;
   const bool send = op.kind == Kind::kSend || op.kind == Kind::kSendWithImm;
   const bool read = op.kind != Kind::kWrite && !send;  // into local memory
-  // An atomic's local SGE other than 8 bytes is LOC_LEN_ERR: the general path's.
-  if (sge.length == 0 || (atomic && sge.length != 8)) return false;
   if (atomic) {
     op.remote_addr = wr.wr.atomic.remote_addr;
     op.rkey = wr.wr.atomic.rkey;
@@ -64,12 +67,31 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     op.remote_addr = wr.wr.rdma.remote_addr;
     op.rkey = wr.wr.rdma.rkey;
   }
-  op.length = sge.length;
-  if (wr.send_flags & IBV_SEND_INLINE) {
-    // validate_send checked the length against max_inline_data (and refused
-    // an inline READ); the bytes are taken now, as enqueue_send_locked would.
-    op.local = reinterpret_cast<void*>(sge.addr);
+  alignas(16) unsigned char gathered[limits::kMaxInlineData];
+  if (inline_data) {
+    // validate_send checked the total against max_inline_data (and refused
+    // inline READs and atomics); the bytes are taken now.
+    if (wr.num_sge == 1) {
+      op.local = reinterpret_cast<void*>(wr.sg_list[0].addr);
+      op.length = wr.sg_list[0].length;
+    } else {
+      uint64_t total = 0;
+      for (int i = 0; i < wr.num_sge; ++i) {
+        const ibv_sge& piece = wr.sg_list[i];
+        if (piece.length == 0) continue;  // (its address may be 0)
+        if (piece.length > sizeof gathered - total) return false;
+        std::memcpy(gathered + total, reinterpret_cast<const void*>(piece.addr), piece.length);
+        total += piece.length;
+      }
+      op.local = gathered;
+      op.length = total;
+    }
+    if (op.length == 0) return false;
   } else {
+    const ibv_sge& sge = wr.sg_list[0];
+    // An atomic's local SGE other than 8 bytes is LOC_LEN_ERR: the general path's.
+    if (sge.length == 0 || (atomic && sge.length != 8)) return false;
+    op.length = sge.length;
     // An MR of this process (another's is staged: the general path),
     // not on-demand (its pages are checked when used), in the QP's PD.
     host::MrRecord mr;
@@ -93,7 +115,7 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
   wqe->send_flags = wr.send_flags;
   wqe->num_sge = 0;
   wqe->inline_len = 0;
-  wqe->length = sge.length;
+  wqe->length = op.length;
   wqe->retry = transport::RetryState::start(attrs_.rnr_retry, attrs_.retry_cnt);
   wqe->ah = nullptr;
   wqe->mw = nullptr;
