@@ -185,6 +185,16 @@ class UdpLink final : public link::Link {
   void leave_group(const uint8_t* mgid, uint32_t ifindex) override { change_membership(mgid, ifindex, -1); }
   void poll() override {
     if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return;
+    // A poller's receive is a system call. Without a connected QP over this
+    // link (only UD QPs, or the connection manager, started it), it is
+    // worth one only while packets come: after kIdlePollsBeforeRest empty
+    // tries in a row the pollers stop, and the link's thread, which wakes
+    // for any packet, has them help again once one arrived. (A process
+    // talking only to peers of its own host paid a recvmmsg per empty poll
+    // of every CQ: UCX over softhca spent most of its time there.)
+    if (open_channels_.load(std::memory_order_relaxed) == 0 &&
+        idle_polls_.load(std::memory_order_relaxed) >= kIdlePollsBeforeRest)
+      return;
     receive_all();
   }
 
@@ -213,6 +223,7 @@ class UdpLink final : public link::Link {
     std::lock_guard guard(mutex_);
     auto it = channels_.find(qpn);
     if (it != channels_.end() && it->second.get() == state) channels_.erase(it);
+    open_channels_.store(static_cast<uint32_t>(channels_.size()), std::memory_order_relaxed);
   }
 
  private:
@@ -248,6 +259,11 @@ class UdpLink final : public link::Link {
   host::Attachment& host_;
   std::mutex start_mutex_;
   std::atomic<bool> started_{false};
+  // The connected QPs' channels open now (channels_.size()), and how many
+  // receives in a row found nothing: see poll().
+  static constexpr uint32_t kIdlePollsBeforeRest = 64;
+  std::atomic<uint32_t> open_channels_{0};
+  std::atomic<uint32_t> idle_polls_{0};
   std::unique_ptr<Sockets> sockets_;
   int wake_fd_ = -1;
   // Where other processes hand us our packets: a listening SOCK_SEQPACKET
@@ -572,6 +588,7 @@ std::unique_ptr<link::Channel> UdpLink::open_channel(const link::ChannelConfig& 
   {
     std::lock_guard guard(mutex_);
     channels_[config.local_qpn] = state;
+    open_channels_.store(static_cast<uint32_t>(channels_.size()), std::memory_order_relaxed);
   }
   return std::make_unique<UdpChannel>(*this, std::move(state));
 }
@@ -908,6 +925,13 @@ void UdpLink::receive_from(int fd) {
   // their turn.
   for (int round = 0; round < 8; ++round) {
     const int n = sockets_->receive_batch(fd, receive_storage_, kReceiveSlotBytes, received_);
+    if (round == 0) {
+      if (n > 0) {
+        idle_polls_.store(0, std::memory_order_relaxed);
+      } else {
+        idle_polls_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
     for (int i = 0; i < n; ++i) {
       const Received& from = received_[static_cast<size_t>(i)];
       if (from.length == 0) continue;
