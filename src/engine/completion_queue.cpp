@@ -44,10 +44,12 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
   cq->shared_ = node.segment().at<host::SharedCq>(cq->shared_offset_);
   cq->shared_->owner_proc = node.proc();
   cq->shared_->stamp_completions = timestamps ? 1 : 0;
-  cq->id_ = node.cqs().add(cq);
-  cq->shared_->owner_cq_id = cq->id_;
+  // The serial before the id: once in the table, the CQ is the progress
+  // thread's to find (Node::on_event reads the serial there).
   cq->serial_ = node.next_serial();
   cq->shared_->owner_serial = cq->serial_;
+  cq->id_ = node.cqs().add(cq);
+  cq->shared_->owner_cq_id = cq->id_;
   cq->shared_->ring_offset.store(ring_offset, std::memory_order_release);
   if (channel) channel->attach();
   return cq;

@@ -40,10 +40,12 @@ Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uin
   srq->shared_->stride = host::SharedRq::stride_for(max_sge);
   srq->shared_->owner_proc = node.proc();
   srq->shared_->pd_id = pd.id();
-  srq->id_ = node.srqs().add(srq);
-  srq->shared_->owner_srq_id = srq->id_;
+  // The serial before the id: once in the table, the SRQ is the progress
+  // thread's to find (Node::on_event reads the serial there).
   srq->serial_ = node.next_serial();
   srq->shared_->owner_serial = srq->serial_;
+  srq->id_ = node.srqs().add(srq);
+  srq->shared_->owner_srq_id = srq->id_;
   srq->shared_->limit.store(limit, std::memory_order_release);
   pd.attach();
   if (tm.cq != nullptr) {

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <rdma/rsocket.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/select.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -541,10 +542,15 @@ TEST_F(RsocketDgram, AFloodIntoAnUnreadSocketLeavesOnlyWholeDatagramsInOrder) {
 TEST_F(RsocketDgram, APeerKilledMidTrafficLeavesTheSenderWorking) {
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
+  const pid_t parent = getpid();
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
     // A receiver that reads forever: its socket, QP and memory vanish with it.
+    // It dies with this test's process too: a test killed by its timeout or
+    // by a sanitizer never runs the reaper below, and the child, still
+    // bound to its port, failed every later run of this test.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(3);
     close(ready[0]);
     const int fd = rsocket(AF_INET, SOCK_DGRAM, 0);
     sockaddr_in addr = loopback(kBasePort + 32);
