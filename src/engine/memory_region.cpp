@@ -8,6 +8,7 @@
 #include "common/limits.hpp"
 #include "engine/protection_domain.hpp"
 #include "host/memory_check.hpp"
+#include "link/registered_key.hpp"
 #include "transport/memory_key.hpp"
 
 namespace softhca::engine {
@@ -32,7 +33,7 @@ Result<void> check_advice_range(ProtectionDomain& pd, uint32_t lkey, uint64_t ad
   host::MrRecord mr;
   if (!node.registry().lookup_mr(lkey, mr) || mr.proc != node.proc() || !(mr.access & IBV_ACCESS_ON_DEMAND))
     return fail(std::errc::invalid_argument);
-  const transport::MemoryKey key{mr.key, mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr};
+  const transport::MemoryKey key = link::registered_key(mr);
   if (!transport::key_allows(key, pd.id(), write ? IBV_ACCESS_LOCAL_WRITE : 0, addr, length))
     return fail(std::errc::invalid_argument);
   return {};

@@ -14,6 +14,7 @@
 #include "engine/protection_domain.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "host/host_registry.hpp"
+#include "link/registered_key.hpp"
 #include "transport/memory_key.hpp"
 
 namespace softhca::engine {
@@ -96,8 +97,7 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     // not on-demand (its pages are checked when used), in the QP's PD.
     host::MrRecord mr;
     if (!node_.registry().lookup_mr(sge.lkey, mr) || mr.proc != node_.proc()) return false;
-    const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
-                                   static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+    const transport::MemoryKey key = link::registered_key(mr);
     if (transport::is_on_demand(key) ||
         !transport::local_key_allows(key, pd_->id(), read ? IBV_ACCESS_LOCAL_WRITE : 0, sge.addr, sge.length))
       return false;

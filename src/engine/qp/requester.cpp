@@ -17,6 +17,7 @@
 #include "engine/shared_receive_queue.hpp"
 #include "engine/completion_queue.hpp"
 #include "host/memory_check.hpp"
+#include "link/registered_key.hpp"
 #include "transport/answer_counters.hpp"
 #include "transport/memory_key.hpp"
 #include "transport/tag_matching.hpp"
@@ -66,8 +67,7 @@ ibv_wc_status local_iovecs(Node& node, uint32_t pd_id, const Sge* sges, uint32_t
     if (sge.length == 0) continue;
     host::MrRecord mr;
     if (!node.registry().lookup_mr(sge.lkey, mr)) return IBV_WC_LOC_PROT_ERR;
-    const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
-                                   static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+    const transport::MemoryKey key = link::registered_key(mr);
     if (!transport::local_key_allows(key, pd_id, access, sge.addr, sge.length)) return IBV_WC_LOC_PROT_ERR;
     void* at = transport::owner_address(key, sge.addr);
     if (mr.proc != node.proc()) {

@@ -12,6 +12,7 @@
 #include "host/attachment.hpp"
 #include "host/raw_flows.hpp"
 #include "link/link.hpp"
+#include "link/registered_key.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
 #include "transport/answer_counters.hpp"
@@ -72,6 +73,8 @@ class ShmChannel final : public link::Channel {
 
  private:
   bool send_direct(const link::DirectCopy& op);
+  bool direct_reaches(const link::DirectCopy& op) const;
+  bool direct_target_receives() const;
 
  private:
   host::Attachment& host_;
@@ -82,6 +85,26 @@ class ShmChannel final : public link::Channel {
   uint64_t peer_incarnation_ = 0;
   transport::MessageInProgress scratch_;  // the responder's, for each message (under the QP's send lock)
 };
+
+// Both direct paths first need a peer reached before and still the same
+// incarnation (deliver() resolves and checks it), and a length the general
+// path would copy in one piece.
+bool ShmChannel::direct_reaches(const link::DirectCopy& op) const {
+  return target_.qp != nullptr && target_.base != nullptr && peer_incarnation_ != 0 &&
+         target_.incarnation == peer_incarnation_ && op.length != 0 && op.length <= kFenceChunk;
+}
+
+// Then, under the access announcement, a target that transport::accept
+// would let in: still there, of the requester's transport, in a receiving
+// state, its first message seen (COMM_EST is the general path's to raise),
+// and an owner that runs (ShmResponderPort::local_views).
+bool ShmChannel::direct_target_receives() const {
+  if (!still_there(target_)) return false;
+  const host::SharedQp& qp = *target_.qp;
+  return qp.qp_type == qp_type_ && transport::receives_in_state(qp.state.load(std::memory_order_acquire)) &&
+         qp.comm_established.load(std::memory_order_relaxed) != 0 &&
+         reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running();
+}
 
 // What deliver() would do for an RC WRITE, READ or atomic that succeeds,
 // and only that: every condition the responder checks is asked here as a
@@ -97,36 +120,30 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
   // RC, or a UC WRITE (UC has nothing else a responder answers); a peer
   // reached before, the same incarnation, another process's QP (a TGT QP is
   // the host's and never RC or UC).
-  if ((qp_type_ != IBV_QPT_RC && !(qp_type_ == IBV_QPT_UC && op.kind == Kind::kWrite)) || target_.qp == nullptr ||
-      target_.base == nullptr || peer_incarnation_ == 0 || target_.incarnation != peer_incarnation_ ||
-      op.length == 0 || op.length > kFenceChunk || (atomic && (op.length != 8 || (op.remote_addr & 7) != 0)))
+  if ((qp_type_ != IBV_QPT_RC && !(qp_type_ == IBV_QPT_UC && op.kind == Kind::kWrite)) || !direct_reaches(op) ||
+      (atomic && (op.length != 8 || (op.remote_addr & 7) != 0)))
     return false;
   MemoryAccess access(host_, target_.proc);
-  if (!still_there(target_)) return false;
+  if (!direct_target_receives()) return false;
   const host::SharedQp& qp = *target_.qp;
   const uint32_t needed = op.kind == Kind::kWrite  ? IBV_ACCESS_REMOTE_WRITE
                           : op.kind == Kind::kRead ? IBV_ACCESS_REMOTE_READ
                                                    : IBV_ACCESS_REMOTE_ATOMIC;
-  // transport::accept / respond: the same transport, a receiving state, the
-  // QP's access flags, a READ's or atomic's responder resources; and the
-  // first message has been seen (COMM_EST is the general path's to raise).
-  if (qp.qp_type != qp_type_ || !transport::receives_in_state(qp.state.load(std::memory_order_acquire)) ||
-      (qp.access.load(std::memory_order_acquire) & needed) != needed ||
-      (op.kind != Kind::kWrite && qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0) ||
-      qp.comm_established.load(std::memory_order_relaxed) == 0)
+  // transport::accept / respond: the QP's access flags, a READ's or atomic's
+  // responder resources.
+  if ((qp.access.load(std::memory_order_acquire) & needed) != needed ||
+      (op.kind != Kind::kWrite && qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0))
     return false;
   // remote_range: the key, of the QP's process (another's goes through the
   // port's second target), neither on-demand (checked page by page) nor
   // beyond what the key grants.
   host::MrRecord mr;
   if (!host_.registry().lookup_mr(op.rkey, mr) || mr.proc != target_.proc) return false;
-  const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
-                                 static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+  const transport::MemoryKey key = link::registered_key(mr);
   if (transport::is_on_demand(key) ||
       !transport::remote_key_allows(key, qp.pd_id, target_.qpn, needed, op.remote_addr, op.length))
     return false;
-  // ShmResponderPort::local_views: a live owner, the range in its file.
-  if (!reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running()) return false;
+  // ShmResponderPort::local_views: the range in the owner's file.
   const auto owner_addr = reinterpret_cast<uint64_t>(transport::owner_address(key, op.remote_addr));
   host::PeerBackings::View window{target_.backing, target_.backing_length};
   char* at = host_.in_backing(target_.proc, mr.shared, owner_addr, op.length, window);
@@ -174,17 +191,10 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
 // SRQ and a queue without a WQE (RNR; for UC, a dropped message) go the
 // general way.
 bool ShmChannel::send_direct(const link::DirectCopy& op) {
-  if ((qp_type_ != IBV_QPT_RC && qp_type_ != IBV_QPT_UC) || target_.qp == nullptr || target_.base == nullptr ||
-      peer_incarnation_ == 0 || target_.incarnation != peer_incarnation_ || op.length == 0 ||
-      op.length > kFenceChunk)
-    return false;
+  if ((qp_type_ != IBV_QPT_RC && qp_type_ != IBV_QPT_UC) || !direct_reaches(op)) return false;
   MemoryAccess access(host_, target_.proc);
-  if (!still_there(target_)) return false;
+  if (!direct_target_receives()) return false;
   const host::SharedQp& qp = *target_.qp;
-  if (qp.qp_type != qp_type_ || !transport::receives_in_state(qp.state.load(std::memory_order_acquire)) ||
-      qp.comm_established.load(std::memory_order_relaxed) == 0)
-    return false;
-  if (!reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running()) return false;
   // The QP's own queue, or its SRQ's (of the same process: an SRQ of an RC or
   // UC QP is never another process's), whose PD the receive SGEs are of.
   const bool srq = qp.srq_offset != 0;
@@ -211,8 +221,7 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
     if (sge.length == 0) continue;
     host::MrRecord mr;
     if (!host_.registry().lookup_mr(sge.lkey, mr) || mr.proc != target_.proc) return false;
-    const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
-                                   static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+    const transport::MemoryKey key = link::registered_key(mr);
     if (transport::is_on_demand(key) ||
         !transport::local_key_allows(key, receive_pd, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
       return false;

@@ -2,6 +2,7 @@
 
 #include "host/memory_check.hpp"
 #include "host/process_identity.hpp"
+#include "link/registered_key.hpp"
 #include "link/shm/remote_memory.hpp"
 #include "transport/tag_matching.hpp"
 
@@ -120,8 +121,7 @@ std::optional<transport::MemoryKey> ShmResponderPort::memory_key(uint32_t key) {
   keys_.add(mr);
   // The other process's addresses are tagged (see kOtherProcess).
   const uint64_t host_addr = mr.proc == data_->proc ? mr.host_addr : mr.host_addr | kOtherProcess;
-  return transport::MemoryKey{mr.key,     mr.pd_id, mr.access, mr.iova, mr.length, host_addr,
-                              static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+  return link::registered_key(mr, host_addr);
 }
 
 bool ShmResponderPort::adopt_memory_process(uint32_t key, host::MrRecord& mr) {
@@ -442,8 +442,7 @@ bool ShmResponderPort::requester_range(uint32_t requester_qpn, uint64_t va, uint
   if ((requester.qp->access.load(std::memory_order_acquire) & IBV_ACCESS_REMOTE_READ) == 0) return false;
   host::MrRecord mr;
   if (!host_.registry().lookup_mr(rkey, mr) || mr.proc != host_.proc()) return false;
-  const transport::MemoryKey key{mr.key,       mr.pd_id, mr.access, mr.iova, mr.length, mr.host_addr,
-                                 static_cast<transport::KeyKind>(mr.kind), mr.qpn};
+  const transport::MemoryKey key = link::registered_key(mr);
   if (!transport::remote_key_allows(key, requester.qp->pd_id, requester_qpn, IBV_ACCESS_REMOTE_READ, va, length))
     return false;
   out = iovec{transport::owner_address(key, va), static_cast<size_t>(length)};
