@@ -286,6 +286,7 @@ class UdpLink final : public link::Link {
   std::string host_dir_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
+  uint64_t spin_ns_ = 0;  // SOFTHCA_UDP_SPIN_US, in ns
   // SOFTHCA_FAULT and SOFTHCA_PCAP, read when the link starts.
   std::optional<FaultSchedule> faults_;
   std::unique_ptr<PcapWriter> capture_;
@@ -599,6 +600,7 @@ bool UdpLink::start() {
   if (started_.load(std::memory_order_relaxed)) return sockets_ != nullptr;
   SocketOptions options;
   options.gso = setting_number(SettingId::kUdpGso) == 0;
+  spin_ns_ = uint64_t{setting_number(SettingId::kUdpSpinUs)} * 1000;
   auto sockets = Sockets::open(options);
   if (sockets) {
     sockets_ = std::move(*sockets);
@@ -703,6 +705,9 @@ uint64_t UdpLink::run_timers(uint64_t now) {
 
 void UdpLink::loop() {
   std::vector<pollfd> fds;
+  // While packets flow, the thread polls without sleeping until spin_until
+  // (SOFTHCA_UDP_SPIN_US after the last packet), then sleeps in ppoll.
+  uint64_t spin_until = 0;
   while (!stopping_.load()) {
     const uint64_t now_ns = monotonic_ns();
     uint64_t deadline = run_timers(now_ns);
@@ -720,14 +725,21 @@ void UdpLink::loop() {
     }
     timespec wait{};
     const timespec* timeout = nullptr;
-    if (deadline != 0) {
+    const bool spinning = now_ns < spin_until;
+    if (spinning) {
+      timeout = &wait;  // zero: look, do not sleep
+    } else if (deadline != 0) {
       wait = time_until(deadline);
       timeout = &wait;
     }
-    link_sleeping_.store(true, std::memory_order_relaxed);
+    // A spinning thread is awake: application pollers leave the sockets to it.
+    link_sleeping_.store(!spinning, std::memory_order_relaxed);
     const int ready = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
     link_sleeping_.store(false, std::memory_order_relaxed);
-    if (ready <= 0) continue;
+    if (ready <= 0) {
+      if (spinning) __builtin_ia32_pause();
+      continue;
+    }
     if (fds[2].revents & POLLIN) {
       uint64_t count;
       [[maybe_unused]] ssize_t n = ::read(wake_fd_, &count, sizeof count);
@@ -744,6 +756,7 @@ void UdpLink::loop() {
         receive_from(fds[1].fd);
       }
       if (handoffs) receive_handoffs();
+      if (spin_ns_ != 0) spin_until = monotonic_ns() + spin_ns_;
     }
   }
 }
