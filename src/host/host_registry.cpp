@@ -432,8 +432,10 @@ void HostRegistry::update_mr(uint32_t key, uint32_t pd_id, uint32_t access, uint
   unlock();
 }
 
-bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
-  const MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
+namespace {
+
+// A consistent copy of `slot` and the (even) version it was read at.
+uint32_t read_mr_slot(const MrSlot& slot, MrRecord& out) {
   for (;;) {
     const uint32_t before = slot.seq.load(std::memory_order_seq_cst);  // see begin_access
     if (before & 1) {
@@ -456,8 +458,25 @@ bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
     out.parent = slot.parent.load(std::memory_order_acquire);
     out.qpn = slot.qpn.load(std::memory_order_acquire);
     out.windows = slot.windows.load(std::memory_order_acquire);
-    if (slot.seq.load(std::memory_order_acquire) == before) return key != 0 && out.key == key;
+    if (slot.seq.load(std::memory_order_acquire) == before) return before;
   }
+}
+
+}  // namespace
+
+bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
+  read_mr_slot(layout_->mrs[(key >> 8) % kMaxMrSlots], out);
+  return key != 0 && out.key == key;
+}
+
+bool HostRegistry::lookup_mr_cached(uint32_t key, MrLookupCache& cache) const {
+  const MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
+  // seq_cst, as read_mr_slot's first load: a version still the one the
+  // record was read at means no change began before this access did.
+  if (key != 0 && cache.key == key && slot.seq.load(std::memory_order_seq_cst) == cache.seq) return true;
+  cache.seq = read_mr_slot(slot, cache.record);
+  cache.key = key != 0 && cache.record.key == key ? key : 0;
+  return cache.key != 0;
 }
 
 namespace {

@@ -152,6 +152,14 @@ struct MrRecord {
   uint32_t kind, parent, qpn, windows;
 };
 
+// The last MR a caller of HostRegistry::lookup_mr_cached found, and the
+// version of its slot then. Owned by that caller (not shared).
+struct MrLookupCache {
+  uint32_t key = 0;  // 0: empty
+  uint32_t seq = 0;
+  MrRecord record;
+};
+
 // A window's new binding (HostRegistry::bind_window): the part of its MR it
 // grants, as the window's slot will describe it. length 0 unbinds.
 struct WindowBinding {
@@ -304,6 +312,12 @@ class HostRegistry {
   void publish_backing(uint32_t proc, uint32_t fd, uint64_t inode);
   // A consistent copy of the MR for `key`, or false if the key is not registered.
   bool lookup_mr(uint32_t key, MrRecord& out) const;
+  // lookup_mr for a caller that asks about the same key again and again (a
+  // QP's data path): while the slot's version has not moved since `cache`
+  // was filled, the record there is still the slot's (every change of a
+  // slot moves its version), and one load replaces the copy. Same ordering
+  // as lookup_mr against begin_access / fence_accesses.
+  bool lookup_mr_cached(uint32_t key, MrLookupCache& cache) const;
 
   // Memory windows (type kKeyWindow1 or kKeyWindow2), in the MR table: an
   // unbound window has a key and grants nothing (length 0).

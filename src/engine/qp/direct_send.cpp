@@ -95,8 +95,9 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     op.length = sge.length;
     // An MR of this process (another's is staged: the general path),
     // not on-demand (its pages are checked when used), in the QP's PD.
-    host::MrRecord mr;
-    if (!node_.registry().lookup_mr(sge.lkey, mr) || mr.proc != node_.proc()) return false;
+    if (!node_.registry().lookup_mr_cached(sge.lkey, direct_local_key_) || direct_local_key_.record.proc != node_.proc())
+      return false;
+    const host::MrRecord& mr = direct_local_key_.record;
     const transport::MemoryKey key = link::registered_key(mr);
     if (transport::is_on_demand(key) ||
         !transport::local_key_allows(key, pd_->id(), read ? IBV_ACCESS_LOCAL_WRITE : 0, sge.addr, sge.length))

@@ -25,6 +25,7 @@
 #include "engine/qp/qp_state.hpp"
 #include "engine/qp/send_wqe.hpp"
 #include "engine/user_count.hpp"
+#include "host/host_registry.hpp"
 #include "host/shared_queues.hpp"
 #include "link/link.hpp"
 #include "transport/completer.hpp"
@@ -225,6 +226,7 @@ class QueuePair {
   SpinLock rq_lock_;
   // RC/UC: the path to the peer QP, opened at RTR, dropped at RESET (under sq_lock_).
   std::unique_ptr<link::Channel> channel_;
+  host::MrLookupCache direct_local_key_;  // post_direct_locked's last lkey (under sq_lock_)
   bool attached_ = false;  // holds its PD, CQs and SRQ: creation completed
   // Local SGEs in other processes' memory, staged here, by the position of
   // their send WQE until it completes (engine/qp/foreign_memory.hpp). Last:

@@ -84,6 +84,9 @@ class ShmChannel final : public link::Channel {
   TargetQp target_;
   uint64_t peer_incarnation_ = 0;
   transport::MessageInProgress scratch_;  // the responder's, for each message (under the QP's send lock)
+  // The direct paths' last rkey and receive lkey (under the QP's send lock).
+  host::MrLookupCache remote_key_;
+  host::MrLookupCache receive_key_;
 };
 
 // Both direct paths first need a peer reached before and still the same
@@ -137,8 +140,9 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
   // remote_range: the key, of the QP's process (another's goes through the
   // port's second target), neither on-demand (checked page by page) nor
   // beyond what the key grants.
-  host::MrRecord mr;
-  if (!host_.registry().lookup_mr(op.rkey, mr) || mr.proc != target_.proc) return false;
+  if (!host_.registry().lookup_mr_cached(op.rkey, remote_key_) || remote_key_.record.proc != target_.proc)
+    return false;
+  const host::MrRecord& mr = remote_key_.record;
   const transport::MemoryKey key = link::registered_key(mr);
   if (transport::is_on_demand(key) ||
       !transport::remote_key_allows(key, qp.pd_id, target_.qpn, needed, op.remote_addr, op.length))
@@ -219,8 +223,9 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
   for (uint32_t i = 0; i < num_sge && left > 0; ++i) {
     const host::RecvSge& sge = sges[i];
     if (sge.length == 0) continue;
-    host::MrRecord mr;
-    if (!host_.registry().lookup_mr(sge.lkey, mr) || mr.proc != target_.proc) return false;
+    if (!host_.registry().lookup_mr_cached(sge.lkey, receive_key_) || receive_key_.record.proc != target_.proc)
+      return false;
+    const host::MrRecord& mr = receive_key_.record;
     const transport::MemoryKey key = link::registered_key(mr);
     if (transport::is_on_demand(key) ||
         !transport::local_key_allows(key, receive_pd, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
