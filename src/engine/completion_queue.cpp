@@ -130,7 +130,9 @@ void CompletionQueue::retire_locked(host::Cqe& cqe) {
   if (send) {
     qp->retire_send(position);
   } else if (cqe.opcode & IBV_WC_RECV) {
-    qp->retire_recv();
+    const bool known = (cqe.flags & host::kCqeRecvPosition) != 0;
+    qp->retire_recv(known ? &cqe.vendor_err : nullptr);
+    if (known) cqe.vendor_err = 0;  // not a field of this completion
   }
 }
 

@@ -64,6 +64,11 @@ inline constexpr uint8_t kCqeNoWqe = 4;
 // the message's tag, `imm_data` its app_ctx (ibv_wc_read_tm_info); the
 // three read as 0.
 inline constexpr uint8_t kCqeTmInfo = 8;
+// A receive completion of a WQE taken from a QP's own receive queue, whose
+// taker says where: `vendor_err` carries the WQE's position (low 32 bits),
+// reported as 0. The owner then knows the queue's tail has passed it
+// without reading the tail's line (QueuePair::retire_recv).
+inline constexpr uint8_t kCqeRecvPosition = 16;
 
 struct alignas(64) CqSlot {
   std::atomic<uint64_t> seq;  // h + 1 once entry h is published
@@ -249,16 +254,31 @@ struct SharedRq {
   // Thread: the owner. Advances its count of retired WQEs (`retired`, kept by
   // the owner) by up to `count`, never past what initiators took: a
   // completion that names no taken WQE (a stale one) frees nothing.
-  static void retire(std::atomic<uint64_t>& retired, const std::atomic<uint64_t>& taken, uint64_t count) {
+  // `taken_floor` (optional, the owner's): a count known not to pass `taken`,
+  // read instead of `taken` while it shows WQEs to retire, and raised when
+  // `taken` is read.
+  static void retire(std::atomic<uint64_t>& retired, const std::atomic<uint64_t>& taken, uint64_t count,
+                     std::atomic<uint64_t>* taken_floor = nullptr) {
     uint64_t r = retired.load(std::memory_order_acquire);
     while (count > 0) {
-      const uint64_t t = taken.load(std::memory_order_acquire);
-      if (r == t) return;
+      uint64_t t = taken_floor != nullptr ? taken_floor->load(std::memory_order_acquire) : r;
+      if (t <= r) {
+        t = taken.load(std::memory_order_acquire);
+        if (taken_floor != nullptr) raise_to(*taken_floor, t);
+      }
+      if (r >= t) return;
       const uint64_t next = r + (count < t - r ? count : t - r);
       if (retired.compare_exchange_weak(r, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
         count -= next - r;
         r = next;
       }
+    }
+  }
+
+  // Raises `floor` to `value` unless it is already there or above.
+  static void raise_to(std::atomic<uint64_t>& floor, uint64_t value) {
+    uint64_t f = floor.load(std::memory_order_relaxed);
+    while (f < value && !floor.compare_exchange_weak(f, value, std::memory_order_acq_rel, std::memory_order_relaxed)) {
     }
   }
 

@@ -522,6 +522,85 @@ TEST(DirectPath, SendsFillReceiveWqesInOrder) {
   }
 }
 
+// A direct SEND's completion tells the receiver which WQE it took, and
+// polling it frees that slot without reading the queue's tail: lap after
+// lap the receive queue takes max_recv_wr WQEs again (a slot never freed
+// would refuse one with ENOMEM, one freed twice would take one more), mixed
+// with flushed WQEs and across a reset, and the position never shows
+// through as vendor_err.
+TEST(DirectPath, PolledReceivesFreeTheirSlotsLapAfterLap) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_recv_wr = 4;
+  QpPair pair(dev, cfg);
+  ASSERT_TRUE(pair.ok());
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(pair.b, &attr, IBV_QP_CAP, &init), 0);
+  const uint32_t depth = init.cap.max_recv_wr;
+  ASSERT_GE(depth, 4u);
+  Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+  ASSERT_TRUE(local.ok() && remote.ok());
+  uint64_t next_id = 0;
+  auto fill_queue = [&] {
+    for (uint32_t i = 0; i < depth; ++i) {
+      ibv_sge into = remote.sge(0, kLen);
+      ASSERT_EQ(post_recv(pair.b, next_id++, &into, 1), 0) << "receive " << i << " of " << depth;
+    }
+    // ... and no more: a slot freed twice would take one.
+    ibv_sge into = remote.sge(0, kLen);
+    ASSERT_EQ(post_recv(pair.b, 999, &into, 1), ENOMEM);
+  };
+  for (int lap = 0; lap < 5; ++lap) {
+    fill_queue();
+    for (uint32_t i = 0; i < depth; ++i) {
+      fill_pattern(local.span(0, kLen), 40 + lap * 8 + i);
+      ibv_sge sge = local.sge(0, kLen);
+      const ibv_wc wc = send_one(pair, &sge, i);
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    }
+    const auto wcs = poll_n(pair.b_recv_cq, depth);
+    ASSERT_EQ(wcs.size(), depth);
+    for (const ibv_wc& wc : wcs) {
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+      EXPECT_EQ(wc.vendor_err, 0u);
+    }
+    EXPECT_EQ(first_mismatch(remote.span(0, kLen), local.span(0, kLen)), -1) << "lap " << lap;
+  }
+  // Half the queue taken by SENDs, half flushed by the error; all polled.
+  fill_queue();
+  for (uint32_t i = 0; i < depth / 2; ++i) {
+    ibv_sge sge = local.sge(0, kLen);
+    ASSERT_EQ(send_one(pair, &sge, i).status, IBV_WC_SUCCESS);
+  }
+  ibv_qp_attr to_error{};
+  to_error.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(pair.b, &to_error, IBV_QP_STATE), 0);
+  const auto mixed = poll_n(pair.b_recv_cq, depth);
+  ASSERT_EQ(mixed.size(), depth);
+  for (uint32_t i = 0; i < depth; ++i) {
+    EXPECT_EQ(mixed[i].status, i < depth / 2 ? IBV_WC_SUCCESS : IBV_WC_WR_FLUSH_ERR) << i;
+    EXPECT_EQ(mixed[i].vendor_err, 0u) << i;
+  }
+  // Both QPs reset and connected again: a full queue again, and SENDs into it.
+  ibv_qp_attr to_reset{};
+  to_reset.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(pair.a, &to_reset, IBV_QP_STATE), 0);
+  ASSERT_EQ(ibv_modify_qp(pair.b, &to_reset, IBV_QP_STATE), 0);
+  ASSERT_EQ(bring_up(pair.a, pair.b->qp_num, dev.gid, cfg), 0);
+  ASSERT_EQ(bring_up(pair.b, pair.a->qp_num, dev.gid, cfg), 0);
+  for (int lap = 0; lap < 2; ++lap) {
+    fill_queue();
+    for (uint32_t i = 0; i < depth; ++i) {
+      ibv_sge sge = local.sge(0, kLen);
+      const ibv_wc wc = send_one(pair, &sge, i);
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    }
+    ASSERT_EQ(poll_n(pair.b_recv_cq, depth).size(), depth);
+  }
+}
+
 // After a SEND that went through: no receive WQE (RNR, rnr_retry 0), a
 // receive WQE too short, and one whose SGE names another PD's MR end as the
 // general responder ends them, the receiver's QP in ERROR for the last two.

@@ -196,6 +196,59 @@ TEST(SharedRq, RefusesPostsBeyondCapacity) {
   EXPECT_FALSE(rq->push(4, &sge, 1, 1));
 }
 
+// posted_at: a WQE is seen at its position once posted, and a slot left
+// from an earlier lap never passes for a later position's WQE.
+TEST(SharedRq, PostedAtSeesOnlyTheWqeOfThatPosition) {
+  auto rq = make_rq(2, 1);
+  RecvSge sge{0x1000, 1, 1};
+  EXPECT_EQ(rq->posted_at(0), nullptr);  // a zeroed ring holds nothing
+  ASSERT_TRUE(rq->push(10, &sge, 1, 0));
+  ASSERT_NE(rq->posted_at(0), nullptr);
+  EXPECT_EQ(rq->posted_at(0)->wr_id, 10u);
+  EXPECT_EQ(rq->posted_at(1), nullptr);
+  EXPECT_EQ(rq->posted_at(2), nullptr);  // slot 0 again, a lap later: not posted yet
+  WqeBuffer buf;
+  ASSERT_TRUE(rq->take(buf.wqe(), nullptr));
+  ASSERT_TRUE(rq->push(11, &sge, 1, 1));
+  ASSERT_TRUE(rq->push(12, &sge, 1, 1));  // position 2, in slot 0
+  ASSERT_NE(rq->posted_at(2), nullptr);
+  EXPECT_EQ(rq->posted_at(2)->wr_id, 12u);
+  EXPECT_EQ(rq->posted_at(0), nullptr);  // overwritten: the old position is gone
+}
+
+// The owner's retire with a floor: while the floor shows WQEs taken it need
+// not read the tail; it never retires past what was taken, and a floor left
+// behind (a completion from before a reset) only sends it to the tail.
+TEST(SharedRq, RetireTrustsTheFloorAndNeverPassesTheTail) {
+  std::atomic<uint64_t> retired{0};
+  std::atomic<uint64_t> tail{0};
+  std::atomic<uint64_t> floor{0};
+  // Nothing taken: nothing retires, whatever the count.
+  SharedRq::retire(retired, tail, 1, &floor);
+  EXPECT_EQ(retired.load(), 0u);
+  // Two taken, the floor still 0: the tail is read and the floor raised.
+  tail.store(2);
+  SharedRq::retire(retired, tail, 1, &floor);
+  EXPECT_EQ(retired.load(), 1u);
+  EXPECT_EQ(floor.load(), 2u);
+  // The floor shows one more: retired from it without the tail (set to 0
+  // here only to show that it is not read).
+  tail.store(0);
+  SharedRq::retire(retired, tail, 1, &floor);
+  EXPECT_EQ(retired.load(), 2u);
+  // At the floor, the tail (0 here) decides: nothing more.
+  SharedRq::retire(retired, tail, 5, &floor);
+  EXPECT_EQ(retired.load(), 2u);
+  tail.store(3);
+  SharedRq::retire(retired, tail, 5, &floor);
+  EXPECT_EQ(retired.load(), 3u);
+  // raise_to only raises.
+  SharedRq::raise_to(floor, 1);
+  EXPECT_EQ(floor.load(), 3u);
+  SharedRq::raise_to(floor, 4);
+  EXPECT_EQ(floor.load(), 4u);
+}
+
 TEST(SegmentHeaderEvents, RingKeepsOrderAndRefusesWhenFull) {
   auto header = make_zeroed<SegmentHeader>(sizeof(SegmentHeader));
   for (uint32_t i = 0; i < SegmentHeader::kEventCapacity; ++i)

@@ -717,12 +717,22 @@ void QueuePair::retire_send(uint32_t position) {
   }
 }
 
-void QueuePair::retire_recv() {
+void QueuePair::retire_recv(const uint32_t* taken_at) {
   if (init_.srq != nullptr) {
     init_.srq->retire();
     return;
   }
-  if (rq_ != nullptr) host::SharedRq::retire(rq_retired_, rq_->tail, 1);
+  if (rq_ == nullptr) return;
+  if (taken_at != nullptr) {
+    // The taker moved the tail past the WQE before it completed it, so the
+    // tail is beyond its position: no need to read the tail's line (which
+    // the taker writes at every message) to free the slot. A position
+    // behind what is retired (a completion from before a reset) says nothing.
+    const uint64_t retired = rq_retired_.load(std::memory_order_acquire);
+    const auto ahead = static_cast<int32_t>(*taken_at - static_cast<uint32_t>(retired));
+    if (ahead >= 0) host::SharedRq::raise_to(rq_taken_floor_, retired + static_cast<uint64_t>(ahead) + 1);
+  }
+  host::SharedRq::retire(rq_retired_, rq_->tail, 1, &rq_taken_floor_);
 }
 
 void QueuePair::on_remote_event(uint32_t detail) {

@@ -124,7 +124,9 @@ class QueuePair {
   // send queue, is polled; a receive WQE's until its completion is polled.
   // Stale positions (a completion of an earlier QP that had this QPN) are ignored.
   void retire_send(uint32_t position);
-  void retire_recv();
+  // `taken_at`: the low 32 bits of the WQE's position in the receive queue,
+  // where its completion said (host::kCqeRecvPosition); nullptr where not.
+  void retire_recv(const uint32_t* taken_at = nullptr);
 
   Node& node() { return node_; }
 
@@ -222,6 +224,7 @@ class QueuePair {
   uint32_t sq_sent_ = 0;
   std::atomic<uint32_t> sq_retired_{0};   // oldest slot still taken
   std::atomic<uint64_t> rq_retired_{0};   // receive WQEs whose completion was polled
+  std::atomic<uint64_t> rq_taken_floor_{0};  // never past rq_->tail: retire_recv reads it instead
   bool parked_ = false;
   SpinLock rq_lock_;
   // RC/UC: the path to the peer QP, opened at RTR, dropped at RESET (under sq_lock_).

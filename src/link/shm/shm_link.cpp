@@ -255,7 +255,13 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
   request.solicited = op.solicited;
   request.imm_data = op.imm_data;
   ShmResponderPort port(host_, target_);
-  port.complete_receive(transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, op.length, request));
+  const transport::ReceiveCompletion completion =
+      transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, op.length, request);
+  if (srq) {
+    port.complete_receive(completion);
+  } else {
+    port.complete_taken_receive(completion, tail);  // its owner frees the slot without reading the tail
+  }
   return true;
 }
 

@@ -374,7 +374,13 @@ transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp o
   return status_of(r);
 }
 
-void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
+void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) { push_receive(c, nullptr); }
+
+void ShmResponderPort::complete_taken_receive(const transport::ReceiveCompletion& c, uint64_t position) {
+  push_receive(c, &position);
+}
+
+void ShmResponderPort::push_receive(const transport::ReceiveCompletion& c, const uint64_t* position) {
   // ... and no CQ: a completion without its SRQ has nowhere to go.
   if (target_.qp->qp_type == IBV_QPT_XRC_RECV && xrc_srq_ == nullptr) return;
   if (c.status == IBV_WC_SUCCESS) {
@@ -393,6 +399,10 @@ void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
   cqe.sl = c.sl;
   cqe.solicited = c.solicited ? 1 : 0;
   if (c.no_wqe) cqe.flags |= host::kCqeNoWqe;
+  if (position != nullptr) {
+    cqe.flags |= host::kCqeRecvPosition;
+    cqe.vendor_err = static_cast<uint32_t>(*position);
+  }
   if (c.tm_info) {
     cqe.flags |= host::kCqeTmInfo;
     cqe.src_qp = static_cast<uint32_t>(c.tm_tag >> 32);

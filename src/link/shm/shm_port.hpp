@@ -38,6 +38,11 @@ class ShmResponderPort final : public transport::ResponderPort {
   transport::CopyStatus atomic(void* word, transport::AtomicOp op, uint64_t compare_add, uint64_t swap,
                                uint64_t& original) override;
   void complete_receive(const transport::ReceiveCompletion& completion) override;
+  // complete_receive for a WQE taken from the QP's own receive queue (not
+  // an SRQ's) at `position`: the completion says where (host::kCqeRecvPosition),
+  // so that the owner frees the slot without reading the queue's tail, a
+  // line the takers write.
+  void complete_taken_receive(const transport::ReceiveCompletion& completion, uint64_t position);
   void fail_qp(ibv_event_type event) override;
   void established() override;
   bool gone() override;
@@ -46,6 +51,7 @@ class ShmResponderPort final : public transport::ResponderPort {
   bool requester_range(uint32_t requester_qpn, uint64_t va, uint32_t rkey, uint64_t length, iovec& out) override;
 
  private:
+  void push_receive(const transport::ReceiveCompletion& completion, const uint64_t* position);
   // The keys validated so far, as validated.
   class KeysInUse {
    public:
