@@ -3,7 +3,10 @@
 # interleaved, so that a change's cost is measured against its parent in the
 # same minutes on the same machine.
 #
-#   bench/peers/ab_perftest.sh --a LIBDIR_A --b LIBDIR_B [--reps N]
+#   bench/peers/ab_perftest.sh --a LIBDIR_A --b LIBDIR_B [--reps N] [--cores S,C]
+#
+# --cores pins the server to core S and the client to core C (taskset), as
+# one_host_bench.sh does; unpinned by default.
 #
 # Runs, for each repetition, A then B of:
 #   ib_write_lat -s 2 (typical us), ib_send_lat -s 2 (typical us),
@@ -13,12 +16,14 @@ set -euo pipefail
 
 reps=3
 a="" b=""
+pin_server=() pin_client=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --a) a="$2"; shift 2 ;;
     --b) b="$2"; shift 2 ;;
     --reps) reps="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --cores) pin_server=(taskset -c "${2%,*}"); pin_client=(taskset -c "${2#*,}"); shift 2 ;;
+    -h|--help) sed -n '2,/^set -e/{/^set -e/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -38,10 +43,10 @@ one() {
   local libdir="$1" out="$2" srv
   shift 2
   port=$((port + 1))
-  LD_LIBRARY_PATH="$libdir" timeout 120 "$@" -p "$port" >"$out.srv" 2>&1 &
+  LD_LIBRARY_PATH="$libdir" timeout 120 "${pin_server[@]}" "$@" -p "$port" >"$out.srv" 2>&1 &
   srv=$!
   wait_listen "$port" "$srv" || { echo "server did not start: $*" >&2; cat "$out.srv" >&2; return 1; }
-  LD_LIBRARY_PATH="$libdir" timeout 120 "$@" -p "$port" 127.0.0.1 >"$out" 2>&1 || { cat "$out" >&2; return 1; }
+  LD_LIBRARY_PATH="$libdir" timeout 120 "${pin_client[@]}" "$@" -p "$port" 127.0.0.1 >"$out" 2>&1 || { cat "$out" >&2; return 1; }
   wait "$srv" 2>/dev/null || true
 }
 
