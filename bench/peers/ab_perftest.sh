@@ -43,10 +43,10 @@ one() {
   local libdir="$1" out="$2" srv
   shift 2
   port=$((port + 1))
-  LD_LIBRARY_PATH="$libdir" timeout 120 "${pin_server[@]}" "$@" -p "$port" >"$out.srv" 2>&1 &
+  LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 120 "${pin_server[@]}" "$@" -p "$port" >"$out.srv" 2>&1 &
   srv=$!
   wait_listen "$port" "$srv" || { echo "server did not start: $*" >&2; cat "$out.srv" >&2; return 1; }
-  LD_LIBRARY_PATH="$libdir" timeout 120 "${pin_client[@]}" "$@" -p "$port" 127.0.0.1 >"$out" 2>&1 || { cat "$out" >&2; return 1; }
+  LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 120 "${pin_client[@]}" "$@" -p "$port" 127.0.0.1 >"$out" 2>&1 || { cat "$out" >&2; return 1; }
   wait "$srv" 2>/dev/null || true
 }
 
