@@ -515,10 +515,7 @@ TEST(VerbErrno, SendQueueOverCapacityIsEnomem) {
   cfg.rnr_retry = 7;  // b posts no receive: every SEND stays outstanding
   QpPair pair(dev, cfg);
   ASSERT_TRUE(pair.ok());
-  ibv_qp_attr attr{};
-  ibv_qp_init_attr init{};
-  ASSERT_EQ(ibv_query_qp(pair.a, &attr, IBV_QP_CAP, &init), 0);
-  const uint32_t depth = init.cap.max_send_wr;
+  const uint32_t depth = caps_of(pair.a).max_send_wr;
   ASSERT_GE(depth, 8u);
   Buffer buf(dev.pd, 64);
   ibv_sge sge = buf.sge(0, 8);
@@ -531,6 +528,7 @@ TEST(VerbErrno, SendQueueOverCapacityIsEnomem) {
   EXPECT_EQ(ibv_post_send(pair.a, &wr, &bad), ENOMEM);
   EXPECT_EQ(bad, &wr);
   // Tear down: ERROR flushes them all.
+  ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_ERR;
   ASSERT_EQ(ibv_modify_qp(pair.a, &attr, IBV_QP_STATE), 0);
   auto wcs = poll_n(pair.a_send_cq, depth);
@@ -544,10 +542,7 @@ TEST(VerbErrno, ReceiveQueueOverCapacityIsEnomem) {
   cfg.max_recv_wr = 8;
   QpPair pair(dev, cfg);
   ASSERT_TRUE(pair.ok());
-  ibv_qp_attr attr{};
-  ibv_qp_init_attr init{};
-  ASSERT_EQ(ibv_query_qp(pair.b, &attr, IBV_QP_CAP, &init), 0);
-  const uint32_t depth = init.cap.max_recv_wr;
+  const uint32_t depth = caps_of(pair.b).max_recv_wr;
   ASSERT_GE(depth, 8u);
   Buffer buf(dev.pd, 64);
   ibv_sge sge = buf.sge(0, 8);

@@ -342,6 +342,15 @@ inline int post_send(ibv_qp* qp, ibv_send_wr& wr) {
   ibv_send_wr* bad = nullptr;
   return ibv_post_send(qp, &wr, &bad);
 }
+// The QP's capabilities as ibv_query_qp reports them; all zero if the query
+// fails, which the caller's check of the number it needs then catches.
+inline ibv_qp_cap caps_of(ibv_qp* qp) {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (ibv_query_qp(qp, &attr, IBV_QP_CAP, &init) != 0) return ibv_qp_cap{};
+  return init.cap;
+}
+
 inline int post_recv(ibv_qp* qp, uint64_t wr_id, ibv_sge* sges, int num_sge) {
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;
