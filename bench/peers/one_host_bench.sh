@@ -13,7 +13,8 @@
 #   bw_64k       ib_write_bw -s 65536 (MB/s)         vs ucp_put_bw -s 65536
 #   bw_1m        ib_write_bw -s 1048576              vs ucp_put_bw -s 1048576
 #   rate_64      ib_write_bw -s 64 (M msg/s)         vs ucp_put_bw -s 64
-# and prints every sample, the medians with their spread, and softhca / UCX.
+# and prints every sample, the medians with their spread, softhca / UCX of
+# the medians, and the median of the per-repetition ratios ("paired").
 # Bars (issue #11): write_lat and send_lat <= 1.2; bw_64k and bw_1m >= 0.9;
 # rate_64 >= 10 M msg/s and >= 0.3.
 set -u -o pipefail
@@ -93,11 +94,27 @@ done
 
 stats() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{v[NR]=$1} END {if (NR) printf "%s (%s..%s)", v[int((NR+1)/2)], v[1], v[NR]; else print "nan"}'; }
 echo "one host, server on core $server_core, client on core $client_core, $reps reps; median (min..max)"
-printf '%-11s %-28s %-28s %s\n' what softhca ucx softhca/ucx
+# paired: the median over repetitions of each repetition's own ratio (its
+# softhca run against the UCX run right after it), which a machine that
+# drifts between runs (a VM whose vCPUs move) sways less than the ratio
+# of the two medians.
+paired() {
+  awk -v xs="$1" -v ys="$2" 'BEGIN {
+    n = split(xs, x, " "); split(ys, y, " "); m = 0
+    for (i = 1; i <= n; i++) if (y[i] > 0 && x[i] != "") r[++m] = x[i] / y[i]
+    if (!m) { print "nan"; exit }
+    for (i = 2; i <= m; i++) { v = r[i]; for (j = i - 1; j > 0 && r[j] > v; j--) r[j + 1] = r[j]; r[j + 1] = v }
+    printf "%.2f", r[int((m + 1) / 2)] }'
+}
+printf '%-11s %-28s %-28s %-11s %s\n' what softhca ucx softhca/ucx paired
 for k in write_lat send_lat read_lat atomic_lat bw_64k bw_1m rate_64; do
   a=$(echo "${s[$k,softhca]}" | stats)
   b=$(echo "${s[$k,ucx]}" | stats)
   ratio=$(awk -v x="${a%% *}" -v y="${b%% *}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "nan" }')
-  printf '%-11s %-28s %-28s %s\n' "$k" "$a" "$b" "$ratio"
+  printf '%-11s %-28s %-28s %-11s %s\n' "$k" "$a" "$b" "$ratio" "$(paired "${s[$k,softhca]}" "${s[$k,ucx]}")"
 done
 echo "units: latency us, bandwidth MB/s (2^20), rate M msg/s"
+echo "samples, in run order (softhca | ucx):"
+for k in write_lat send_lat read_lat atomic_lat bw_64k bw_1m rate_64; do
+  printf '  %-11s %s| %s\n' "$k" "${s[$k,softhca]}" "${s[$k,ucx]}"
+done
