@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <atomic>
+#include <thread>
+
 #include "loopback.hpp"
 
 using namespace loopback;
@@ -791,4 +794,84 @@ TEST(DirectPath, InlineSendGathersItsSges) {
                              std::span<const uint8_t>(payload, sizeof payload)),
               -1);
   }
+}
+
+// The receive queue's marks under real concurrency: one thread keeps b's
+// queue topped up, re-posting each WQE as soon as its completion is polled,
+// while another sends a numbered stream one SEND at a time. The queue runs
+// empty now and then (those SENDs go the general way, RNR and retry) and
+// laps many times; every message must land whole in the WQE of its number,
+// in order, and in the end the queue must hold exactly its depth again (no
+// slot lost, none freed twice).
+TEST(DirectPath, SendsRaceTheReceiversPostsAndPolls) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_recv_wr = 1;  // one WQE: the sender often finds the queue empty
+  cfg.rnr_retry = 7;    // an empty queue waits, it does not fail
+  QpPair pair(dev, cfg);
+  ASSERT_TRUE(pair.ok());
+  const uint32_t depth = caps_of(pair.b).max_recv_wr;
+  ASSERT_GE(depth, 1u);
+  constexpr uint64_t kMessages = 20000;
+  constexpr uint32_t kSlot = 64;
+  // Whole pages: the direct path's (see Pages).
+  Pages local(dev.pd, 4096), remote(dev.pd, (depth * kSlot + 4095) / 4096 * 4096);
+  ASSERT_TRUE(local.ok() && remote.ok());
+  auto post_slot = [&](uint64_t n) {
+    ibv_sge into = remote.sge((n % depth) * kSlot, kSlot);
+    return post_recv(pair.b, n, &into, 1);
+  };
+  for (uint64_t n = 0; n < depth; ++n) ASSERT_EQ(post_slot(n), 0);
+  std::atomic<uint64_t> received{0};
+  std::atomic<bool> receiver_failed{false};
+  std::string receiver_error;
+  std::thread receiver([&] {
+    const auto until = Clock::now() + std::chrono::seconds(60);
+    uint64_t next_post = depth;
+    for (uint64_t expected = 0; expected < kMessages;) {
+      ibv_wc wc{};
+      const int got = ibv_poll_cq(pair.b_recv_cq, 1, &wc);
+      if (got == 0) {
+        if (Clock::now() > until) {
+          receiver_error = "no completion for message " + std::to_string(expected);
+          break;
+        }
+        continue;
+      }
+      if (got < 0 || wc.status != IBV_WC_SUCCESS || wc.wr_id != expected || wc.byte_len != kSlot ||
+          wc.vendor_err != 0) {
+        receiver_error = "message " + std::to_string(expected) + ": " + wc_str(wc);
+        break;
+      }
+      uint64_t number = 0;
+      std::memcpy(&number, remote.data() + (expected % depth) * kSlot, sizeof number);
+      if (number != expected) {
+        receiver_error = "WQE " + std::to_string(expected) + " holds message " + std::to_string(number);
+        break;
+      }
+      ++expected;
+      received.store(expected, std::memory_order_release);
+      if (const int rc = post_slot(next_post++); rc != 0) {
+        receiver_error = "post_recv: " + std::to_string(rc);
+        break;
+      }
+    }
+    receiver_failed.store(!receiver_error.empty());
+  });
+  for (uint64_t i = 0; i < kMessages && !receiver_failed.load(); ++i) {
+    std::memcpy(local.data(), &i, sizeof i);
+    std::memset(local.data() + sizeof i, static_cast<int>(i & 0xff), kSlot - sizeof i);
+    ibv_sge sge = local.sge(0, kSlot);
+    const ibv_wc wc = send_one(pair, &sge, i);
+    if (wc.status != IBV_WC_SUCCESS) {
+      ADD_FAILURE() << "SEND " << i << ": " << wc_str(wc);
+      break;
+    }
+  }
+  receiver.join();
+  ASSERT_TRUE(receiver_error.empty()) << receiver_error;
+  EXPECT_EQ(received.load(), kMessages);
+  // Every WQE polled was posted again: the queue is full, and refuses one more.
+  EXPECT_EQ(post_slot(kMessages + depth), ENOMEM);
 }
