@@ -219,11 +219,7 @@ struct RecvSge {
 struct RecvWqe {
   uint64_t wr_id;
   uint32_t num_sge;
-  // The WQE's position in its queue plus one (low 32 bits), stored last when
-  // it is posted: an initiator that finds its expected position here knows
-  // the WQE is posted without reading the queue's head, a line the owner
-  // writes at every post (SharedRq::posted_at).
-  uint32_t posted;
+  uint32_t pad;
   RecvSge sge[];
 };
 
@@ -296,17 +292,8 @@ struct SharedRq {
     wqe->wr_id = wr_id;
     wqe->num_sge = num_sge;
     std::memcpy(wqe->sge, sges, num_sge * sizeof(RecvSge));
-    std::atomic_ref<uint32_t>(wqe->posted).store(static_cast<uint32_t>(h + 1), std::memory_order_release);
     head.store(h + 1, std::memory_order_release);
     return true;
-  }
-  // Thread: any initiator. The WQE at position `t` if it has been posted,
-  // else nullptr; its fields stay as read while `tail` is still `t` (its
-  // slot is posted again only after it was taken and retired).
-  const RecvWqe* posted_at(uint64_t t) {
-    const RecvWqe* wqe = slot(t);
-    const uint32_t mark = std::atomic_ref<uint32_t>(const_cast<uint32_t&>(wqe->posted)).load(std::memory_order_acquire);
-    return mark == static_cast<uint32_t>(t + 1) ? wqe : nullptr;
   }
   // Thread: any initiator. Copies the claimed WQE into `out` (room for max_sge);
   // returns false when empty. `remaining` receives the WQEs left after the claim.

@@ -196,26 +196,6 @@ TEST(SharedRq, RefusesPostsBeyondCapacity) {
   EXPECT_FALSE(rq->push(4, &sge, 1, 1));
 }
 
-// posted_at: a WQE is seen at its position once posted, and a slot left
-// from an earlier lap never passes for a later position's WQE.
-TEST(SharedRq, PostedAtSeesOnlyTheWqeOfThatPosition) {
-  auto rq = make_rq(2, 1);
-  RecvSge sge{0x1000, 1, 1};
-  EXPECT_EQ(rq->posted_at(0), nullptr);  // a zeroed ring holds nothing
-  ASSERT_TRUE(rq->push(10, &sge, 1, 0));
-  ASSERT_NE(rq->posted_at(0), nullptr);
-  EXPECT_EQ(rq->posted_at(0)->wr_id, 10u);
-  EXPECT_EQ(rq->posted_at(1), nullptr);
-  EXPECT_EQ(rq->posted_at(2), nullptr);  // slot 0 again, a lap later: not posted yet
-  WqeBuffer buf;
-  ASSERT_TRUE(rq->take(buf.wqe(), nullptr));
-  ASSERT_TRUE(rq->push(11, &sge, 1, 1));
-  ASSERT_TRUE(rq->push(12, &sge, 1, 1));  // position 2, in slot 0
-  ASSERT_NE(rq->posted_at(2), nullptr);
-  EXPECT_EQ(rq->posted_at(2)->wr_id, 12u);
-  EXPECT_EQ(rq->posted_at(0), nullptr);  // overwritten: the old position is gone
-}
-
 // The owner's retire with a floor: while the floor shows WQEs taken it need
 // not read the tail; it never retires past what was taken, and a floor left
 // behind (a completion from before a reset) only sends it to the tail.

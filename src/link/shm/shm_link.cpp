@@ -205,12 +205,11 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
   auto* rq = reinterpret_cast<host::SharedRq*>(target_.base + (srq ? qp.srq_offset : qp.rq_offset));
   if (srq && (rq->tag_list_offset != 0 || rq->limit.load(std::memory_order_acquire) != 0)) return false;
   const uint32_t receive_pd = srq ? rq->pd_id : qp.pd_id;
-  // The WQE at `tail`, posted (else the queue is empty), stays as it is
-  // while tail does (its slot is reused only a ring later), so what is read
-  // here is what the claim below takes.
   uint64_t tail = rq->tail.load(std::memory_order_acquire);
-  const host::RecvWqe* wqe = rq->posted_at(tail);
-  if (wqe == nullptr) return false;
+  if (tail == rq->head.load(std::memory_order_acquire)) return false;
+  // The WQE at `tail` stays as it is while tail does (its slot is reused only
+  // a ring later), so what is read here is what the claim below takes.
+  const host::RecvWqe* wqe = rq->slot(tail);
   const uint64_t wr_id = wqe->wr_id;
   uint32_t num_sge = wqe->num_sge;
   if (num_sge > rq->max_sge) num_sge = rq->max_sge;
