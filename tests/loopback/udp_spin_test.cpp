@@ -111,10 +111,9 @@ TEST(UdpSpin, TheThreadSleepsOnceTrafficStops) {
   EXPECT_EQ(first_mismatch({src.data(), 4096}, {dst.data(), 4096}), -1);
   const pid_t link_thread = thread_named("softhca-udp");
   ASSERT_NE(link_thread, 0) << "no udp link thread: is SOFTHCA_LINK=udp set?";
-  // The spin after the last packet (2 ms) is over well before the window
-  // starts; over half a second a thread that kept polling would take about
-  // 50 ticks, one asleep takes none (a timer of a QP may wake it briefly).
-  std::this_thread::sleep_for(Millis(100));
+  // Over half a second a thread that kept polling takes about 50 ticks; one
+  // that sleeps takes at most the rest of its 2 ms spin after the last
+  // packet (one tick) and a timer of a QP waking it briefly.
   const long before = cpu_ticks(link_thread);
   std::this_thread::sleep_for(Millis(500));
   const long after = cpu_ticks(link_thread);
