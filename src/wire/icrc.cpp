@@ -130,11 +130,18 @@ uint32_t icrc_ipv4_id_delta(uint16_t ip_id, std::size_t udp_payload_size) {
 }
 
 std::optional<uint16_t> ipv4_id_behind_icrc(uint32_t icrc_id0, uint32_t received, std::size_t udp_payload_size,
-                                            uint16_t max_id) {
+                                            uint16_t max_id, uint16_t likely_id) {
   const uint32_t wanted = icrc_id0 ^ received;
   if (wanted == 0 || max_id == 0) return std::nullopt;
   max_id = std::min(max_id, kMaxUnseenIpv4Id);
   const IdBasis& basis = id_basis(udp_payload_size);
+  if (likely_id != 0 && likely_id <= max_id) {
+    uint32_t delta = 0;  // linear: one basis term per bit of the ID
+    for (std::size_t b = 0; b < basis.bit.size(); ++b) {
+      if (likely_id & (1U << b)) delta ^= basis.bit[b];
+    }
+    if (delta == wanted) return likely_id;
+  }
   // IDs 1 .. 2^k - 1 in Gray code order: each differs from the one before
   // in one bit, so each candidate's difference is one xor away.
   uint32_t delta = 0;

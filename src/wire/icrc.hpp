@@ -50,9 +50,10 @@ uint32_t icrc_ipv4_id_delta(uint16_t ip_id, std::size_t udp_payload_size);
 // The IPv4 ID in 1..max_id under which a packet whose ICRC over the ID-0
 // header image is `icrc_id0` carries `received` instead, or nullopt when
 // none does (a corrupted packet). `udp_payload_size` as above; max_id is
-// at most kMaxUnseenIpv4Id.
+// at most kMaxUnseenIpv4Id. `likely_id` (0: none) is tried first: the
+// segments of a run come in order, each one ID past the one before.
 std::optional<uint16_t> ipv4_id_behind_icrc(uint32_t icrc_id0, uint32_t received, std::size_t udp_payload_size,
-                                            uint16_t max_id);
+                                            uint16_t max_id, uint16_t likely_id = 0);
 inline constexpr uint16_t kMaxUnseenIpv4Id = 255;
 
 // The ICRC's four wire bytes, least significant first.

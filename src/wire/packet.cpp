@@ -93,7 +93,8 @@ std::expected<ParsedPacket, ParseError> parse(std::span<const uint8_t> ip_udp_he
     const bool id0_image = ip_udp_headers.size() == kIpv4HeaderSize + kUdpHeaderSize && ip_udp_headers[0] >> 4 == 4 &&
                            ip_udp_headers[4] == 0 && ip_udp_headers[5] == 0;
     const auto id = id0_image && limits.max_unseen_ipv4_id != 0
-                        ? ipv4_id_behind_icrc(*icrc, received, udp_payload.size(), limits.max_unseen_ipv4_id)
+                        ? ipv4_id_behind_icrc(*icrc, received, udp_payload.size(), limits.max_unseen_ipv4_id,
+                                              limits.likely_unseen_ipv4_id)
                         : std::nullopt;
     if (!id) return std::unexpected(E::kBadIcrc);
     unseen_ipv4_id = *id;

@@ -83,6 +83,9 @@ struct ParseLimits {
   // after the first's 0 (icrc_ipv4_id_delta). 0: the ICRC must match the
   // image exactly, as for a capture, whose headers are the real ones.
   uint16_t max_unseen_ipv4_id = 0;
+  // The unseen ID to try first (0: none), as a run's segments come: the
+  // one after the previous segment's.
+  uint16_t likely_unseen_ipv4_id = 0;
 };
 
 // Parses a UDP payload received with the IP and UDP headers `ip_udp_headers`

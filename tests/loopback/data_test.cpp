@@ -677,6 +677,80 @@ TEST(RcAtomic, ConcurrentFetchAndAddFromTwoQps) {
   }
 }
 
+// Two QPs stream WRITEs and SENDs of many packets at once, posted turn
+// about. Over the udp link both leave through one socket to one address, so
+// the receiver's kernel coalesces their packets into shared runs: each
+// packet must still reach its own QP's memory and receive queue, whole and
+// in order.
+TEST(RcWrite, TwoQpsInterleavedStreamsLandWhole) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpPair pairs[2] = {QpPair(dev, QpConfig{}), QpPair(dev, QpConfig{})};
+  ASSERT_TRUE(pairs[0].ok());
+  ASSERT_TRUE(pairs[1].ok());
+  constexpr size_t kChunk = 32768;  // 32 packets at a 1024-byte MTU
+  constexpr int kRounds = 24;
+  constexpr size_t kSend = 8192;
+  constexpr int kSends = 8;
+  std::vector<std::unique_ptr<Buffer>> src, dst, send_src, recv_dst;
+  for (int q = 0; q < 2; ++q) {
+    src.push_back(std::make_unique<Buffer>(dev.pd, kChunk * kRounds));
+    dst.push_back(std::make_unique<Buffer>(dev.pd, kChunk * kRounds));
+    send_src.push_back(std::make_unique<Buffer>(dev.pd, kSend * kSends));
+    recv_dst.push_back(std::make_unique<Buffer>(dev.pd, kSend * kSends));
+    fill_pattern({src[q]->data(), src[q]->size()}, 40 + q);
+    fill_pattern({send_src[q]->data(), send_src[q]->size()}, 50 + q);
+    for (int i = 0; i < kSends; ++i) {
+      ibv_sge sge = recv_dst[q]->sge(kSend * i, kSend);
+      ASSERT_EQ(post_recv(pairs[q].b, i, &sge, 1), 0);
+    }
+  }
+  // Turn about: a WRITE on each QP, and every third round a SEND on each.
+  int sends_posted = 0;
+  size_t completions[2] = {0, 0};
+  for (int r = 0; r < kRounds; ++r) {
+    for (int q = 0; q < 2; ++q) {
+      ibv_sge sge = src[q]->sge(kChunk * r, kChunk);
+      ibv_send_wr wr = make_wr(r, IBV_WR_RDMA_WRITE, &sge, 1);
+      wr.wr.rdma.remote_addr = dst[q]->addr(kChunk * r);
+      wr.wr.rdma.rkey = dst[q]->rkey();
+      ASSERT_EQ(post_send(pairs[q].a, wr), 0);
+    }
+    if (r % 3 == 0 && sends_posted < kSends) {
+      for (int q = 0; q < 2; ++q) {
+        ibv_sge sge = send_src[q]->sge(kSend * sends_posted, kSend);
+        ibv_send_wr wr = make_wr(1000 + sends_posted, IBV_WR_SEND, &sge, 1);
+        ASSERT_EQ(post_send(pairs[q].a, wr), 0);
+      }
+      ++sends_posted;
+    }
+    // Keep each send queue within its depth.
+    for (int q = 0; q < 2; ++q) {
+      ibv_wc wc[16];
+      const int got = ibv_poll_cq(pairs[q].a_send_cq, 16, wc);
+      ASSERT_GE(got, 0);
+      for (int i = 0; i < got; ++i) ASSERT_EQ(wc[i].status, IBV_WC_SUCCESS) << wc_str(wc[i]);
+      completions[q] += static_cast<size_t>(got);
+    }
+  }
+  for (int q = 0; q < 2; ++q) {
+    const size_t expected = kRounds + static_cast<size_t>(sends_posted);
+    auto rest = poll_n(pairs[q].a_send_cq, expected - completions[q]);
+    ASSERT_EQ(rest.size(), expected - completions[q]) << "qp " << q;
+    for (const ibv_wc& wc : rest) ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    auto received = poll_n(pairs[q].b_recv_cq, static_cast<size_t>(sends_posted));
+    ASSERT_EQ(received.size(), static_cast<size_t>(sends_posted)) << "qp " << q;
+    for (size_t i = 0; i < received.size(); ++i) {
+      EXPECT_EQ(received[i].status, IBV_WC_SUCCESS) << wc_str(received[i]);
+      EXPECT_EQ(received[i].wr_id, i);
+      EXPECT_EQ(received[i].byte_len, kSend);
+    }
+    EXPECT_EQ(first_mismatch({src[q]->data(), src[q]->size()}, {dst[q]->data(), dst[q]->size()}), -1) << "qp " << q;
+    const size_t sent_bytes = kSend * static_cast<size_t>(sends_posted);
+    EXPECT_EQ(first_mismatch({send_src[q]->data(), sent_bytes}, {recv_dst[q]->data(), sent_bytes}), -1) << "qp " << q;
+  }
+}
+
 TEST(RcAtomic, MisalignedIsRemoteInvalidRequest) {
   AtomicSetup s;
   ASSERT_TRUE(s.pair.ok());

@@ -115,6 +115,27 @@ TEST(IcrcIpv4Id, FindsTheIdBehindAnIcrc) {
   }
 }
 
+// The likely ID is a hint: right or wrong, the answer is the ID behind the
+// ICRC, and a hint past max_id is not taken.
+TEST(IcrcIpv4Id, TheLikelyIdIsTriedFirstAndNeverTrusted) {
+  for (std::size_t size : {16, 1052}) {
+    const auto payload = some_payload(size);
+    const uint32_t id0 = icrc_of(headers_with_id(size, 0), payload).value();
+    for (unsigned id = 1; id <= 63; ++id) {
+      const uint32_t received = icrc_of(headers_with_id(size, static_cast<uint16_t>(id)), payload).value();
+      for (unsigned hint : {0u, id, id + 1, id - 1, 64u, 200u}) {
+        EXPECT_EQ(ipv4_id_behind_icrc(id0, received, size, 63, static_cast<uint16_t>(hint)), static_cast<uint16_t>(id))
+            << "size " << size << " id " << id << " hint " << hint;
+      }
+      EXPECT_EQ(ipv4_id_behind_icrc(id0, received, size, static_cast<uint16_t>(id - 1), static_cast<uint16_t>(id)),
+                std::nullopt);
+    }
+    const uint32_t past = icrc_of(headers_with_id(size, 70), payload).value();
+    EXPECT_EQ(ipv4_id_behind_icrc(id0, past, size, 63, 70), std::nullopt);
+    EXPECT_EQ(ipv4_id_behind_icrc(id0, id0 ^ 1, size, 63, 5), std::nullopt);  // a corrupted ICRC
+  }
+}
+
 // A RC SEND of `data_size` bytes encoded over the header image with `id`.
 std::vector<uint8_t> send_packet(std::size_t data_size, uint16_t id) {
   Headers h;

@@ -236,7 +236,31 @@ class UdpLink final : public link::Link {
   void receive_all();
   void receive_from(int fd);
   void receive_handoffs();
-  void handle(const Received& from, std::span<const uint8_t> bytes);
+  // What a run of packets to one QP shares: the channel's lookup, and for
+  // requests its lock, the QP's resolution, the announcement of our access
+  // to its memory and the answers' sink. Held from the run's first packet
+  // of that QP and kind (request or response) until a packet of another, a
+  // datagram, or the run's end (finish_run).
+  struct RunToQp {
+    bool open = false;
+    uint32_t qpn = 0;
+    bool responses = false;
+    std::shared_ptr<ChannelState> state;
+    std::unique_lock<std::mutex> lock;
+    bool self_resolved = false;     // a request's target looked up
+    bool self_usable = false;
+    shm::TargetQp self;
+    std::optional<shm::MemoryAccess> access;
+    std::optional<FlowSink> sink;
+  };
+  void handle(const Received& from, std::span<const uint8_t> bytes, RunToQp& run, uint16_t& likely_id);
+  void handle(const Received& from, std::span<const uint8_t> bytes) {
+    RunToQp run;
+    uint16_t likely_id = 0;
+    handle(from, bytes, run, likely_id);
+    finish_run(run);
+  }
+  void finish_run(RunToQp& run);
   // Sends a packet whose QP belongs to another process of this host to it.
   enum class HandOff { kNobodys, kHanded, kLost };
   HandOff hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes);
@@ -955,20 +979,24 @@ void UdpLink::receive_from(int fd) {
         continue;
       }
       // A coalesced run: each segment is a datagram of its own, handled
-      // (ICRC, capture, counters) exactly as if it had come alone.
+      // (ICRC, capture, counters) exactly as if it had come alone; what
+      // consecutive ones to the same QP share is looked up once.
       Received one = from;
       one.segment_size = 0;
+      RunToQp run;
+      uint16_t likely_id = 0;
       for (size_t at = 0; at < slot.size(); at += from.segment_size) {
         one.length = std::min(from.segment_size, slot.size() - at);
-        handle(one, slot.subspan(at, one.length));
+        handle(one, slot.subspan(at, one.length), run, likely_id);
       }
+      finish_run(run);
     }
     send_answers();
     if (n < static_cast<int>(kReceiveBatch)) return;
   }
 }
 
-void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
+void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunToQp& run, uint16_t& likely_id) {
   wire::UdpFlow flow;
   flow.src_gid = from.src;
   flow.dst_gid = from.dst;
@@ -980,6 +1008,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
   // (never more than a run's length), and their ICRCs cover them.
   wire::ParseLimits limits;
   limits.max_unseen_ipv4_id = static_cast<uint16_t>(kGsoMaxSegments - 1);
+  limits.likely_unseen_ipv4_id = likely_id;
   const auto parsed = wire::parse(std::span<const uint8_t>(image, *n), bytes, limits);
   if (!parsed) {
     port_counters()->add(parsed.error() == wire::ParseError::kBadIcrc ? Counter::kIcrcDrops : Counter::kMalformedDrops);
@@ -988,10 +1017,12 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
     return;
   }
   const wire::ParsedPacket& packet = *parsed;
+  likely_id = static_cast<uint16_t>(packet.unseen_ipv4_id + 1);
   const uint32_t qpn = packet.headers.bth.dest_qpn;
   if (capture_)
     [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns(), packet.unseen_ipv4_id);
   if (packet.info.transport == wire::Transport::kUd) {
+    finish_run(run);
     if (qpn == link::kGsiQpn) {
       management(packet, from, bytes);
       return;
@@ -1003,55 +1034,79 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes) {
     if (!datagram(packet, from)) count_hand_off(hand_off(qpn, from, bytes));
     return;
   }
-  std::shared_ptr<ChannelState> state;
-  {
-    std::lock_guard guard(mutex_);
-    auto it = channels_.find(qpn);
-    if (it != channels_.end()) state = it->second;
+  const wire::Operation op = packet.info.operation;
+  const bool response = op == wire::Operation::kAcknowledge || op == wire::Operation::kAtomicAcknowledge ||
+                        op == wire::Operation::kRdmaReadResponse;
+  if (!run.open || run.qpn != qpn || run.responses != response) {
+    finish_run(run);
+    run.open = true;
+    run.qpn = qpn;
+    run.responses = response;
+    {
+      std::lock_guard guard(mutex_);
+      auto it = channels_.find(qpn);
+      if (it != channels_.end()) run.state = it->second;
+    }
+    // A run of requests holds the channel; responses take it one by one,
+    // since each may complete a message and let the next one out
+    // (on_answers), which must not wait for the run's end.
+    if (run.state && !response) run.lock = std::unique_lock(run.state->mutex);
   }
-  if (!state) {
+  if (!run.state) {
     // Another process's QP (or nobody's: as a NIC, drop).
     count_hand_off(hand_off(qpn, from, bytes));
     return;
   }
-  state->counters.add(Counter::kRcvdPkts);
-  state->counters.add(Counter::kRcvdBytes, bytes.size());
-  bool answers = false;
-  {
-    std::lock_guard guard(state->mutex);
-    if (state->closed) return;
-    // Packets go back to where the request came from (its source address is
-    // the peer's GID; our address is the one it was sent to).
-    const wire::Operation op = packet.info.operation;
-    const bool response = op == wire::Operation::kAcknowledge || op == wire::Operation::kAtomicAcknowledge ||
-                          op == wire::Operation::kRdmaReadResponse;
-    if (response) {
-      if (state->requester) {
-        FlowSink sink(*this, from.dst, from.src, state->config.traffic_class, state->config.hop_limit,
-                      state->counters);
-        transport::RequesterFlow& r = *state->requester;
-        r.on_response(packet, monotonic_ns(), sink);
-        answers = true;
-      }
-    } else {
-      FlowSink sink(FlowSink::Answers{}, *this, from.dst, from.src, state->config.traffic_class,
-                    state->config.hop_limit, state->counters);
-      shm::TargetQp self;
-      // Ours, or a TGT QP (the host's) whose serving handle is ours.
-      if (!shm::resolve(host_, state->config.local_qpn, self) ||
-          (self.proc != host_.proc() && self.proc != host::kHostOwned))
-        return;
-      shm::MemoryAccess access(host_, self.proc);
-      if (!shm::still_there(self)) return;
-      shm::ShmResponderPort port(host_, self);
-      state->responder.on_request(packet, port, sink);
-      // Where another handle would take the peer over (QueuePair::sync_tgt_channel).
-      if (self.proc == host::kHostOwned)
-        self.qp->resume_psn.store(host::SharedQp::kResumeValid | state->responder.resume_psn(),
-                                  std::memory_order_relaxed);
+  ChannelState& state = *run.state;
+  state.counters.add(Counter::kRcvdPkts);
+  state.counters.add(Counter::kRcvdBytes, bytes.size());
+  // Packets go back to where the request came from (its source address is
+  // the peer's GID; our address is the one it was sent to). A run is one
+  // flow: its packets share both addresses.
+  if (response) {
+    {
+      std::lock_guard guard(state.mutex);
+      if (state.closed || !state.requester) return;
+      FlowSink sink(*this, from.dst, from.src, state.config.traffic_class, state.config.hop_limit, state.counters);
+      state.requester->on_response(packet, monotonic_ns(), sink);
     }
+    if (state.config.on_answers) state.config.on_answers();
+    return;
   }
-  if (answers && state->config.on_answers) state->config.on_answers();
+  if (state.closed) return;
+  if (!run.self_resolved) {
+    run.self_resolved = true;
+    // Ours, or a TGT QP (the host's) whose serving handle is ours.
+    if (!shm::resolve(host_, state.config.local_qpn, run.self) ||
+        (run.self.proc != host_.proc() && run.self.proc != host::kHostOwned))
+      return;
+    run.access.emplace(host_, run.self.proc);
+    run.self_usable = shm::still_there(run.self);
+  }
+  if (!run.self_usable) return;
+  if (!run.sink)
+    run.sink.emplace(FlowSink::Answers{}, *this, from.dst, from.src, state.config.traffic_class,
+                     state.config.hop_limit, state.counters);
+  shm::ShmResponderPort port(host_, run.self);
+  state.responder.on_request(packet, port, *run.sink);
+  // Where another handle would take the peer over (QueuePair::sync_tgt_channel).
+  if (run.self.proc == host::kHostOwned)
+    run.self.qp->resume_psn.store(host::SharedQp::kResumeValid | state.responder.resume_psn(),
+                                  std::memory_order_relaxed);
+}
+
+void UdpLink::finish_run(RunToQp& run) {
+  if (!run.open) return;
+  // The answers join the batch, our announcement ends, then the lock goes:
+  // as each packet alone did.
+  run.sink.reset();
+  run.access.reset();
+  if (run.lock.owns_lock()) run.lock.unlock();
+  run.lock = {};
+  run.state.reset();
+  run.open = false;
+  run.self_resolved = false;
+  run.self_usable = false;
 }
 
 void UdpLink::send_management(const uint8_t* sgid, const uint8_t* dgid, std::span<const uint8_t> mad) {
