@@ -219,7 +219,11 @@ struct RecvSge {
 struct RecvWqe {
   uint64_t wr_id;
   uint32_t num_sge;
-  uint32_t pad;
+  // The WQE's position in its queue plus one (low 32 bits), stored once it
+  // is posted and after the queue's head: an initiator that finds the
+  // position it expects here knows the WQE is posted without reading the
+  // head, a line the owner writes at every post (SharedRq::posted_at).
+  uint32_t posted;
   RecvSge sge[];
 };
 
@@ -293,7 +297,20 @@ struct SharedRq {
     wqe->num_sge = num_sge;
     std::memcpy(wqe->sge, sges, num_sge * sizeof(RecvSge));
     head.store(h + 1, std::memory_order_release);
+    // After the head: whoever saw the mark sees a head past this WQE, so a
+    // taker that trusted the mark never moves the tail past the head (the
+    // general path's take reads tail != head as a WQE to take).
+    std::atomic_ref<uint32_t>(wqe->posted).store(static_cast<uint32_t>(h + 1), std::memory_order_release);
     return true;
+  }
+  // Thread: any initiator. The WQE at position `t` when its mark says it is
+  // posted, else nullptr (not posted, or its mark not stored yet: ask the
+  // head). A slot holds the mark of its latest post, a ring back or this
+  // one, so a stale mark never matches.
+  const RecvWqe* posted_at(uint64_t t) {
+    RecvWqe* wqe = slot(t);
+    const uint32_t mark = std::atomic_ref<uint32_t>(wqe->posted).load(std::memory_order_acquire);
+    return mark == static_cast<uint32_t>(t + 1) ? wqe : nullptr;
   }
   // Thread: any initiator. Copies the claimed WQE into `out` (room for max_sge);
   // returns false when empty. `remaining` receives the WQEs left after the claim.

@@ -196,6 +196,32 @@ TEST(SharedRq, RefusesPostsBeyondCapacity) {
   EXPECT_FALSE(rq->push(4, &sge, 1, 1));
 }
 
+// A WQE's mark shows it posted exactly when the head does: never before the
+// post, never for a slot's earlier lap, and never for a position past the
+// head (a taker that trusts it must not move the tail past the head).
+TEST(SharedRq, PostedMarkMatchesOnlyThePostedPosition) {
+  auto rq = make_rq(2, 1);
+  RecvSge sge{0x1000, 1, 1};
+  EXPECT_EQ(rq->posted_at(0), nullptr);  // a fresh ring: nothing posted
+  ASSERT_TRUE(rq->push(1, &sge, 1, 0));
+  ASSERT_NE(rq->posted_at(0), nullptr);
+  EXPECT_EQ(rq->posted_at(0)->wr_id, 1u);
+  EXPECT_EQ(rq->posted_at(1), nullptr);
+  EXPECT_EQ(rq->posted_at(2), nullptr);  // slot 0's next lap
+  WqeBuffer buf;
+  uint64_t t = 0;
+  for (uint64_t wr = 2; wr < 40; ++wr) {  // laps of the two slots
+    ASSERT_TRUE(rq->push(wr, &sge, 1, t));
+    ASSERT_TRUE(rq->take(buf.wqe(), nullptr));
+    ++t;
+    // Each slot holds its latest post: the two positions below the head.
+    const uint64_t h = rq->head.load();
+    for (uint64_t p = 0; p < 44; ++p) {
+      EXPECT_EQ(rq->posted_at(p) != nullptr, p < h && p + 2 >= h) << "position " << p << " head " << h;
+    }
+  }
+}
+
 // The owner's retire with a floor: while the floor shows WQEs taken it need
 // not read the tail; it never retires past what was taken, and a floor left
 // behind (a completion from before a reset) only sends it to the tail.

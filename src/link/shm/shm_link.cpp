@@ -206,10 +206,15 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
   if (srq && (rq->tag_list_offset != 0 || rq->limit.load(std::memory_order_acquire) != 0)) return false;
   const uint32_t receive_pd = srq ? rq->pd_id : qp.pd_id;
   uint64_t tail = rq->tail.load(std::memory_order_acquire);
-  if (tail == rq->head.load(std::memory_order_acquire)) return false;
-  // The WQE at `tail` stays as it is while tail does (its slot is reused only
-  // a ring later), so what is read here is what the claim below takes.
-  const host::RecvWqe* wqe = rq->slot(tail);
+  // The WQE at `tail`, posted by its mark (the line we read anyway) or, while
+  // the mark is not there, by the head. It stays as it is while tail does
+  // (its slot is reused only a ring later), so what is read here is what
+  // the claim below takes.
+  const host::RecvWqe* wqe = rq->posted_at(tail);
+  if (wqe == nullptr) {
+    if (tail == rq->head.load(std::memory_order_acquire)) return false;
+    wqe = rq->slot(tail);
+  }
   const uint64_t wr_id = wqe->wr_id;
   uint32_t num_sge = wqe->num_sge;
   if (num_sge > rq->max_sge) num_sge = rq->max_sge;
