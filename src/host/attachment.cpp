@@ -88,15 +88,10 @@ PeerBackings::View Attachment::backing_view(uint32_t proc, uint64_t length) {
   return view;
 }
 
-char* Attachment::in_backing(uint32_t proc, const SharedSpan& span, uint64_t addr, uint64_t length,
-                             PeerBackings::View& window) {
-  if (!span.holds(addr, length)) return nullptr;
-  const uint64_t offset = span.offset_of(addr);
-  if (window.base == nullptr || offset + length > window.length) {
-    const PeerBackings::View view = backing_view(proc, offset + length);
-    if (view.base == nullptr) return nullptr;
-    window = view;
-  }
+char* Attachment::in_new_window(uint32_t proc, uint64_t offset, uint64_t length, PeerBackings::View& window) {
+  const PeerBackings::View view = backing_view(proc, offset + length);
+  if (view.base == nullptr) return nullptr;
+  window = view;
   return window.base + offset;
 }
 

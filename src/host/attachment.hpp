@@ -44,7 +44,14 @@ class Attachment {
   // `addr`, which the application may have unmapped. nullptr otherwise (a
   // partial end page, memory that never moved, no window). `window` is the
   // caller's copy of the window, looked up again only when too short.
-  char* in_backing(uint32_t proc, const SharedSpan& span, uint64_t addr, uint64_t length, PeerBackings::View& window);
+  char* in_backing(uint32_t proc, const SharedSpan& span, uint64_t addr, uint64_t length, PeerBackings::View& window) {
+    if (!span.holds(addr, length)) return nullptr;
+    const uint64_t offset = span.offset_of(addr);
+    if (window.base == nullptr || offset + length > window.length) return in_new_window(proc, offset, length, window);
+    return window.base + offset;
+  }
+  // in_backing's case of a window too short (or none yet): looked up again.
+  char* in_new_window(uint32_t proc, uint64_t offset, uint64_t length, PeerBackings::View& window);
   uint32_t pid_of(uint32_t proc) const { return registry_->proc(proc).pid.load(std::memory_order_acquire); }
 
   // Queues an event for the owner of `proc` and rings its doorbell.

@@ -469,11 +469,8 @@ bool HostRegistry::lookup_mr(uint32_t key, MrRecord& out) const {
   return key != 0 && out.key == key;
 }
 
-bool HostRegistry::lookup_mr_cached(uint32_t key, MrLookupCache& cache) const {
+bool HostRegistry::refresh_mr_cache(uint32_t key, MrLookupCache& cache) const {
   const MrSlot& slot = layout_->mrs[(key >> 8) % kMaxMrSlots];
-  // seq_cst, as read_mr_slot's first load: a version still the one the
-  // record was read at means no change began before this access did.
-  if (key != 0 && cache.key == key && slot.seq.load(std::memory_order_seq_cst) == cache.seq) return true;
   cache.seq = read_mr_slot(slot, cache.record);
   cache.key = key != 0 && cache.record.key == key ? key : 0;
   return cache.key != 0;

@@ -317,7 +317,16 @@ class HostRegistry {
   // was filled, the record there is still the slot's (every change of a
   // slot moves its version), and one load replaces the copy. Same ordering
   // as lookup_mr against begin_access / fence_accesses.
-  bool lookup_mr_cached(uint32_t key, MrLookupCache& cache) const;
+  bool lookup_mr_cached(uint32_t key, MrLookupCache& cache) const {
+    // seq_cst, as read_mr_slot's first load: a version still the one the
+    // record was read at means no change began before this access did.
+    if (key != 0 && cache.key == key &&
+        layout_->mrs[(key >> 8) % kMaxMrSlots].seq.load(std::memory_order_seq_cst) == cache.seq)
+      return true;
+    return refresh_mr_cache(key, cache);
+  }
+  // lookup_mr_cached's miss: the slot read again into the cache.
+  bool refresh_mr_cache(uint32_t key, MrLookupCache& cache) const;
 
   // Memory windows (type kKeyWindow1 or kKeyWindow2), in the MR table: an
   // unbound window has a key and grants nothing (length 0).

@@ -193,12 +193,6 @@ ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_w
   return c;
 }
 
-bool receives_in_state(uint32_t state) {
-  constexpr uint32_t kReceiving =
-      (1u << IBV_QPS_RTR) | (1u << IBV_QPS_RTS) | (1u << IBV_QPS_SQD) | (1u << IBV_QPS_SQE);
-  return state < 32 && ((1u << state) & kReceiving) != 0;
-}
-
 Response accept(const Request& req, ResponderPort& port, bool reliable, MessageInProgress& m,
                 const ReceiveWqe* preclaimed) {
   m.reset();

@@ -141,6 +141,10 @@ ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_w
                                      const Request& request);
 
 // True for the states in which a QP accepts incoming messages (RTR and later, but not ERROR).
-bool receives_in_state(uint32_t state);
+inline bool receives_in_state(uint32_t state) {
+  constexpr uint32_t kReceiving =
+      (1u << IBV_QPS_RTR) | (1u << IBV_QPS_RTS) | (1u << IBV_QPS_SQD) | (1u << IBV_QPS_SQE);
+  return state < 32 && ((1u << state) & kReceiving) != 0;
+}
 
 }  // namespace softhca::transport

@@ -487,8 +487,10 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   }
   if (err) *bad_wr = wr;
   // No clock read on the way of every post: progress reads it only where a
-  // deadline is involved (a parked WQE, an answer other than ACK).
-  progress_locked(0);
+  // deadline is involved (a parked WQE, an answer other than ACK). With
+  // nothing left to send (the direct path completed it all) it has work
+  // only in the error state (the flush).
+  if (sq_sent_ != sq_head_ || shared_->state.load(std::memory_order_acquire) == IBV_QPS_ERR) progress_locked(0);
   return err;
 }
 
