@@ -154,23 +154,35 @@ std::optional<uint16_t> ipv4_id_behind_icrc(uint32_t icrc_id0, uint32_t received
   return std::nullopt;
 }
 
-Result<uint32_t> icrc_of(std::span<const uint8_t> ip_udp_headers, std::span<const uint8_t> udp_payload) {
-  if (udp_payload.size() < kBthSize + kIcrcSize) return fail(std::errc::invalid_argument);
-  const auto version = check_ip_udp_headers(ip_udp_headers, udp_payload.size());
+Result<IcrcPrefix> icrc_prefix(std::span<const uint8_t> ip_udp_headers, std::size_t udp_payload_size) {
+  const auto version = check_ip_udp_headers(ip_udp_headers, udp_payload_size);
   if (!version) return fail(version.error());
-
-  // One masked image of everything up to the end of the BTH, so that the
-  // variant fields are covered as ones without touching the caller's bytes.
-  std::array<uint8_t, kMaskedLrhSize + kIpv6HeaderSize + kUdpHeaderSize + kBthSize> image;
+  // The masked image of the pseudo-LRH (ones) and the IP and UDP headers,
+  // the variant fields covered as ones without touching the caller's bytes.
+  std::array<uint8_t, kMaskedLrhSize + kIpv6HeaderSize + kUdpHeaderSize> image;
   std::fill_n(image.begin(), kMaskedLrhSize, uint8_t{0xFF});
   std::copy(ip_udp_headers.begin(), ip_udp_headers.end(), image.begin() + kMaskedLrhSize);
   mask_variant_fields(*version, std::span(image).subspan(kMaskedLrhSize, ip_udp_headers.size()));
-  const std::size_t bth_offset = kMaskedLrhSize + ip_udp_headers.size();
-  std::copy_n(udp_payload.begin(), kBthSize, image.begin() + bth_offset);
-  image[bth_offset + kBthVariantByte] = 0xFF;
+  IcrcPrefix prefix;
+  prefix.crc = crc32_update(0, std::span<const uint8_t>(image).first(kMaskedLrhSize + ip_udp_headers.size()));
+  prefix.udp_payload_size = udp_payload_size;
+  prefix.ipv4_id0 = *version == IpVersion::kV4 && ip_udp_headers[4] == 0 && ip_udp_headers[5] == 0;
+  return prefix;
+}
 
-  uint32_t crc = crc32_update(0, std::span<const uint8_t>(image).first(bth_offset + kBthSize));
+uint32_t icrc_after_prefix(const IcrcPrefix& prefix, std::span<const uint8_t> udp_payload) {
+  std::array<uint8_t, kBthSize> bth;
+  std::copy_n(udp_payload.begin(), kBthSize, bth.begin());
+  bth[kBthVariantByte] = 0xFF;
+  const uint32_t crc = crc32_update(prefix.crc, bth);
   return crc32_update(crc, udp_payload.subspan(kBthSize, udp_payload.size() - kBthSize - kIcrcSize));
+}
+
+Result<uint32_t> icrc_of(std::span<const uint8_t> ip_udp_headers, std::span<const uint8_t> udp_payload) {
+  if (udp_payload.size() < kBthSize + kIcrcSize) return fail(std::errc::invalid_argument);
+  const auto prefix = icrc_prefix(ip_udp_headers, udp_payload.size());
+  if (!prefix) return fail(prefix.error());
+  return icrc_after_prefix(*prefix, udp_payload);
 }
 
 Result<uint32_t> icrc_of(std::span<const uint8_t> ip_packet) {

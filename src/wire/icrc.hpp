@@ -35,6 +35,19 @@ Result<uint32_t> icrc_of(std::span<const uint8_t> ip_udp_headers, std::span<cons
 // The same for a whole IP packet (split_ip_udp), ICRC bytes included.
 Result<uint32_t> icrc_of(std::span<const uint8_t> ip_packet);
 
+// The ICRC in two steps, for packets that share their IP and UDP headers (a
+// run of equal segments: one flow, one length): the CRC over the masked
+// image of those headers, once (icrc_prefix, which checks them as icrc_of
+// does), then for each packet the rest from there (icrc_after_prefix).
+struct IcrcPrefix {
+  uint32_t crc = 0;                  // after the pseudo-LRH and the masked IP and UDP headers
+  std::size_t udp_payload_size = 0;  // the length the headers describe
+  bool ipv4_id0 = false;             // an IPv4 image whose ID is 0 (see ipv4_id_behind_icrc)
+};
+Result<IcrcPrefix> icrc_prefix(std::span<const uint8_t> ip_udp_headers, std::size_t udp_payload_size);
+// `udp_payload` is prefix.udp_payload_size bytes, at least a BTH and an ICRC.
+uint32_t icrc_after_prefix(const IcrcPrefix& prefix, std::span<const uint8_t> udp_payload);
+
 // How the ICRC of an IPv4 packet whose UDP payload is `udp_payload_size`
 // bytes long (BTH to ICRC) changes when its IP ID is `ip_id` instead of 0:
 //   icrc(ID = ip_id) == icrc(ID = 0) ^ icrc_ipv4_id_delta(ip_id, size).

@@ -81,19 +81,25 @@ std::string_view to_string(ParseError e) {
 
 std::expected<ParsedPacket, ParseError> parse(std::span<const uint8_t> ip_udp_headers,
                                               std::span<const uint8_t> udp_payload, const ParseLimits& limits) {
+  if (udp_payload.size() < kBthSize + kIcrcSize) return std::unexpected(ParseError::kTruncated);
+  const auto prefix = icrc_prefix(ip_udp_headers, udp_payload.size());
+  if (!prefix) return std::unexpected(ParseError::kBadIpUdpHeader);
+  return parse(*prefix, udp_payload, limits);
+}
+
+std::expected<ParsedPacket, ParseError> parse(const IcrcPrefix& prefix, std::span<const uint8_t> udp_payload,
+                                              const ParseLimits& limits) {
   using E = ParseError;
   if (udp_payload.size() < kBthSize + kIcrcSize) return std::unexpected(E::kTruncated);
-  const auto icrc = icrc_of(ip_udp_headers, udp_payload);
-  if (!icrc) return std::unexpected(E::kBadIpUdpHeader);
+  if (udp_payload.size() != prefix.udp_payload_size) return std::unexpected(E::kBadIpUdpHeader);
+  const uint32_t icrc = icrc_after_prefix(prefix, udp_payload);
   const uint32_t received = load_icrc(udp_payload.last<kIcrcSize>());
   uint16_t unseen_ipv4_id = 0;
-  if (*icrc != received) {
+  if (icrc != received) {
     // A receiver that rebuilt an ID-0 IPv4 image may accept the ICRC of a
     // small ID instead: the segments of a GSO send carry 1, 2, ... (icrc.hpp).
-    const bool id0_image = ip_udp_headers.size() == kIpv4HeaderSize + kUdpHeaderSize && ip_udp_headers[0] >> 4 == 4 &&
-                           ip_udp_headers[4] == 0 && ip_udp_headers[5] == 0;
-    const auto id = id0_image && limits.max_unseen_ipv4_id != 0
-                        ? ipv4_id_behind_icrc(*icrc, received, udp_payload.size(), limits.max_unseen_ipv4_id,
+    const auto id = prefix.ipv4_id0 && limits.max_unseen_ipv4_id != 0
+                        ? ipv4_id_behind_icrc(icrc, received, udp_payload.size(), limits.max_unseen_ipv4_id,
                                               limits.likely_unseen_ipv4_id)
                         : std::nullopt;
     if (!id) return std::unexpected(E::kBadIcrc);

@@ -92,6 +92,11 @@ struct ParseLimits {
 // (the receiver's rebuilt image, see ip_udp.hpp; only used for the ICRC).
 std::expected<ParsedPacket, ParseError> parse(std::span<const uint8_t> ip_udp_headers,
                                               std::span<const uint8_t> udp_payload, const ParseLimits& limits = {});
+// The same with the headers' part of the ICRC computed before (icrc_prefix,
+// for prefix.udp_payload_size bytes; a payload of another size is
+// kBadIpUdpHeader, as headers that do not describe it are).
+std::expected<ParsedPacket, ParseError> parse(const IcrcPrefix& prefix, std::span<const uint8_t> udp_payload,
+                                              const ParseLimits& limits = {});
 
 // Parses a whole IP packet, as a capture holds it.
 std::expected<ParsedPacket, ParseError> parse_ip_packet(std::span<const uint8_t> ip_packet,

@@ -178,6 +178,43 @@ TEST(IcrcIpv4Id, ParseAcceptsAGsoSegmentsIdOnlyWhenAsked) {
   }
 }
 
+// The ICRC in two steps (a run's headers once, then each packet) is the
+// ICRC: held to the reference, and parse with a prefix judges every packet
+// as parse with the headers does, a corrupted one and a wrong ID included.
+TEST(IcrcIpv4Id, APrefixForARunGivesTheSameIcrcAndVerdicts) {
+  ParseLimits gso;
+  gso.max_unseen_ipv4_id = 63;
+  for (std::size_t data : {0, 3, 1024}) {
+    const auto first = send_packet(data, 0);
+    const auto image = headers_with_id(first.size(), 0);
+    const auto prefix = icrc_prefix(image, first.size());
+    ASSERT_TRUE(prefix.has_value());
+    EXPECT_TRUE(prefix->ipv4_id0);
+    EXPECT_FALSE(icrc_prefix(headers_with_id(first.size(), 5), first.size())->ipv4_id0);
+    EXPECT_EQ(icrc_after_prefix(*prefix, first), reference_icrc(image, first));
+    for (uint16_t id : {0, 1, 2, 40, 63, 64}) {
+      auto packet = send_packet(data, id);
+      for (bool corrupt : {false, true}) {
+        if (corrupt) packet[packet.size() / 2] ^= 0x10;
+        const auto by_headers = parse(image, packet, gso);
+        const auto by_prefix = parse(*prefix, packet, gso);
+        ASSERT_EQ(by_prefix.has_value(), by_headers.has_value()) << "data " << data << " id " << id;
+        if (by_prefix) {
+          EXPECT_EQ(by_prefix->unseen_ipv4_id, by_headers->unseen_ipv4_id);
+          EXPECT_EQ(by_prefix->payload.size(), by_headers->payload.size());
+        } else {
+          EXPECT_EQ(by_prefix.error(), by_headers.error());
+        }
+      }
+    }
+    // A prefix is for one length: a packet of another is not its run's.
+    auto longer = send_packet(data + 4, 0);
+    EXPECT_EQ(parse(*prefix, longer, gso).error(), ParseError::kBadIpUdpHeader);
+  }
+  // Headers that do not describe the length are refused when the prefix is made.
+  EXPECT_FALSE(icrc_prefix(headers_with_id(100, 0), 104).has_value());
+}
+
 TEST(IcrcIpv4Id, CorruptionIsNotTakenForAnId) {
   ParseLimits gso;
   gso.max_unseen_ipv4_id = 63;

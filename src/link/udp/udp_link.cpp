@@ -253,11 +253,19 @@ class UdpLink final : public link::Link {
     std::optional<shm::MemoryAccess> access;
     std::optional<FlowSink> sink;
   };
-  void handle(const Received& from, std::span<const uint8_t> bytes, RunToQp& run, uint16_t& likely_id);
+  // What the packets of one run (one flow) share for their parse: the
+  // headers' part of the ICRC for the run's segment length, and the IPv4 ID
+  // the next segment likely has.
+  struct RunParse {
+    std::size_t prefix_for = 0;  // the UDP payload size `prefix` is for; 0: none yet
+    wire::IcrcPrefix prefix;
+    uint16_t likely_id = 0;
+  };
+  void handle(const Received& from, std::span<const uint8_t> bytes, RunToQp& run, RunParse& parse);
   void handle(const Received& from, std::span<const uint8_t> bytes) {
     RunToQp run;
-    uint16_t likely_id = 0;
-    handle(from, bytes, run, likely_id);
+    RunParse parse;
+    handle(from, bytes, run, parse);
     finish_run(run);
   }
   void finish_run(RunToQp& run);
@@ -984,10 +992,10 @@ void UdpLink::receive_from(int fd) {
       Received one = from;
       one.segment_size = 0;
       RunToQp run;
-      uint16_t likely_id = 0;
+      RunParse parse;
       for (size_t at = 0; at < slot.size(); at += from.segment_size) {
         one.length = std::min(from.segment_size, slot.size() - at);
-        handle(one, slot.subspan(at, one.length), run, likely_id);
+        handle(one, slot.subspan(at, one.length), run, parse);
       }
       finish_run(run);
     }
@@ -996,20 +1004,31 @@ void UdpLink::receive_from(int fd) {
   }
 }
 
-void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunToQp& run, uint16_t& likely_id) {
+void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunToQp& run, RunParse& run_parse) {
   wire::UdpFlow flow;
   flow.src_gid = from.src;
   flow.dst_gid = from.dst;
   flow.src_port = from.src_port;
-  uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
-  const auto n = wire::write_ip_udp_headers(flow, bytes.size(), image);
-  if (!n) return;
+  // The IP and UDP headers are rebuilt (the socket gives the payload); a
+  // run's segments share them but for the last one's length.
+  if (run_parse.prefix_for != bytes.size() && bytes.size() >= wire::kBthSize + wire::kIcrcSize) {
+    uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
+    const auto n = wire::write_ip_udp_headers(flow, bytes.size(), image);
+    if (!n) return;
+    const auto prefix = wire::icrc_prefix(std::span<const uint8_t>(image, *n), bytes.size());
+    if (!prefix) {
+      port_counters()->add(Counter::kMalformedDrops);
+      return;
+    }
+    run_parse.prefix = *prefix;
+    run_parse.prefix_for = bytes.size();
+  }
   // The socket hides the IPv4 ID; a peer's GSO segments carry 1, 2, ...
   // (never more than a run's length), and their ICRCs cover them.
   wire::ParseLimits limits;
   limits.max_unseen_ipv4_id = static_cast<uint16_t>(kGsoMaxSegments - 1);
-  limits.likely_unseen_ipv4_id = likely_id;
-  const auto parsed = wire::parse(std::span<const uint8_t>(image, *n), bytes, limits);
+  limits.likely_unseen_ipv4_id = run_parse.likely_id;
+  const auto parsed = wire::parse(run_parse.prefix, bytes, limits);
   if (!parsed) {
     port_counters()->add(parsed.error() == wire::ParseError::kBadIcrc ? Counter::kIcrcDrops : Counter::kMalformedDrops);
     SOFTHCA_DEBUG("udp link: dropped a packet: %.*s", static_cast<int>(wire::to_string(parsed.error()).size()),
@@ -1017,7 +1036,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
     return;
   }
   const wire::ParsedPacket& packet = *parsed;
-  likely_id = static_cast<uint16_t>(packet.unseen_ipv4_id + 1);
+  run_parse.likely_id = static_cast<uint16_t>(packet.unseen_ipv4_id + 1);
   const uint32_t qpn = packet.headers.bth.dest_qpn;
   if (capture_)
     [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns(), packet.unseen_ipv4_id);
