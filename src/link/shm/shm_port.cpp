@@ -115,7 +115,12 @@ transport::ResponderQp ShmResponderPort::qp() {
 // first key, before that key is read again.
 std::optional<transport::MemoryKey> ShmResponderPort::memory_key(uint32_t key) {
   host::MrRecord mr;
-  if (!host_.registry().lookup_mr(key, mr)) return std::nullopt;
+  if (key_cache_ != nullptr) {
+    if (!host_.registry().lookup_mr_cached(key, *key_cache_)) return std::nullopt;
+    mr = key_cache_->record;
+  } else if (!host_.registry().lookup_mr(key, mr)) {
+    return std::nullopt;
+  }
   if (mr.proc != data_->proc && (memory_ == nullptr || mr.proc != memory_->proc) && !adopt_memory_process(key, mr))
     return std::nullopt;
   keys_.add(mr);

@@ -23,7 +23,11 @@ inline constexpr size_t kFenceChunk = 1 << 20;
 class ShmResponderPort final : public transport::ResponderPort {
  public:
   // The caller holds a MemoryAccess for `target`, and found it still_there.
-  ShmResponderPort(host::Attachment& host, TargetQp& target) : host_(host), target_(target) {}
+  // `key_cache` (optional, the caller's, as long as the port): the last key
+  // looked up, kept across ports of one QP (HostRegistry::lookup_mr_cached)
+  // so that the packets of one message do not copy its record each.
+  ShmResponderPort(host::Attachment& host, TargetQp& target, host::MrLookupCache* key_cache = nullptr)
+      : host_(host), target_(target), key_cache_(key_cache) {}
   ~ShmResponderPort() override;
   ShmResponderPort(const ShmResponderPort&) = delete;
   ShmResponderPort& operator=(const ShmResponderPort&) = delete;
@@ -107,6 +111,7 @@ class ShmResponderPort final : public transport::ResponderPort {
 
   host::Attachment& host_;
   TargetQp& target_;  // the QP: its state, its events
+  host::MrLookupCache* key_cache_;
   // Whose memory, receive queue and CQ the message reaches: the QP's
   // process, or for an XRC_RECV QP the process of the SRQ it names.
   TargetQp* data_ = &target_;

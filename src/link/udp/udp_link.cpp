@@ -163,6 +163,7 @@ struct ChannelState {
   transport::ResponderFlow responder;
   bool closed = false;
   CounterSink counters;  // the QP's and the port's
+  host::MrLookupCache responder_key;  // the responder's last key (ShmResponderPort)
   ChannelState(const link::ChannelConfig& c, Counters* port)
       : config(c),
         responder(transport::ResponderConfig{c.dest_qpn, c.mtu, c.qp_type != IBV_QPT_UC,
@@ -1109,7 +1110,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
   if (!run.sink)
     run.sink.emplace(FlowSink::Answers{}, *this, from.dst, from.src, state.config.traffic_class,
                      state.config.hop_limit, state.counters);
-  shm::ShmResponderPort port(host_, run.self);
+  shm::ShmResponderPort port(host_, run.self, &state.responder_key);
   state.responder.on_request(packet, port, *run.sink);
   // Where another handle would take the peer over (QueuePair::sync_tgt_channel).
   if (run.self.proc == host::kHostOwned)
