@@ -242,6 +242,9 @@ void CompletionQueue::arm(bool solicited_only) {
                        std::memory_order_seq_cst);
   // seq_cst, as the poll's reads of the ring after it (CqRing::pop): see
   // host::SharedCq::push_counted.
+  // The thread will sleep until the event: packets it would have received
+  // in poll() are the link thread's again.
+  context_.node().udp_link().pollers_rest();
 }
 
 Result<void> CompletionQueue::resize(int cqe) {

@@ -156,6 +156,9 @@ class Link {
   // with a thread of its own would otherwise wait for a core while the
   // application busy-polls). Cheap when there is nothing.
   virtual void poll() {}
+  // An application thread is about to sleep until a completion event (it
+  // armed a CQ): whatever poll() took over, the link's own thread does again.
+  virtual void pollers_rest() {}
   // Makes sure this process receives what peers send it over this link (a
   // UD QP can be sent to by anyone, before it sends anything itself).
   virtual void listen() {}

@@ -10,6 +10,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -34,6 +36,7 @@
 #include "link/shm/target.hpp"
 #include "link/udp/fault_schedule.hpp"
 #include "link/udp/pcap_writer.hpp"
+#include "link/udp/poller_handover.hpp"
 #include "link/udp/udp_sockets.hpp"
 #include "transport/requester_flow.hpp"
 #include "transport/responder_flow.hpp"
@@ -42,6 +45,24 @@
 
 namespace softhca::udp {
 namespace {
+
+// The calling thread's kernel id, asked once per thread.
+int this_thread_id() {
+  static thread_local const int id = static_cast<int>(::gettid());
+  return id;
+}
+
+// CPU time of thread `tid` of this process, in ns; 0 if it is gone. The
+// clock id is the kernel's encoding of a thread's CPU clock (what
+// pthread_getcpuclockid returns), made from the id so that a thread that
+// ended gives an error rather than undefined behaviour.
+uint64_t thread_cpu_ns(int tid) {
+  if (tid <= 0) return 0;
+  const clockid_t clock = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+  timespec ts{};
+  if (::clock_gettime(clock, &ts) != 0) return 0;
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
 
 // A packet handed to the process that owns its destination QP: port 4791 is
 // shared by every softhca process of the host (SO_REUSEPORT), so the kernel
@@ -193,10 +214,26 @@ class UdpLink final : public link::Link {
     // for any packet, has them help again once one arrived. (A process
     // talking only to peers of its own host paid a recvmmsg per empty poll
     // of every CQ: UCX over softhca spent most of its time there.)
-    if (open_channels_.load(std::memory_order_relaxed) == 0 &&
-        idle_polls_.load(std::memory_order_relaxed) >= kIdlePollsBeforeRest)
+    if (open_channels_.load(std::memory_order_relaxed) == 0) {
+      if (idle_polls_.load(std::memory_order_relaxed) >= kIdlePollsBeforeRest) return;
+    } else {
+      // Connected QPs: a poller that keeps at it may have the sockets to
+      // itself (PollerHandover). Its CQ is empty: the clock read costs it nothing.
+      handover_->polled(monotonic_ns(), this_thread_id());
+      handover_->receiving(true);
+      receive_all();
+      handover_->receiving(false);
+      handover_->polled(monotonic_ns(), this_thread_id());
       return;
+    }
     receive_all();
+  }
+  void pollers_rest() override {
+    if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return;
+    handover_->resting();
+    // The link's thread, if it left the sockets to the pollers, takes them
+    // back now (seq_cst: see loop()).
+    if (handed_over_.load(std::memory_order_seq_cst)) wake();
   }
 
   Sockets* sockets() { return sockets_.get(); }
@@ -320,6 +357,10 @@ class UdpLink final : public link::Link {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
   uint64_t spin_ns_ = 0;  // SOFTHCA_UDP_SPIN_US, in ns
+  // SOFTHCA_UDP_HANDOVER_US: whether the thread leaves the sockets to
+  // busy-polling application threads (set at start, before started_).
+  std::optional<PollerHandover> handover_;
+  std::atomic<bool> handed_over_{false};  // the thread sleeps without the sockets
   // SOFTHCA_FAULT and SOFTHCA_PCAP, read when the link starts.
   std::optional<FaultSchedule> faults_;
   std::unique_ptr<PcapWriter> capture_;
@@ -637,6 +678,7 @@ bool UdpLink::start() {
   SocketOptions options;
   options.gso = setting_number(SettingId::kUdpGso) == 0;
   spin_ns_ = uint64_t{setting_number(SettingId::kUdpSpinUs)} * 1000;
+  handover_.emplace(uint64_t{setting_number(SettingId::kUdpHandoverUs)} * 1000);
   auto sockets = Sockets::open(options);
   if (sockets) {
     sockets_ = std::move(*sockets);
@@ -744,6 +786,7 @@ void UdpLink::loop() {
   // While packets flow, the thread polls without sleeping until spin_until
   // (SOFTHCA_UDP_SPIN_US after the last packet), then sleeps in ppoll.
   uint64_t spin_until = 0;
+  bool was_handed_over = false;
   while (!stopping_.load()) {
     const uint64_t now_ns = monotonic_ns();
     uint64_t deadline = run_timers(now_ns);
@@ -751,8 +794,38 @@ void UdpLink::loop() {
       const uint64_t released = release_delayed(now_ns);
       if (released != 0 && (deadline == 0 || released < deadline)) deadline = released;
     }
-    fds.assign({{sockets_->v4_fd(), POLLIN, 0},
-                {sockets_->v6_fd(), POLLIN, 0},
+    // Busy-polling application threads receive for us (PollerHandover):
+    // the sockets stay out of the set (a negative fd is skipped), and the
+    // thread wakes to look again every kLookEveryNs.
+    bool hand_over = false;
+    if (open_channels_.load(std::memory_order_relaxed) != 0) {
+      using Look = PollerHandover::Look;
+      Look look = handover_->look(now_ns);
+      if (look == Look::kPolling) {
+        // Flag, then look again (both seq_cst, as pollers_rest's store and
+        // load): a poller going to rest now either sees the flag and wakes
+        // this thread, or is seen here.
+        handed_over_.store(true, std::memory_order_seq_cst);
+        look = handover_->look(now_ns);
+      }
+      if (look == Look::kPolling) {
+        hand_over = true;
+        if (!was_handed_over)
+          SOFTHCA_DEBUG("udp link: an application thread polls; the link's thread leaves the sockets to it");
+        handover_->sample(now_ns, thread_cpu_ns(handover_->poller()));
+      } else if (look == Look::kPaused && was_handed_over) {
+        pollfd sockets[2] = {{sockets_->v4_fd(), POLLIN, 0}, {sockets_->v6_fd(), POLLIN, 0}};
+        const bool waiting = ::poll(sockets, 2, 0) > 0;
+        if (handover_->paused(now_ns, thread_cpu_ns(handover_->poller()), waiting))
+          SOFTHCA_DEBUG("udp link: packets waited for an application thread that stopped polling; the link's "
+                        "thread keeps the sockets for %llu ms",
+                        static_cast<unsigned long long>(handover_->backoff_after_ns() / 1'000'000));
+      }
+    }
+    if (!hand_over) handed_over_.store(false, std::memory_order_relaxed);
+    was_handed_over = hand_over;
+    fds.assign({{hand_over ? -1 : sockets_->v4_fd(), POLLIN, 0},
+                {hand_over ? -1 : sockets_->v6_fd(), POLLIN, 0},
                 {wake_fd_, POLLIN, 0},
                 {handoff_fd_, POLLIN, 0}});
     {
@@ -761,9 +834,13 @@ void UdpLink::loop() {
     }
     timespec wait{};
     const timespec* timeout = nullptr;
-    const bool spinning = now_ns < spin_until;
+    const bool spinning = !hand_over && now_ns < spin_until;
     if (spinning) {
       timeout = &wait;  // zero: look, do not sleep
+    } else if (hand_over) {
+      const uint64_t look = now_ns + PollerHandover::kLookEveryNs;
+      wait = time_until(deadline != 0 && deadline < look ? deadline : look);
+      timeout = &wait;
     } else if (deadline != 0) {
       wait = time_until(deadline);
       timeout = &wait;
@@ -771,6 +848,7 @@ void UdpLink::loop() {
     // A spinning thread is awake: application pollers leave the sockets to it.
     link_sleeping_.store(!spinning, std::memory_order_relaxed);
     const int ready = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
+    handed_over_.store(false, std::memory_order_relaxed);
     link_sleeping_.store(false, std::memory_order_relaxed);
     if (ready <= 0) {
       if (spinning) __builtin_ia32_pause();
