@@ -104,8 +104,8 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
       return false;
     void* at = transport::owner_address(key, sge.addr);
     // Through our window onto the MR's pages where they moved into our file.
-    host::PeerBackings::View own{};
-    if (char* in_file = node_.host().in_backing(node_.proc(), mr.shared, reinterpret_cast<uint64_t>(at), sge.length, own))
+    if (char* in_file = node_.host().in_backing(node_.proc(), mr.shared, reinterpret_cast<uint64_t>(at), sge.length,
+                                                direct_local_window_))
       at = in_file;
     op.local = at;
   }

@@ -358,10 +358,6 @@ void QueuePair::raise_event(ibv_event_type type) {
   context_.raise_async_event(AsyncEvent{type, handle.load(std::memory_order_acquire), 0});
 }
 
-bool QueuePair::signaled(const SendWqe& wqe) const {
-  return init_.sq_sig_all || (wqe.send_flags & IBV_SEND_SIGNALED) != 0;
-}
-
 int QueuePair::validate_send(const ibv_send_wr& wr) const {
   if (wr.opcode == IBV_WR_ATOMIC_WRITE)
     return init_.type == IBV_QPT_RC && (wr.send_flags & kSendFlagAtomicWriteValue) != 0 && wr.num_sge == 0 &&

@@ -26,6 +26,7 @@
 #include "engine/qp/send_wqe.hpp"
 #include "engine/user_count.hpp"
 #include "host/host_registry.hpp"
+#include "host/peer_backings.hpp"
 #include "host/shared_queues.hpp"
 #include "link/link.hpp"
 #include "transport/completer.hpp"
@@ -187,7 +188,7 @@ class QueuePair {
   void store_tgt_attributes();  // under the registry mutex
   bool serves_tgt() const;      // under the registry mutex
   void leave_tgt();
-  bool signaled(const SendWqe& wqe) const;
+  bool signaled(const SendWqe& wqe) const { return init_.sq_sig_all || (wqe.send_flags & IBV_SEND_SIGNALED) != 0; }
   // This QP's counters and its port's (this process's share of them).
   CounterSink counters() const;
 
@@ -230,6 +231,10 @@ class QueuePair {
   // RC/UC: the path to the peer QP, opened at RTR, dropped at RESET (under sq_lock_).
   std::unique_ptr<link::Channel> channel_;
   host::MrLookupCache direct_local_key_;  // post_direct_locked's last lkey (under sq_lock_)
+  // ... and this process's backing file as mapped here, where that MR's
+  // pages moved: a window stays mapped for the process's life (outgrown
+  // ones too, host::PeerBackings), so it is kept rather than looked up.
+  host::PeerBackings::View direct_local_window_;
   bool attached_ = false;  // holds its PD, CQs and SRQ: creation completed
   // Local SGEs in other processes' memory, staged here, by the position of
   // their send WQE until it completes (engine/qp/foreign_memory.hpp). Last:
