@@ -2,7 +2,7 @@
 # bench/peers/two_hosts_bench.sh: the udp link between two network
 # namespaces on a veth pair, against what the same pair does without it.
 #
-#   bench/peers/two_hosts_bench.sh [--reps N] [--libdir DIR] [--mtu BYTES]
+#   bench/peers/two_hosts_bench.sh [--reps N] [--libdir DIR] [--mtu BYTES] [--duration SECONDS]
 #
 # Runs as root (it makes the namespaces: 198.18.0.1 and .2, removed at the
 # end). Each repetition measures, interleaved:
@@ -14,9 +14,14 @@
 # and prints every sample, the medians, and the ratios issue #9 sets bars on:
 #   write_lat / udp one-way (<= 2), write_bw / ucx_tcp_bw (>= 0.5),
 #   write_bw_loss1 / write_bw (>= 0.5).
+# --duration: the bandwidth runs last SECONDS each (ib_write_bw -D;
+# ucx_perftest, which has no such option, makes SECONDS x 30,000 transfers,
+# about as long at 2 GB/s) instead of 5,000 transfers each: a third of a
+# second is mostly a stream's start, and short runs moved with their place
+# in an interleaved rotation as much as with the build.
 set -u -o pipefail
 
-reps=3
+reps=3 duration=
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 libdir=$root/build/lib
 mtu=1500
@@ -25,11 +30,22 @@ while (($#)); do
     --reps) reps=$2; shift ;;
     --libdir) libdir=$2; shift ;;
     --mtu) mtu=$2; shift ;;
+    --duration) duration=$2; shift ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+if [[ -n $duration ]] && ! [[ $duration =~ ^([1-9]|[1-2][0-9]|30)$ ]]; then
+  echo "--duration takes whole seconds, 1 to 30" >&2
+  exit 2
+fi
+# How much each bandwidth run moves: perftest's and UCX's arguments.
+if [[ -n $duration ]]; then
+  bw_amount=(-D "$duration") ucx_iters=$((duration * 30000)) limit=$((60 + 4 * duration))
+else
+  bw_amount=(-n 5000) ucx_iters=5000 limit=60
+fi
 bindir=$(cd "$libdir/../bin" && pwd)
 [[ -x $bindir/udp_pingpong ]] || { echo "build udp_pingpong first (cmake --build build --target udp_pingpong)" >&2; exit 2; }
 
@@ -78,11 +94,11 @@ pair() {
   shift
   while [[ $1 != -- ]]; do cenv+=("$1"); shift; done
   shift
-  (on "$a" "${senv[@]}" -- timeout 60 "$@") >"$tmp/$name.server" 2>&1 &
+  (on "$a" "${senv[@]}" -- timeout "$limit" "$@") >"$tmp/$name.server" 2>&1 &
   local spid=$!
   pids+=("$spid")
   wait_port "$a" "$port" "$proto" || { echo "$name: the server did not start" >&2; return 1; }
-  (on "$b" "${cenv[@]}" -- timeout 60 "$@" 198.18.0.1) >"$tmp/$name.client" 2>&1
+  (on "$b" "${cenv[@]}" -- timeout "$limit" "$@" 198.18.0.1) >"$tmp/$name.client" 2>&1
   kill -TERM -- "-$spid" 2>/dev/null
   wait "$spid" 2>/dev/null
   awk "$field" "$tmp/$name.client"
@@ -99,18 +115,18 @@ for ((r = 1; r <= reps; r++)); do
   samples[udp]+="$x "
   x=$(pair write_lat 18515 t '/^ *2 /{print $5}' "$sv" -- "$sv" -- ib_write_lat -x 0 -s 2 -n 5000)
   samples[write_lat]+="$x "
-  x=$(pair write_bw 18515 t '/^ *65536 /{print $4}' "$sv" -- "$sv" -- ib_write_bw -x 0 -s 65536 -n 5000)
+  x=$(pair write_bw 18515 t '/^ *65536 /{print $4}' "$sv" -- "$sv" -- ib_write_bw -x 0 -s 65536 "${bw_amount[@]}")
   samples[write_bw]+="$x "
-  x=$(pair ucx 13337 t '/^Final:/{print $7}' UCX_TLS=tcp -- UCX_TLS=tcp -- ucx_perftest -p 13337 -t tag_bw -s 65536 -n 5000)
+  x=$(pair ucx 13337 t '/^Final:/{print $7}' UCX_TLS=tcp -- UCX_TLS=tcp -- ucx_perftest -p 13337 -t tag_bw -s 65536 -n "$ucx_iters")
   samples[ucx_tcp_bw]+="$x "
   x=$(pair loss 18515 t '/^ *65536 /{print $4}' "$sv" SOFTHCA_FAULT=loss=0.01,seed=$r -- "$sv" SOFTHCA_FAULT=loss=0.01,seed=$((r + 100)) -- \
-      ib_write_bw -x 0 -s 65536 -n 5000)
+      ib_write_bw -x 0 -s 65536 "${bw_amount[@]}")
   samples[write_bw_loss1]+="$x "
   echo "rep $r: udp ${samples[udp]##* } write_lat ... done" >&2
 done
 
 median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "nan"}'; }
-echo "samples (reps=$reps, veth MTU $mtu):"
+echo "samples (reps=$reps, veth MTU $mtu${duration:+, ${duration} s per bandwidth run}):"
 declare -A m
 for k in udp write_lat write_bw ucx_tcp_bw write_bw_loss1; do
   m[$k]=$(echo "${samples[$k]}" | median)

@@ -218,8 +218,8 @@ class UdpLink final : public link::Link {
       if (idle_polls_.load(std::memory_order_relaxed) >= kIdlePollsBeforeRest) return;
     } else {
       // Connected QPs: a poller that keeps at it may have the sockets to
-      // itself (PollerHandover). Its CQ is empty: the clock read costs it nothing.
-      handover_->polled(monotonic_ns(), this_thread_id());
+      // itself (PollerHandover): it is polling while it receives, and
+      // polled when done. Its CQ is empty: the clock read costs it nothing.
       handover_->receiving(true);
       receive_all();
       handover_->receiving(false);
