@@ -84,8 +84,7 @@ TEST(PollerHandover, APollerThatRanWithoutPollingWhilePacketsWaitedBacksOff) {
   // One look later it has run the whole millisecond, not polling.
   const uint64_t now = last + PollerHandover::kLookEveryNs;
   ASSERT_EQ(h.look(now), Look::kPaused);
-  EXPECT_TRUE(h.paused(now, 50 * kMs + PollerHandover::kLookEveryNs, true));
-  EXPECT_EQ(h.backoff_after_ns(), PollerHandover::kFirstBackoffNs);
+  EXPECT_EQ(h.paused(now, 50 * kMs + PollerHandover::kLookEveryNs, true), PollerHandover::kFirstBackoffNs);
   // No handing over during the backoff, polling or not...
   const uint64_t during = now + PollerHandover::kFirstBackoffNs - kMs;
   const uint64_t polled = poll_from(h, during - 3 * kMs, during);
@@ -97,8 +96,7 @@ TEST(PollerHandover, APollerThatRanWithoutPollingWhilePacketsWaitedBacksOff) {
   // A second such pause doubles the backoff.
   h.sample(again, 80 * kMs);
   const uint64_t later = again + PollerHandover::kLookEveryNs;
-  EXPECT_TRUE(h.paused(later, 80 * kMs + PollerHandover::kLookEveryNs, true));
-  EXPECT_EQ(h.backoff_after_ns(), 2 * PollerHandover::kFirstBackoffNs);
+  EXPECT_EQ(h.paused(later, 80 * kMs + PollerHandover::kLookEveryNs, true), 2 * PollerHandover::kFirstBackoffNs);
 }
 
 TEST(PollerHandover, APollerThatDidNotRunOrLeftNothingWaitingCostsNothing) {
@@ -108,19 +106,19 @@ TEST(PollerHandover, APollerThatDidNotRunOrLeftNothingWaitingCostsNothing) {
   uint64_t now = last + PollerHandover::kLookEveryNs;
   // Preempted: no CPU time since the sample. Packets waited, but for
   // nobody that could have taken them.
-  EXPECT_FALSE(h.paused(now, 50 * kMs, true));
+  EXPECT_EQ(0u, h.paused(now, 50 * kMs, true));
   // It polls again: the stretch goes on, handed over at once.
   h.polled(now + kUs, kTid);
   EXPECT_EQ(h.look(now + kUs), Look::kPolling);
   // Ran, but nothing waited.
   h.sample(now + kUs, 60 * kMs);
   now += kUs + PollerHandover::kLookEveryNs;
-  EXPECT_FALSE(h.paused(now, 60 * kMs + PollerHandover::kLookEveryNs, false));
+  EXPECT_EQ(0u, h.paused(now, 60 * kMs + PollerHandover::kLookEveryNs, false));
   // CPU time unknown (the thread ended).
   h.polled(now + kUs, kTid);
   h.sample(now + kUs, 70 * kMs);
   now += kUs + PollerHandover::kLookEveryNs;
-  EXPECT_FALSE(h.paused(now, 0, true));
+  EXPECT_EQ(0u, h.paused(now, 0, true));
   h.polled(now + kUs, kTid);
   EXPECT_EQ(h.look(now + kUs), Look::kPolling);
 }
@@ -134,7 +132,7 @@ TEST(PollerHandover, TimePollingBeforeThePauseDoesNotCountAsRunningWithoutPollin
   const uint64_t last = poll_from(h, start, start + 700 * kUs);
   const uint64_t now = start + PollerHandover::kLookEveryNs;
   ASSERT_EQ(h.look(now), Look::kPaused);
-  EXPECT_FALSE(h.paused(now, 50 * kMs + (last - start), true));
+  EXPECT_EQ(0u, h.paused(now, 50 * kMs + (last - start), true));
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ class PollerHandover {
   // handed over; 0: never.
   explicit PollerHandover(uint64_t sustain_ns) : sustain_ns_(sustain_ns) {}
 
-  // An application thread (`tid`) found its CQ empty and looked at the sockets.
+  // An application thread (`tid`) found its CQ empty and is done looking
+  // at the sockets.
   void polled(uint64_t now_ns, int tid) {
     const uint64_t last = last_poll_ns_.load(std::memory_order_relaxed);
     if (last == 0 || now_ns < last || now_ns - last > kStretchGapNs)
@@ -88,9 +89,9 @@ class PollerHandover {
   }
   // The pollers paused (look() said kPaused) while the sockets were theirs:
   // the link thread takes them back. `poller_cpu_ns` as in sample();
-  // `packets_waiting`: whether the sockets held packets. True when that
-  // starts a pause in handing over (of backoff_after_ns()).
-  bool paused(uint64_t now_ns, uint64_t poller_cpu_ns, bool packets_waiting) {
+  // `packets_waiting`: whether the sockets held packets. Returns how long
+  // handing over now pauses (0: it does not).
+  uint64_t paused(uint64_t now_ns, uint64_t poller_cpu_ns, bool packets_waiting) {
     // What it ran after its last poll: its CPU time since the sample, less
     // the time from the sample to that poll (it ran through that, polling).
     const uint64_t last = last_poll_ns_.load(std::memory_order_relaxed);
@@ -102,13 +103,12 @@ class PollerHandover {
       ran = cpu > polling && cpu - polling >= (now_ns - from) / 2;
     }
     sampled_cpu_ns_ = 0;
-    if (!packets_waiting || !ran) return false;
-    not_before_ns_ = now_ns + backoff_ns_;
-    last_backoff_ns_ = backoff_ns_;
-    backoff_ns_ = backoff_ns_ >= kMaxBackoffNs / 2 ? kMaxBackoffNs : backoff_ns_ * 2;
-    return true;
+    if (!packets_waiting || !ran) return 0;
+    const uint64_t backoff = backoff_ns_;
+    not_before_ns_ = now_ns + backoff;
+    backoff_ns_ = backoff >= kMaxBackoffNs / 2 ? kMaxBackoffNs : backoff * 2;
+    return backoff;
   }
-  uint64_t backoff_after_ns() const { return last_backoff_ns_; }
 
  private:
   const uint64_t sustain_ns_;
@@ -118,8 +118,7 @@ class PollerHandover {
   std::atomic<int> inside_{0};              // pollers handling what they received
   // The link thread's.
   uint64_t not_before_ns_ = 0;  // no handing over before this
-  uint64_t backoff_ns_ = kFirstBackoffNs;
-  uint64_t last_backoff_ns_ = 0;
+  uint64_t backoff_ns_ = kFirstBackoffNs;  // the next pause's length
   uint64_t sampled_at_ns_ = 0;
   uint64_t sampled_cpu_ns_ = 0;
 };

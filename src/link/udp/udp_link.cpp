@@ -816,10 +816,10 @@ void UdpLink::loop() {
       } else if (look == Look::kPaused && was_handed_over) {
         pollfd sockets[2] = {{sockets_->v4_fd(), POLLIN, 0}, {sockets_->v6_fd(), POLLIN, 0}};
         const bool waiting = ::poll(sockets, 2, 0) > 0;
-        if (handover_->paused(now_ns, thread_cpu_ns(handover_->poller()), waiting))
+        if (const uint64_t pause = handover_->paused(now_ns, thread_cpu_ns(handover_->poller()), waiting))
           SOFTHCA_DEBUG("udp link: packets waited for an application thread that stopped polling; the link's "
                         "thread keeps the sockets for %llu ms",
-                        static_cast<unsigned long long>(handover_->backoff_after_ns() / 1'000'000));
+                        static_cast<unsigned long long>(pause / 1'000'000));
       }
     }
     if (!hand_over) handed_over_.store(false, std::memory_order_relaxed);
