@@ -43,6 +43,7 @@ enum class SettingId : uint8_t {
   kUdpGso,
   kUdpSpinUs,
   kUdpHandoverUs,
+  kUdpSelective,
 };
 
 enum class SettingType : uint8_t {
@@ -230,6 +231,20 @@ inline constexpr std::array kSettings = {
         .min = 0,
         .max = 10000000,
         .default_value = 2000,
+    },
+    Setting{
+        .id = SettingId::kUdpSelective,
+        .name = "SOFTHCA_UDP_SELECTIVE",
+        .type = SettingType::kChoice,
+        .default_text = "on",
+        .help = "recover lost packets selectively between two softhca ends of an RC connection (udp "
+                "link only)",
+        .note = "the responder keeps up to 256 packets behind a lost one and reports each gap; the "
+                "requester resends only those packets. Both ends mark it in reserved BTH bits and use "
+                "it only when the other end does, so a RoCE NIC or rxe at the other end sees IBTA "
+                "go-back-N. off: go-back-N between softhca ends too. Read when the udp link starts",
+        .choices = kOnOffNames,
+        .default_value = 0,
     },
 };
 

@@ -11,6 +11,7 @@
 #include "transport/ibta_timers.hpp"
 #include "transport/psn.hpp"
 #include "transport/retry_policy.hpp"
+#include "transport/selective.hpp"
 
 namespace softhca::transport {
 namespace {
@@ -82,10 +83,14 @@ RequesterFlow::RequesterFlow(const RequesterConfig& config)
       una_psn_(config.start_psn & kPsnMask),
       sent_end_(config.start_psn & kPsnMask),
       retry_left_(config.retry_cnt),
-      rnr_left_(config.rnr_retry) {}
+      rnr_left_(config.rnr_retry) {
+  if (!config_.reliable || config_.xrc) config_.selective = false;
+}
+
+uint32_t RequesterFlow::max_window() const { return peer_selective_ ? kKeepPackets : kWindowPackets; }
 
 bool RequesterFlow::has_room() const {
-  return !failed_ && outstanding_.size() < kWindowMessages && packets_in_flight_ < kWindowPackets;
+  return !failed_ && outstanding_.size() < kWindowMessages && packets_in_flight_ < max_window();
 }
 
 bool RequesterFlow::is_read_or_atomic(const Outstanding& o) const {
@@ -172,7 +177,7 @@ void RequesterFlow::advance_una(uint32_t psn_after) {
     // A packet per window acknowledged, back up to the full window.
     acked_toward_growth_ += static_cast<uint32_t>(psn_diff(psn_after, una_psn_));
     acked_total_ += static_cast<uint32_t>(psn_diff(psn_after, una_psn_));
-    while (window_ < kWindowPackets && acked_toward_growth_ >= window_) {
+    while (window_ < max_window() && acked_toward_growth_ >= window_) {
       acked_toward_growth_ -= window_;
       ++window_;
     }
@@ -190,6 +195,10 @@ void RequesterFlow::send_packet(wire::Headers& h, const OutgoingMessage& m, Pack
   if (config_.xrc) {
     h.bth.opcode = wire::xrc_twin(h.bth.opcode);
     h.xrceth = wire::Xrceth{m.xrc_srqn & wire::kMax24};
+  }
+  if (config_.selective) {
+    h.bth.reserved7 = kSelective;
+    if (psn_diff(h.bth.psn, sent_end_) < 0) h.bth.reserved7 |= kResent;
   }
   out.send(h, payload, npayload, length);
 }
@@ -260,9 +269,16 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
   h.bth.solicited = last && m.solicited;
   // Ask for an ACK at the end of each message, every 32 packets inside a
   // long one, and when the window fills, so that it moves on.
-  const bool fills_window = psn_diff(psn_add(h.bth.psn, 1), una_psn_) >= static_cast<int32_t>(window_);
+  bool fills_window = psn_diff(psn_add(h.bth.psn, 1), una_psn_) >= static_cast<int32_t>(window_);
+  // Towards a responder that keeps packets past a gap the window stays full
+  // while a hole waits for its resend; asking on every packet sent then
+  // would draw an ACK per packet, each letting one more out (no batching).
+  if (fills_window && peer_selective_ && psn_diff(h.bth.psn, last_ack_req_psn_) < 16) fills_window = false;
   h.bth.ack_req = config_.reliable && (last || (i % kAckEveryPackets) == kAckEveryPackets - 1 || fills_window);
-  if (h.bth.ack_req) time_round_trip(h.bth.psn, now_ns);
+  if (h.bth.ack_req) {
+    last_ack_req_psn_ = h.bth.psn;
+    time_round_trip(h.bth.psn, now_ns);
+  }
   if (!send && (segment == wire::Segment::kFirst || segment == wire::Segment::kOnly))
     h.reth = wire::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)};
   if (last && has_imm(m.op)) h.immdt = wire::ImmDt{ntohl(m.imm_data)};
@@ -318,6 +334,31 @@ void RequesterFlow::round_trip_answered(uint64_t now_ns) {
   const uint64_t delivered = acked_total_ - timed_acked_before_;
   rates_[rate_next_] = static_cast<uint32_t>(std::min<uint64_t>(UINT32_MAX, delivered * 1'000'000 / rtt));
   rate_next_ = (rate_next_ + 1) % kRateSamples;
+}
+
+void RequesterFlow::resend_range(uint32_t first, uint32_t count, uint64_t now_ns, PacketSink& out) {
+  count = std::min(count, kKeepPackets);
+  const uint32_t end = psn_add(first, count);
+  // An ACK for a timed packet behind the hole comes once the hole fills.
+  if (timing_ && psn_diff(timed_psn_, first) >= 0) timing_ = false;
+  for (Outstanding& o : outstanding_) {
+    if (psn_diff(o.first_psn, end) >= 0 || psn_diff(o.first_psn, send_psn_) >= 0) break;
+    if (psn_diff(o.last_psn(), first) < 0 || psn_diff(o.last_psn(), una_psn_) < 0) continue;
+    if (is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite) {
+      config_.counters.add(Counter::kRetransmittedPkts);
+      transmit_packet(o, 0, now_ns, out);  // a READ asks from its first missing response
+      continue;
+    }
+    // Only what went out in this pass: PSNs from send_psn_ on go out anyway.
+    uint32_t from = first;
+    if (psn_diff(from, o.first_psn) < 0) from = o.first_psn;
+    if (psn_diff(from, una_psn_) < 0) from = una_psn_;
+    for (uint32_t p = from; psn_diff(p, end) < 0 && psn_diff(p, o.last_psn()) <= 0 && psn_diff(p, send_psn_) < 0;
+         p = psn_add(p, 1)) {
+      config_.counters.add(Counter::kRetransmittedPkts);
+      transmit_packet(o, static_cast<uint32_t>(psn_diff(p, o.first_psn)), now_ns, out);
+    }
+  }
 }
 
 void RequesterFlow::shrink_window(uint32_t packets) {
@@ -428,10 +469,22 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
   // sent (stale, or from nobody's responder) is dropped: an ACK of it
   // completed every message up to it, those the window had not sent yet too.
   if (psn_diff(psn, sent_end_) >= 0) return;
+  if (config_.selective && !peer_selective_ && (h.bth.reserved7 & kSelective) != 0) {
+    peer_selective_ = true;  // the responder keeps packets past a gap: a window of what it keeps
+    window_ = kKeepPackets;
+  }
   switch (packet.info.operation) {
     case wire::Operation::kAcknowledge: {
       if (!h.aeth) return;
       const wire::Syndrome s = h.aeth->syndrome;
+      if (peer_selective_ && (h.bth.reserved7 & kHoleReport) != 0) {
+        // A hole the responder keeps packets behind: those PSNs again, and
+        // nothing else (it acknowledges nothing; the window stays).
+        if (s.nak_code() != wire::NakCode::kPsnSequenceError || rnr_waiting_) return;
+        count_received_answer(config_.counters, Answer::kNakSequenceError);
+        resend_range(psn, h.aeth->msn, now_ns, out);
+        return;
+      }
       if (s.is_ack()) {
         acknowledge_through(psn, now_ns, out);
         return;
@@ -578,7 +631,14 @@ void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
     // Once: what it sends does not arm it again, only progress does.
     probe_at_ = 0;
     probe_spent_ = true;
-    if (!failed_ && !rnr_waiting_ && !outstanding_.empty()) retransmit_from(una_psn_, now_ns, out);
+    if (failed_ || rnr_waiting_ || outstanding_.empty()) return;
+    // A responder that keeps packets past a gap has what came after the
+    // oldest unacknowledged one: that one alone (it reports any other hole).
+    if (peer_selective_) {
+      resend_range(una_psn_, 1, now_ns, out);
+    } else {
+      retransmit_from(una_psn_, now_ns, out);
+    }
     return;
   }
   if (failed_ || deadline_ == 0 || now_ns < deadline_) return;

@@ -57,6 +57,9 @@ struct RequesterConfig {
   // responder keeps only as many (its max_dest_rd_atomic) to answer again.
   uint32_t max_rd_atomic = 16;
   CounterSink counters;      // retransmissions, timeouts, NAKs received
+  // Recover selectively from a responder that keeps packets past a gap
+  // (selective.hpp); RC only.
+  bool selective = false;
 };
 
 struct RequesterCompletion {
@@ -133,6 +136,11 @@ class RequesterFlow {
   uint32_t path_packets() const;
   void time_round_trip(uint32_t psn, uint64_t now_ns);
   void round_trip_answered(uint64_t now_ns);
+  // The most packets unacknowledged at once.
+  uint32_t max_window() const;
+  // Sends again the packets of PSNs [first, first + count) that went out
+  // before (selective recovery: a hole report, the tail probe).
+  void resend_range(uint32_t first, uint32_t count, uint64_t now_ns, PacketSink& out);
 
   RequesterConfig config_;
   std::deque<Outstanding> outstanding_;
@@ -175,6 +183,9 @@ class RequesterFlow {
   static constexpr size_t kRateSamples = 8;
   uint32_t rates_[kRateSamples] = {};
   size_t rate_next_ = 0;
+  // The responder keeps packets past a gap and reports holes (selective.hpp).
+  bool peer_selective_ = false;
+  uint32_t last_ack_req_psn_ = 0;  // the latest packet sent that asked for an ACK
 };
 
 }  // namespace softhca::transport

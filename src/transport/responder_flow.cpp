@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -53,8 +54,10 @@ wire::Syndrome to_wire(const Syndrome& s) {
 
 }  // namespace
 
-ResponderFlow::ResponderFlow(const ResponderConfig& config) : config_(config), epsn_(config.start_psn & kPsnMask) {
+ResponderFlow::ResponderFlow(const ResponderConfig& config)
+    : config_(config), epsn_(config.start_psn & kPsnMask), seen_end_(epsn_) {
   if (config_.resources == 0) config_.resources = 1;
+  if (!config_.reliable || config_.xrc) config_.selective = false;
 }
 
 Request ResponderFlow::request_of(const wire::ParsedPacket& packet, Operation op) const {
@@ -93,12 +96,19 @@ void ResponderFlow::answer(const Syndrome& syndrome, uint32_t psn, PacketSink& o
   wire::Headers h;
   h.bth.opcode = response_opcode(wire::Opcode::kRcAcknowledge);
   h.bth.dest_qpn = config_.peer_qpn;
+  h.bth.reserved7 = answer_marks();
   h.bth.psn = psn;
   h.aeth = wire::Aeth{to_wire(syndrome), msn_};
   out.send(h, nullptr, 0, 0);
 }
 
-void ResponderFlow::ack(uint32_t psn, PacketSink& out) { answer(Syndrome::ack(), psn, out); }
+void ResponderFlow::ack(uint32_t psn, PacketSink& out) {
+  if (acks_held_) {
+    ack_owed_ = true;  // run_kept's one ACK, at the end
+    return;
+  }
+  answer(Syndrome::ack(), psn, out);
+}
 
 void ResponderFlow::rnr_naked(uint32_t psn) {
   // The packets behind the refused one are dropped silently; the requester
@@ -136,6 +146,7 @@ void ResponderFlow::send_read_response(const ReadOrAtomic& read, const iovec& fr
         break;
     }
     h.bth.dest_qpn = config_.peer_qpn;
+    h.bth.reserved7 = answer_marks();
     h.bth.psn = psn_add(read.psn, i);
     if (segment != wire::Segment::kMiddle)
       h.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), msn_};
@@ -158,6 +169,7 @@ void ResponderFlow::send_atomic_ack(const ReadOrAtomic& atomic, PacketSink& out)
   wire::Headers h;
   h.bth.opcode = response_opcode(wire::Opcode::kRcAtomicAcknowledge);
   h.bth.dest_qpn = config_.peer_qpn;
+  h.bth.reserved7 = answer_marks();
   h.bth.psn = atomic.psn;
   h.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), msn_};
   h.atomic_ack_eth = wire::AtomicAckEth{atomic.original};
@@ -348,11 +360,25 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
   // WQE and CQ are that SRQ's). One that names none it can reach is taken
   // up by the stages (accept NAKs it).
   if (config_.xrc && packet.headers.xrceth) (void)port.select_xrc_srq(packet.headers.xrceth->srqn);
+  if (config_.selective && (packet.headers.bth.reserved7 & kSelective) != 0) peer_selective_ = true;
   const uint32_t psn = packet.headers.bth.psn;
   const int32_t d = psn_diff(psn, epsn_);
   if (config_.reliable) {
     if (d < 0) {
       duplicate(packet, port, out);
+      // A requester asking again from before a hole we keep packets past
+      // (its tail probe or timer: the hole's resend was lost, or its
+      // report): the hole again, once per report sent since.
+      if (peer_selective_ && !kept_.empty() && psn_diff(seen_end_, epsn_) > 0 &&
+          slot(epsn_).state == Kept::State::kMissing && slot(epsn_).reported != report_seq_) {
+        uint32_t n = 1;
+        while (psn_diff(psn_add(epsn_, n), seen_end_) < 0 && slot(psn_add(epsn_, n)).state == Kept::State::kMissing) ++n;
+        report_hole(epsn_, n, out);
+      }
+      return;
+    }
+    if (d > 0 && peer_selective_) {
+      keep(packet, d, out);
       return;
     }
     if (d > 0) {
@@ -375,6 +401,32 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
       return;
     }
     nak_sent_ = false;
+    if (peer_selective_) {
+      if (kept_.empty() || psn_diff(seen_end_, epsn_) <= 0) {
+        run(packet, port, out);
+        seen_end_ = epsn_;
+        return;
+      }
+      // The packet a hole waited for: it and what was kept behind it run
+      // now, in PSN order, answered by one ACK.
+      acks_held_ = true;
+      const uint32_t before = epsn_;
+      run(packet, port, out);
+      if (epsn_ == before) {
+        clear_kept(epsn_, seen_end_);  // refused (RNR, an error): the requester sends again from it
+        seen_end_ = epsn_;
+        ack_owed_ = false;
+      } else {
+        clear_kept(before, epsn_);
+        run_kept(port, out);
+      }
+      acks_held_ = false;
+      if (ack_owed_) {
+        ack_owed_ = false;
+        ack(psn_add(epsn_, kPsnMask), out);
+      }
+      return;
+    }
   } else if (d != 0) {
     // UC: a gap loses the message in progress; this packet starts afresh.
     config_.counters.add(Counter::kOutOfSeqRequest);
@@ -385,6 +437,10 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
     }
     epsn_ = psn;
   }
+  run(packet, port, out);
+}
+
+void ResponderFlow::run(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
   switch (packet.info.operation) {
     case wire::Operation::kSend:
     case wire::Operation::kRdmaWrite:
@@ -400,6 +456,108 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
       return;
     default:
       return;  // responses are the requester's
+  }
+}
+
+}  // namespace softhca::transport
+
+namespace softhca::transport {
+
+void ResponderFlow::keep(const wire::ParsedPacket& packet, int32_t ahead, PacketSink& out) {
+  config_.counters.add(Counter::kOutOfSeqRequest);
+  const wire::Headers& h = packet.headers;
+  // A READ takes a PSN per response packet.
+  uint32_t span = 1;
+  if (packet.info.operation == wire::Operation::kRdmaReadRequest && h.reth)
+    span = std::max<uint32_t>(1, packets_for(h.reth->dma_length, config_.mtu));
+  // Past what is kept: as if lost (the requester's window keeps within it).
+  if (uint64_t{static_cast<uint32_t>(ahead)} + span > kKeepPackets) return;
+  if (kept_.empty()) kept_.resize(kKeepPackets);
+  const uint32_t psn = h.bth.psn;
+  for (uint32_t i = 0; i < span; ++i) {
+    if (slot(psn_add(psn, i)).state != Kept::State::kMissing) {
+      config_.counters.add(Counter::kDuplicateRequest);  // kept already (or inside a kept READ)
+      return;
+    }
+  }
+  Kept& k = slot(psn);
+  const uint32_t filled_report = k.reported;
+  k.state = Kept::State::kKept;
+  k.reported = 0;
+  k.bytes.assign(packet.payload.begin(), packet.payload.end());
+  k.packet = packet;
+  k.packet.payload = std::span<const uint8_t>(k.bytes.data(), k.bytes.size());
+  for (uint32_t i = 1; i < span; ++i) {
+    Kept& covered = slot(psn_add(psn, i));
+    covered.state = Kept::State::kCovered;
+    covered.reported = 0;
+  }
+  const uint32_t end = psn_add(psn, span);
+  if (psn_diff(psn, seen_end_) > 0)
+    report_hole(seen_end_, static_cast<uint32_t>(psn_diff(psn, seen_end_)), out);  // a new hole shows
+  if (psn_diff(end, seen_end_) > 0) {
+    seen_end_ = end;
+  } else if ((h.bth.reserved7 & kResent) != 0 && filled_report != 0) {
+    report_again_before(psn, filled_report, out);
+  }
+}
+
+void ResponderFlow::report_hole(uint32_t first, uint32_t count, PacketSink& out) {
+  if (++report_seq_ == 0) report_seq_ = 1;
+  for (uint32_t i = 0; i < count && i < kKeepPackets; ++i) slot(psn_add(first, i)).reported = report_seq_;
+  count_sent_answer(config_.counters, Answer::kNakSequenceError);
+  wire::Headers h;
+  h.bth.opcode = response_opcode(wire::Opcode::kRcAcknowledge);
+  h.bth.dest_qpn = config_.peer_qpn;
+  h.bth.reserved7 = kSelective | kHoleReport;
+  h.bth.psn = first;
+  h.aeth = wire::Aeth{wire::Syndrome::nak(wire::NakCode::kPsnSequenceError), count & kPsnMask};
+  out.send(h, nullptr, 0, 0);
+}
+
+void ResponderFlow::report_again_before(uint32_t psn, uint32_t seq, PacketSink& out) {
+  // The resend of a hole reported as `seq` came: holes reported before it
+  // whose resends should have come first were lost again.
+  const auto needs_report = [&](uint32_t p) {
+    const Kept& k = slot(p);
+    return k.state == Kept::State::kMissing && k.reported < seq;
+  };
+  for (uint32_t p = epsn_; psn_diff(p, psn) < 0;) {
+    if (!needs_report(p)) {
+      p = psn_add(p, 1);
+      continue;
+    }
+    uint32_t n = 1;
+    while (psn_diff(psn_add(p, n), psn) < 0 && needs_report(psn_add(p, n))) ++n;
+    report_hole(p, n, out);
+    p = psn_add(p, n);
+  }
+}
+
+void ResponderFlow::run_kept(ResponderPort& port, PacketSink& out) {
+  while (psn_diff(seen_end_, epsn_) > 0) {
+    Kept& k = slot(epsn_);
+    if (k.state != Kept::State::kKept || k.packet.headers.bth.psn != epsn_) break;
+    const uint32_t before = epsn_;
+    run(k.packet, port, out);
+    ack_owed_ = true;
+    if (epsn_ == before || !receives_in_state(port.qp().state)) {
+      clear_kept(epsn_, seen_end_);
+      seen_end_ = epsn_;
+      return;
+    }
+    clear_kept(before, epsn_);
+  }
+  if (psn_diff(epsn_, seen_end_) > 0) seen_end_ = epsn_;
+}
+
+void ResponderFlow::clear_kept(uint32_t from, uint32_t to) {
+  if (kept_.empty() || psn_diff(to, from) <= 0) return;
+  const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(psn_diff(to, from)), kKeepPackets);
+  for (uint32_t i = 0; i < n; ++i) {
+    Kept& k = slot(psn_add(from, i));
+    k.state = Kept::State::kMissing;
+    k.reported = 0;
   }
 }
 

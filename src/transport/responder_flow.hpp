@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <vector>
 
 #include "common/counters.hpp"
 #include "transport/packet_sink.hpp"
 #include "transport/responder.hpp"
+#include "transport/selective.hpp"
 #include "wire/packet.hpp"
 
 namespace softhca::transport {
@@ -28,6 +30,9 @@ struct ResponderConfig {
   uint32_t start_psn = 0;  // rq_psn
   uint32_t resources = 16;  // max_dest_rd_atomic: READ/atomic requests kept for replay
   CounterSink counters;     // duplicates, out-of-sequence requests, NAKs sent
+  // Keep packets past a gap for a requester that recovers selectively
+  // (selective.hpp); RC only.
+  bool selective = false;
 };
 
 class ResponderFlow {
@@ -70,6 +75,29 @@ class ResponderFlow {
   void send_or_write(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
   void read(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
   void atomic(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
+  // Runs a request at the expected PSN through its stages.
+  void run(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
+
+  // Selective recovery (selective.hpp).
+  struct Kept {
+    enum class State : uint8_t { kMissing, kKept, kCovered };  // kCovered: a kept READ's later PSNs
+    State state = State::kMissing;
+    uint32_t reported = 0;      // missing: the report that last named it (0: none)
+    wire::ParsedPacket packet;  // kept: its payload in `bytes`
+    std::vector<uint8_t> bytes;
+  };
+  Kept& slot(uint32_t psn) { return kept_[psn % kKeepPackets]; }
+  // The bits every answer carries.
+  uint8_t answer_marks() const { return peer_selective_ ? kSelective : 0; }
+  // A request past the expected PSN, `ahead` PSNs past it.
+  void keep(const wire::ParsedPacket& packet, int32_t ahead, PacketSink& out);
+  void report_hole(uint32_t first, uint32_t count, PacketSink& out);
+  // Reports again the holes before `psn` last reported before report `seq`.
+  void report_again_before(uint32_t psn, uint32_t seq, PacketSink& out);
+  // Runs the kept packets the expected PSN reaches; one ACK for them all.
+  void run_kept(ResponderPort& port, PacketSink& out);
+  // Slots of PSNs [from, to) to missing.
+  void clear_kept(uint32_t from, uint32_t to);
 
   ResponderConfig config_;
   uint32_t epsn_;
@@ -83,6 +111,12 @@ class ResponderFlow {
   // UC: a receive WQE taken by a message that a gap dropped, for the next one.
   std::optional<ReceiveWqe> spare_wqe_;
   std::deque<ReadOrAtomic> recent_;
+  bool peer_selective_ = false;
+  std::vector<Kept> kept_;   // kKeepPackets slots, by PSN; allocated at the first gap
+  uint32_t seen_end_;        // the PSN after the furthest request seen (kept or run)
+  uint32_t report_seq_ = 0;  // hole reports sent
+  bool acks_held_ = false;   // run_kept: ACKs wait for the end of the run
+  bool ack_owed_ = false;
 };
 
 }  // namespace softhca::transport

@@ -26,7 +26,7 @@ void encode_bth(const Bth& h, std::span<uint8_t, kBthSize> out) {
   store_be16(p + 2, h.pkey);
   p[4] = static_cast<uint8_t>((h.fecn ? kFecnBit : 0) | (h.becn ? kBecnBit : 0));
   store_be24(p + 5, h.dest_qpn & kMax24);
-  p[8] = h.ack_req ? kAckReqBit : 0;
+  p[8] = static_cast<uint8_t>((h.ack_req ? kAckReqBit : 0) | (h.reserved7 & ~kAckReqBit));
   store_be24(p + 9, h.psn & kMax24);
 }
 
@@ -43,6 +43,7 @@ Bth decode_bth(std::span<const uint8_t, kBthSize> in) {
   h.becn = (p[4] & kBecnBit) != 0;
   h.dest_qpn = load_be24(p + 5);
   h.ack_req = (p[8] & kAckReqBit) != 0;
+  h.reserved7 = p[8] & static_cast<uint8_t>(~kAckReqBit);
   h.psn = load_be24(p + 9);
   return h;
 }

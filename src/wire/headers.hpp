@@ -43,6 +43,9 @@ struct Bth {
   bool becn = false;
   uint32_t dest_qpn = 0;
   bool ack_req = false;
+  // The seven reserved bits under AckReq: zero on the wire IBTA describes;
+  // softhca peers mark their selective recovery in them (transport/selective.hpp).
+  uint8_t reserved7 = 0;
   uint32_t psn = 0;
   friend constexpr bool operator==(const Bth&, const Bth&) = default;
 };

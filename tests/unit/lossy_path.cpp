@@ -117,12 +117,14 @@ LossyPathResult LossyPath::run(uint64_t stall_ns) {
   rc.mtu = c_.mtu;
   rc.start_psn = kStartPsn;
   rc.timeout = c_.timeout;
+  rc.selective = c_.selective;
   rc.counters = CounterSink(requester_counters_.get(), nullptr);
   requester_.emplace(rc);
   ResponderConfig sc;
   sc.peer_qpn = kRequesterQpn;
   sc.mtu = c_.mtu;
   sc.start_psn = kStartPsn;
+  sc.selective = c_.selective;
   sc.counters = CounterSink(responder_counters_.get(), nullptr);
   responder_.emplace(sc);
   payload_.assign(c_.message_bytes, 0x5A);

@@ -35,6 +35,7 @@ struct LossyPathConfig {
   uint32_t messages = 1024;         // 64 MiB
   uint32_t queue_depth = 128;       // WRITEs the application keeps posted
   uint8_t timeout = 14;             // perftest's: 67 ms
+  bool selective = false;           // both ends recover selectively (transport/selective.hpp)
 };
 
 // What one run did. A stall is a stretch longer than `stall_ns` in which the

@@ -47,5 +47,25 @@ TEST(LossyPath, OnePercentLossTakesLittleMoreThanTwiceTheLosslessTime) {
   }
 }
 
+// Between two softhca ends the responder keeps packets past a gap and the
+// requester resends only the holes it reports (transport/selective.hpp):
+// a loss costs its packet and no round trip of idle link.
+TEST(LossyPath, SelectiveRecoveryKeepsOnePercentLossNearTheLosslessTime) {
+  LossyPathConfig c;
+  c.selective = true;
+  c.loss_per_10000 = 0;
+  const LossyPathResult lossless = run_path(c, "selective, lossless");
+  ASSERT_TRUE(lossless.finished);
+  EXPECT_EQ(lossless.retransmitted, 0u);
+  for (uint64_t seed : {3, 4, 5}) {
+    c.loss_per_10000 = 100;
+    c.seed = seed;
+    const LossyPathResult lossy = run_path(c, "selective, 1% loss");
+    ASSERT_TRUE(lossy.finished);
+    EXPECT_LE(lossy.elapsed_ns, 3 * lossless.elapsed_ns / 2) << "seed " << seed;
+    EXPECT_LE(lossy.retransmitted, 3 * lossy.lost_requests) << "seed " << seed;
+  }
+}
+
 }  // namespace
 }  // namespace softhca::transport

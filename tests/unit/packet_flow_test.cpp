@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "encoded_packet.hpp"
@@ -17,6 +18,7 @@
 #include "transport/ibta_timers.hpp"
 #include "transport/requester_flow.hpp"
 #include "transport/responder_flow.hpp"
+#include "transport/selective.hpp"
 #include "wire/ip_udp.hpp"
 
 namespace softhca::transport {
@@ -110,6 +112,7 @@ class PacketFlow : public ::testing::Test {
     rc.retry_cnt = retry_cnt;
     rc.rnr_retry = rnr_retry;
     rc.timeout = 10;  // 4.2 ms of virtual time
+    rc.selective = requester_selective_;
     requester_counters_ = std::make_unique<Counters>();
     responder_counters_ = std::make_unique<Counters>();
     rc.counters = CounterSink(requester_counters_.get(), nullptr);
@@ -120,6 +123,7 @@ class PacketFlow : public ::testing::Test {
     sc.reliable = reliable;
     sc.start_psn = psn;
     sc.counters = CounterSink(responder_counters_.get(), nullptr);
+    sc.selective = responder_selective_;
     responder_.emplace(sc);
     port_.qp_.type = reliable ? IBV_QPT_RC : IBV_QPT_UC;
   }
@@ -174,6 +178,9 @@ class PacketFlow : public ::testing::Test {
   std::optional<ResponderFlow> responder_;
   uint64_t now_ = 0;
   std::function<void()> on_wait;
+  // Selective recovery (transport/selective.hpp) at either end, for start().
+  bool requester_selective_ = false;
+  bool responder_selective_ = false;
 };
 
 TEST_F(PacketFlow, ASendOfTenPacketsArrivesWholeAndCompletes) {
@@ -1183,6 +1190,228 @@ TEST_F(PacketFlow, SendWithInvalidateOfAnMrIsAnInvalidRequest) {
   EXPECT_EQ(port_.completions[0].status, IBV_WC_REM_INV_REQ_ERR);
   ASSERT_EQ(port_.events.size(), 1u);
   EXPECT_EQ(port_.events[0], IBV_EVENT_QP_REQ_ERR);
+}
+
+}  // namespace
+}  // namespace softhca::transport
+
+namespace softhca::transport {
+namespace {
+
+// Selective recovery between two softhca ends (transport/selective.hpp).
+class SelectiveFlow : public PacketFlow {
+ protected:
+  void start_selective(bool requester = true, bool responder = true) {
+    requester_selective_ = requester;
+    responder_selective_ = responder;
+    start();
+  }
+  // A 20% lossy path with duplicates and reordering, seeded.
+  std::function<Wire::Fault(const wire::Headers&, uint64_t)> lossy(uint64_t seed) {
+    auto x = std::make_shared<uint64_t>(seed * 0x9E3779B97F4A7C15ULL);
+    auto coin = [x](double p) {
+      *x ^= *x >> 12;
+      *x ^= *x << 25;
+      *x ^= *x >> 27;
+      return static_cast<double>((*x * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0 < p;
+    };
+    return [coin](const wire::Headers&, uint64_t) {
+      if (coin(0.2)) return Wire::Fault{0, false};
+      if (coin(0.05)) return Wire::Fault{2, false};
+      if (coin(0.05)) return Wire::Fault{1, true};
+      return Wire::Fault{};
+    };
+  }
+};
+
+TEST_F(SelectiveFlow, OnlyTheLostPacketsAreSentAgain) {
+  start_selective();
+  // A first message draws the first answers, which show the responder keeps packets.
+  auto first = pattern(kMtu, 1);
+  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
+  ASSERT_EQ(run(1).size(), 1u);
+  auto data = pattern(64 * 1024, 2);
+  std::set<uint32_t> dropped;
+  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
+    // The first transmission of every 7th packet is lost.
+    if (h.bth.psn % 7 == 3 && dropped.insert(h.bth.psn).second) return Wire::Fault{0, false};
+    return Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kWrite, data, kIova + kMtu), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
+  ASSERT_GT(dropped.size(), 5u);
+  // Each hole reported once and resent once; nothing that arrived came again.
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), dropped.size());
+  EXPECT_EQ(responder_count(Counter::kSentSeqNak), dropped.size());
+  EXPECT_EQ(responder_count(Counter::kDuplicateRequest), 0u);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
+  EXPECT_EQ(now_, 0u) << "no timer was needed";
+}
+
+TEST_F(SelectiveFlow, AResendLostAgainIsReportedAgainByALaterOne) {
+  start_selective();
+  auto first = pattern(kMtu, 3);
+  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
+  ASSERT_EQ(run(1).size(), 1u);
+  auto data = pattern(32 * kMtu, 4);
+  const uint32_t base = 0x1001;  // the second message's first PSN
+  int sends_of_a = 0;
+  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
+    // Hole A (its packet and its first resend lost), then hole B (lost once).
+    if (h.bth.psn == base + 5 && ++sends_of_a <= 2) return Wire::Fault{0, false};
+    if (h.bth.psn == base + 9 && (h.bth.reserved7 & kResent) == 0) return Wire::Fault{0, false};
+    return Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kWrite, data, kIova + kMtu), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
+  EXPECT_EQ(sends_of_a, 3);
+  // A's report, B's, A's again when B's resend came before A's.
+  EXPECT_EQ(responder_count(Counter::kSentSeqNak), 3u);
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 3u);
+  EXPECT_EQ(now_, 0u) << "no probe, no timer";
+}
+
+TEST_F(SelectiveFlow, ALostLastResendIsProbedAndTheHoleFills) {
+  start_selective();
+  auto first = pattern(kMtu, 5);
+  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
+  ASSERT_EQ(run(1).size(), 1u);
+  auto data = pattern(16 * kMtu, 6);
+  int sends = 0;
+  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
+    if (h.bth.psn == 0x1001 + 12 && ++sends <= 2) return Wire::Fault{0, false};  // and its resend
+    return Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kWrite, data, kIova + kMtu), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
+  EXPECT_EQ(sends, 3);
+  EXPECT_GT(now_, 0u);  // the tail probe, well before the ACK timer (4.2 ms)
+  EXPECT_LT(now_, 4'000'000u);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
+}
+
+// Towards an end without it (a RoCE NIC, rxe, a softhca with it off) the
+// wire is plain IBTA: no marks from the responder, go-back-N from the gap.
+TEST_F(SelectiveFlow, EitherEndAloneKeepsToGoBackN) {
+  for (const bool requester_side : {true, false}) {
+    start_selective(requester_side, !requester_side);
+    bool marked_answer = false;
+    to_requester_.fault = [&](const wire::Headers& h, uint64_t) {
+      marked_answer |= h.bth.reserved7 != 0;
+      return Wire::Fault{};
+    };
+    bool marked_request = false;
+    to_responder_.fault = [&](const wire::Headers& h, uint64_t index) {
+      marked_request |= h.bth.reserved7 != 0;
+      return index == 1 ? Wire::Fault{0, false} : Wire::Fault{};
+    };
+    auto data = pattern(4 * kMtu, 7);
+    requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+    const auto done = run(1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+    EXPECT_FALSE(marked_answer) << "requester selective: " << requester_side;
+    EXPECT_EQ(marked_request, requester_side);
+    // Go-back-N: packets 2, 3 and 4 again.
+    EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 3u) << "requester selective: " << requester_side;
+  }
+}
+
+// Every opcode, kept past gaps and run in PSN order, on a path that loses,
+// duplicates and reorders a fifth of the packets both ways.
+TEST_F(SelectiveFlow, MixedOperationsSurviveTwentyPercentLossOnManySeeds) {
+  uint64_t reports = 0, kept_past_gaps = 0;
+  for (uint64_t seed = 1; seed <= 150; ++seed) {
+    start_selective();
+    now_ = 0;
+    auto remote = pattern(8 * kMtu + 5, static_cast<uint8_t>(seed));
+    std::memcpy(port_.at(kIova + 128 * 1024), remote.data(), remote.size());
+    uint64_t word = 0;
+    std::memcpy(port_.at(kIova + 64), &word, 8);
+    to_responder_.fault = lossy(seed);
+    to_requester_.fault = lossy(seed + 1000);
+    std::vector<std::vector<uint8_t>> buffers;
+    buffers.reserve(40);
+    std::vector<std::vector<uint8_t>> expected_writes;
+    uint32_t position = 0;
+    uint32_t receives = 0;
+    const size_t completions_before = port_.completions.size();  // the port lives across seeds
+    for (int round = 0; round < 6; ++round) {
+      auto& w = buffers.emplace_back(pattern(5 * kMtu + 3, static_cast<uint8_t>(seed + round)));
+      requester_->post(message(position++, Operation::kWrite, w, kIova + 1024 + round * 8 * kMtu), now_,
+                       to_responder_);
+      auto& s = buffers.emplace_back(pattern(3 * kMtu, static_cast<uint8_t>(seed * 3 + round)));
+      port_.post_receive(100 + receives, kIova + 64 * 1024 + receives * 4 * kMtu, 4 * kMtu);
+      ++receives;
+      requester_->post(message(position++, Operation::kSend, s), now_, to_responder_);
+      auto& r = buffers.emplace_back(remote.size(), 0);
+      requester_->post(message(position++, Operation::kRead, r, kIova + 128 * 1024), now_, to_responder_);
+      auto& a = buffers.emplace_back(8, 0);
+      OutgoingMessage m = message(position++, Operation::kFetchAdd, a, kIova + 64);
+      m.compare_add = 1;
+      requester_->post(m, now_, to_responder_);
+    }
+    const auto done = run(position);
+    ASSERT_EQ(done.size(), position) << "seed " << seed;
+    for (uint32_t i = 0; i < done.size(); ++i) {
+      ASSERT_EQ(done[i].position, i) << "seed " << seed;
+      ASSERT_EQ(done[i].status, IBV_WC_SUCCESS) << "seed " << seed;
+    }
+    for (int round = 0; round < 6; ++round) {
+      const auto& w = buffers[round * 4];
+      ASSERT_EQ(std::memcmp(port_.at(kIova + 1024 + round * 8 * kMtu), w.data(), w.size()), 0) << "seed " << seed;
+      const auto& s = buffers[round * 4 + 1];
+      ASSERT_EQ(std::memcmp(port_.at(kIova + 64 * 1024 + round * 4 * kMtu), s.data(), s.size()), 0)
+          << "seed " << seed;
+      ASSERT_EQ(buffers[round * 4 + 2], remote) << "seed " << seed;
+    }
+    ASSERT_EQ(port_.completions.size() - completions_before, 6u) << "each SEND took one receive; seed " << seed;
+    std::memcpy(&word, port_.at(kIova + 64), 8);
+    ASSERT_EQ(word, 6u) << "each atomic ran once; seed " << seed;
+    reports += responder_count(Counter::kSentSeqNak);
+    kept_past_gaps += responder_count(Counter::kOutOfSeqRequest);
+  }
+  // The path did what it is for: holes reported, packets kept past them.
+  EXPECT_GT(reports, 150u);
+  EXPECT_GT(kept_past_gaps, 150u);
+}
+
+TEST_F(SelectiveFlow, AnRnrNakPastKeptPacketsSendsAgainFromTheRefusedSend) {
+  start_selective();
+  auto first = pattern(kMtu, 8);
+  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
+  ASSERT_EQ(run(1).size(), 1u);
+  port_.qp_.min_rnr_timer = 1;  // 10 us
+  // A WRITE whose second packet is lost, then a SEND with no receive posted yet.
+  auto w = pattern(4 * kMtu, 9);
+  auto s = pattern(2 * kMtu, 10);
+  to_responder_.fault = [](const wire::Headers& h, uint64_t) {
+    return h.bth.psn == 0x1002 && (h.bth.reserved7 & kResent) == 0 ? Wire::Fault{0, false} : Wire::Fault{};
+  };
+  int waits = 0;
+  on_wait = [&] {
+    if (++waits == 2) port_.post_receive(12, kIova + 32 * 1024, 8 * 1024);
+  };
+  requester_->post(message(1, Operation::kWrite, w, kIova + 1024), now_, to_responder_);
+  requester_->post(message(2, Operation::kSend, s), now_, to_responder_);
+  const auto done = run(2);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(done[1].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(port_.at(kIova + 1024), w.data(), w.size()), 0);
+  EXPECT_EQ(std::memcmp(port_.at(kIova + 32 * 1024), s.data(), s.size()), 0);
+  ASSERT_EQ(port_.completions.size(), 1u);
+  EXPECT_EQ(port_.completions[0].byte_len, s.size());
 }
 
 }  // namespace

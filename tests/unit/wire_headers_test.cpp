@@ -47,7 +47,7 @@ TEST(WireBth, EveryFlagHasItsOwnBit) {
   EXPECT_EQ(decode_bth(pad).tver, 0);
 }
 
-TEST(WireBth, ReservedBitsAreIgnoredOnReceiveAndZeroOnSend) {
+TEST(WireBth, ReservedBitsChangeNoFieldAndOnlyResv7IsCarried) {
   // resv6 (byte 4, bits 5-0) and resv7 (byte 8, bits 6-0) all set.
   const Bytes<12> in = {0x04, 0x00, 0xFF, 0xFF, 0x3F, 0x00, 0x00, 0x11, 0x7F, 0x00, 0x00, 0x01};
   const Bth b = decode_bth(in);
@@ -56,9 +56,16 @@ TEST(WireBth, ReservedBitsAreIgnoredOnReceiveAndZeroOnSend) {
   EXPECT_FALSE(b.ack_req);
   EXPECT_EQ(b.dest_qpn, 0x11u);
   EXPECT_EQ(b.psn, 1u);
+  // resv7 is where softhca peers mark selective recovery (transport/selective.hpp).
+  EXPECT_EQ(b.reserved7, 0x7F);
   Bytes<12> out{};
   encode_bth(b, out);
   EXPECT_EQ(out[4], 0x00);
+  EXPECT_EQ(out[8], 0x7F);
+  // A header built without them sends zeros; they never reach AckReq.
+  encode_bth(Bth{.opcode = 0x04, .ack_req = false, .reserved7 = 0xFF, .psn = 1}, out);
+  EXPECT_EQ(out[8], 0x7F);
+  encode_bth(Bth{.opcode = 0x04, .psn = 1}, out);
   EXPECT_EQ(out[8], 0x00);
 }
 

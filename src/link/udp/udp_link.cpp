@@ -185,11 +185,11 @@ struct ChannelState {
   bool closed = false;
   CounterSink counters;  // the QP's and the port's
   host::MrLookupCache responder_key;  // the responder's last key (ShmResponderPort)
-  ChannelState(const link::ChannelConfig& c, Counters* port)
+  ChannelState(const link::ChannelConfig& c, Counters* port, bool selective)
       : config(c),
         responder(transport::ResponderConfig{c.dest_qpn, c.mtu, c.qp_type != IBV_QPT_UC,
                                              c.qp_type == IBV_QPT_XRC_RECV, c.rq_psn, c.max_dest_rd_atomic,
-                                             CounterSink(c.qp_counters, port)}),
+                                             CounterSink(c.qp_counters, port), selective}),
         counters(c.qp_counters, port) {}
 };
 
@@ -237,6 +237,7 @@ class UdpLink final : public link::Link {
   }
 
   Sockets* sockets() { return sockets_.get(); }
+  bool selective() const { return selective_; }
   // This process's share of the port's counters.
   Counters* port_counters() { return &host_.registry().process_counters(host_.proc()); }
   // Sends one encoded packet of `flow`, through the fault schedule when
@@ -357,6 +358,7 @@ class UdpLink final : public link::Link {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
   uint64_t spin_ns_ = 0;  // SOFTHCA_UDP_SPIN_US, in ns
+  bool selective_ = true;  // SOFTHCA_UDP_SELECTIVE (set at start, before started_)
   // SOFTHCA_UDP_HANDOVER_US: whether the thread leaves the sockets to
   // busy-polling application threads (set at start, before started_).
   std::optional<PollerHandover> handover_;
@@ -639,6 +641,7 @@ class UdpChannel final : public link::Channel {
     c.timeout = send.timeout;
     c.max_rd_atomic = send.max_rd_atomic;
     c.counters = state_->counters;
+    c.selective = link_.selective();
     if (!state_->requester) state_->requester.emplace(c);
   }
 
@@ -662,7 +665,7 @@ class UdpChannel final : public link::Channel {
 
 std::unique_ptr<link::Channel> UdpLink::open_channel(const link::ChannelConfig& config) {
   if (!start()) return nullptr;
-  auto state = std::make_shared<ChannelState>(config, port_counters());
+  auto state = std::make_shared<ChannelState>(config, port_counters(), selective_);
   {
     std::lock_guard guard(mutex_);
     channels_[config.local_qpn] = state;
@@ -679,6 +682,7 @@ bool UdpLink::start() {
   options.gso = setting_number(SettingId::kUdpGso) == 0;
   spin_ns_ = uint64_t{setting_number(SettingId::kUdpSpinUs)} * 1000;
   handover_.emplace(uint64_t{setting_number(SettingId::kUdpHandoverUs)} * 1000);
+  selective_ = setting_number(SettingId::kUdpSelective) == 0;
   auto sockets = Sockets::open(options);
   if (sockets) {
     sockets_ = std::move(*sockets);
