@@ -41,6 +41,6 @@ inline constexpr uint8_t kHoleReport = 0x04;
 // PSNs past the expected one the responder keeps packets for; the
 // requester's window towards such a responder (never more in flight than
 // it keeps, or the excess is dropped and resent).
-inline constexpr uint32_t kKeepPackets = 256;
+inline constexpr uint32_t kKeepPackets = 512;
 
 }  // namespace softhca::transport

@@ -374,12 +374,15 @@ class UdpLink final : public link::Link {
   };
   std::mutex fault_mutex_;
   std::optional<Delayed> held_;          // a packet held back behind the next one
+  std::atomic<bool> holding_{false};     // held_ has one: the next packet must release it
   std::vector<Delayed> delayed_;         // packets waiting for their delay
   // What the fault schedule makes of one packet: appended to `now` when it
   // may leave now (with its duplicate, and a packet held back behind it),
   // else kept in delayed_ / held_ for the link's thread.
-  void apply_faults(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex,
-                    std::vector<Delayed>& now);
+  void apply_faults(const FaultDecision& d, const wire::UdpFlow& flow, std::span<const uint8_t> packet,
+                    uint32_t ifindex, std::vector<Delayed>& now);
+  // A packet to send from a copy the fault schedule made.
+  OutgoingPacket outgoing(const Delayed& p);
   // Sends packets that own their bytes, in one batch (into the capture too).
   void send_owned(const std::vector<Delayed>& packets);
   void recycle(std::unique_ptr<SendBatch> batch);
@@ -485,12 +488,33 @@ void UdpLink::send_batch(std::unique_ptr<SendBatch> batch) {
   if (faults_) {
     // The fault schedule decides packet by packet, in order; what it lets
     // through now still leaves in one batch, so that a lossy run costs the
-    // system calls of a lossless one and compares with it.
-    std::vector<Delayed> now;
-    now.reserve(packets.size() + 2);
-    for (size_t i = 0; i < packets.size(); ++i)
-      apply_faults(flow_of(packets[i], batch->source_ports[i]), packets[i].bytes, packets[i].ifindex, now);
-    send_owned(now);
+    // system calls of a lossless one and compares with it. A packet it lets
+    // through untouched leaves from the batch's own buffer: no copy and no
+    // allocation for it, as on the lossless path (an application that
+    // mallocs in a signal handler, as perftest -D's SIGALRM handler does,
+    // deadlocked when the signal came during our allocation; and each
+    // copy made a lossy run slower for a reason no real loss has).
+    std::vector<Delayed> copies;  // what it delays, duplicates, holds back or corrupts
+    std::array<OutgoingPacket, 3 * SendBatch::kPackets> out{};
+    size_t n = 0;
+    for (size_t i = 0; i < packets.size(); ++i) {
+      const wire::UdpFlow flow = flow_of(packets[i], batch->source_ports[i]);
+      const FaultDecision d = faults_->next(packets[i].bytes.size());
+      if (d.drop) continue;
+      if (!d.any() && !holding_.load(std::memory_order_relaxed)) {
+        if (capture_) [[maybe_unused]] auto written = capture_->write(flow, packets[i].bytes, realtime_ns());
+        out[n++] = packets[i];
+        continue;
+      }
+      const size_t first = copies.size();
+      apply_faults(d, flow, packets[i].bytes, packets[i].ifindex, copies);
+      // Each copy's bytes stay where they are when `copies` grows.
+      for (size_t j = first; j < copies.size(); ++j) out[n++] = outgoing(copies[j]);
+    }
+    if (const size_t refused = sockets_->send_batch(std::span<const OutgoingPacket>(out.data(), n)); refused > 0) {
+      port_counters()->add(Counter::kSendErr, refused);
+      SOFTHCA_DEBUG("udp link: %zu of %zu packets refused: %s", refused, n, std::strerror(errno));
+    }
     recycle(std::move(batch));
     return;
   }
@@ -512,24 +536,24 @@ void UdpLink::recycle(std::unique_ptr<SendBatch> batch) {
   batch_pool_.push_back(std::move(batch));
 }
 
+OutgoingPacket UdpLink::outgoing(const Delayed& p) {
+  if (capture_) [[maybe_unused]] auto written = capture_->write(p.flow, p.bytes, realtime_ns());
+  return OutgoingPacket{p.flow.src_gid, p.flow.dst_gid, p.flow.traffic_class, p.flow.hop_limit,
+                        std::span<const uint8_t>(p.bytes), p.ifindex};
+}
+
 void UdpLink::send_owned(const std::vector<Delayed>& packets) {
   std::vector<OutgoingPacket> out;
   out.reserve(packets.size());
-  for (const Delayed& p : packets) {
-    if (capture_) [[maybe_unused]] auto written = capture_->write(p.flow, p.bytes, realtime_ns());
-    out.push_back(OutgoingPacket{p.flow.src_gid, p.flow.dst_gid, p.flow.traffic_class, p.flow.hop_limit,
-                                 std::span<const uint8_t>(p.bytes), p.ifindex});
-  }
+  for (const Delayed& p : packets) out.push_back(outgoing(p));
   if (const size_t refused = sockets_->send_batch(out); refused > 0) {
     port_counters()->add(Counter::kSendErr, refused);
     SOFTHCA_DEBUG("udp link: %zu of %zu packets refused: %s", refused, out.size(), std::strerror(errno));
   }
 }
 
-void UdpLink::apply_faults(const wire::UdpFlow& flow, std::span<const uint8_t> packet, uint32_t ifindex,
-                           std::vector<Delayed>& now) {
-  const FaultDecision d = faults_->next(packet.size());
-  if (d.drop) return;
+void UdpLink::apply_faults(const FaultDecision& d, const wire::UdpFlow& flow, std::span<const uint8_t> packet,
+                           uint32_t ifindex, std::vector<Delayed>& now) {
   std::vector<uint8_t> bytes(packet.begin(), packet.end());
   if (d.corruption) apply_corruption(*d.corruption, bytes);
   std::optional<Delayed> release;
@@ -544,10 +568,12 @@ void UdpLink::apply_faults(const wire::UdpFlow& flow, std::span<const uint8_t> p
     }
     if (d.hold_back && !held_) {
       held_ = Delayed{monotonic_ns() + 1'000'000, flow, bytes, ifindex};  // behind the next packet, 1 ms at most
+      holding_.store(true, std::memory_order_relaxed);
       wake();
       return;
     }
     release.swap(held_);
+    holding_.store(false, std::memory_order_relaxed);
   }
   now.push_back(Delayed{0, flow, bytes, ifindex});
   if (d.duplicate) now.push_back(Delayed{0, flow, std::move(bytes), ifindex});
@@ -562,6 +588,7 @@ uint64_t UdpLink::release_delayed(uint64_t now) {
     if (held_ && held_->due_ns <= now) {
       due.push_back(std::move(*held_));
       held_.reset();
+      holding_.store(false, std::memory_order_relaxed);
     }
     for (size_t i = 0; i < delayed_.size();) {
       if (delayed_[i].due_ns <= now) {
