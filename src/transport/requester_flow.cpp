@@ -196,7 +196,7 @@ void RequesterFlow::send_packet(wire::Headers& h, const OutgoingMessage& m, Pack
     h.bth.opcode = wire::xrc_twin(h.bth.opcode);
     h.xrceth = wire::Xrceth{m.xrc_srqn & wire::kMax24};
   }
-  if (config_.selective) {
+  if (config_.selective && !peer_plain_) {
     h.bth.reserved7 = kSelective;
     if (psn_diff(h.bth.psn, sent_end_) < 0) h.bth.reserved7 |= kResent;
   }
@@ -469,9 +469,13 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
   // sent (stale, or from nobody's responder) is dropped: an ACK of it
   // completed every message up to it, those the window had not sent yet too.
   if (psn_diff(psn, sent_end_) >= 0) return;
-  if (config_.selective && !peer_selective_ && (h.bth.reserved7 & kSelective) != 0) {
-    peer_selective_ = true;  // the responder keeps packets past a gap: a window of what it keeps
-    window_ = kKeepPackets;
+  if (config_.selective && !peer_selective_ && !peer_plain_) {
+    if ((h.bth.reserved7 & kSelective) != 0) {
+      peer_selective_ = true;  // the responder keeps packets past a gap: a window of what it keeps
+      window_ = kKeepPackets;
+    } else {
+      peer_plain_ = true;  // it answered a marked request without the mark
+    }
   }
   switch (packet.info.operation) {
     case wire::Operation::kAcknowledge: {

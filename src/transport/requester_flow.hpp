@@ -185,6 +185,9 @@ class RequesterFlow {
   size_t rate_next_ = 0;
   // The responder keeps packets past a gap and reports holes (selective.hpp).
   bool peer_selective_ = false;
+  // An answer came without the mark: the responder does not (a RoCE NIC,
+  // rxe): requests go out with the reserved bits at zero from then on.
+  bool peer_plain_ = false;
   uint32_t last_ack_req_psn_ = 0;  // the latest packet sent that asked for an ACK
 };
 

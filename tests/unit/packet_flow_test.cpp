@@ -1309,9 +1309,10 @@ TEST_F(SelectiveFlow, EitherEndAloneKeepsToGoBackN) {
       marked_answer |= h.bth.reserved7 != 0;
       return Wire::Fault{};
     };
-    bool marked_request = false;
+    bool marked_request = false, last_marked = false;
     to_responder_.fault = [&](const wire::Headers& h, uint64_t index) {
       marked_request |= h.bth.reserved7 != 0;
+      last_marked = h.bth.reserved7 != 0;
       return index == 1 ? Wire::Fault{0, false} : Wire::Fault{};
     };
     auto data = pattern(4 * kMtu, 7);
@@ -1322,6 +1323,8 @@ TEST_F(SelectiveFlow, EitherEndAloneKeepsToGoBackN) {
     EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
     EXPECT_FALSE(marked_answer) << "requester selective: " << requester_side;
     EXPECT_EQ(marked_request, requester_side);
+    // Once an unmarked answer came, the requester's reserved bits are zero again.
+    EXPECT_FALSE(last_marked);
     // Go-back-N: packets 2, 3 and 4 again.
     EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 3u) << "requester selective: " << requester_side;
   }
