@@ -239,7 +239,7 @@ inline constexpr std::array kSettings = {
         .default_text = "on",
         .help = "recover lost packets selectively between two softhca ends of an RC connection (udp "
                 "link only)",
-        .note = "the responder keeps up to 256 packets behind a lost one and reports each gap; the "
+        .note = "the responder keeps up to 512 packets behind a lost one and reports each gap; the "
                 "requester resends only those packets. Both ends mark it in reserved BTH bits and use "
                 "it only when the other end does, so a RoCE NIC or rxe at the other end sees IBTA "
                 "go-back-N. off: go-back-N between softhca ends too. Read when the udp link starts",
