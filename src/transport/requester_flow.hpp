@@ -89,6 +89,9 @@ class RequesterFlow {
 
   uint32_t next_psn() const { return next_psn_; }
   uint32_t window_packets() const { return window_; }
+  // The most packets unacknowledged at once: 128, or towards a responder
+  // that keeps packets past a gap what it keeps (selective.hpp).
+  uint32_t max_window() const;
 
  private:
   struct Outstanding {
@@ -136,8 +139,6 @@ class RequesterFlow {
   uint32_t path_packets() const;
   void time_round_trip(uint32_t psn, uint64_t now_ns);
   void round_trip_answered(uint64_t now_ns);
-  // The most packets unacknowledged at once.
-  uint32_t max_window() const;
   // Sends again the packets of PSNs [first, first + count) that went out
   // before (selective recovery: a hole report, the tail probe).
   void resend_range(uint32_t first, uint32_t count, uint64_t now_ns, PacketSink& out);

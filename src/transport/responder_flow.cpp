@@ -441,6 +441,7 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
 }
 
 void ResponderFlow::run(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
+  port.running(packet.headers.bth.psn);
   switch (packet.info.operation) {
     case wire::Operation::kSend:
     case wire::Operation::kRdmaWrite:

@@ -94,6 +94,9 @@ class ResponderPort {
   // its PD then. take_receive and complete_receive use that SRQ from here on.
   // Links that do not carry XRC have none.
   virtual std::optional<uint32_t> select_xrc_srq(uint32_t /*srqn*/) { return std::nullopt; }
+  // The stages are about to run the request at `psn`: the packet that came,
+  // or one kept past a gap that it filled (selective.hpp). For checks.
+  virtual void running(uint32_t /*psn*/) {}
   // Claims the next receive WQE of the QP's RQ or SRQ; false if there is none.
   virtual bool take_receive(ReceiveWqe& out) = 0;
   // Bytes into the responder's memory (`to`) from the requester's (`from`).

@@ -38,8 +38,10 @@ class CheckedPort final : public transport::ResponderPort {
   }
 
   transport::FakePort& fake() { return fake_; }
-  // The PSN of the request the responder is handling now.
+  // The PSN of the request the responder is handling now: the packet that
+  // came, until the stages name the one they run (a kept one, for one).
   void handling(uint32_t psn) { psn_ = psn; }
+  void running(uint32_t psn) override { psn_ = psn; }
   void deregister(uint32_t key) { fake_.keys.erase(key); }
   void deregister_all() { fake_.keys.clear(); }
   void register_all() { fake_.keys = all_keys_; }

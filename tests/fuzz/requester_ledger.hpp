@@ -65,11 +65,13 @@ class RequesterLedger {
   const Posted& oldest() const { return posted_.front(); }
 
   // The requester's window is full by its accounting.
-  bool full() const {
+  // `window`: the requester's max_window() (kWindowPackets, or more
+  // towards a responder that keeps packets past a gap).
+  bool full(uint32_t window) const {
     if (!reliable_) return false;
     uint64_t packets = 0;
     for (const Posted& p : posted_) packets += p.npsn;
-    return posted_.size() >= kWindowMessages || packets >= kWindowPackets;
+    return posted_.size() >= kWindowMessages || packets >= window;
   }
 
   // One request packet the requester sent.
@@ -90,9 +92,9 @@ class RequesterLedger {
   void step_begins() { step_psns_.clear(); }
 
   // At the end of a step, after its completions were popped: the requester
-  // sends only within kWindowPackets of the oldest unacknowledged PSN, which
+  // sends only within `window` of the oldest unacknowledged PSN, which
   // is at most the end of the oldest message still outstanding.
-  void step_ends() {
+  void step_ends(uint32_t window) {
     if (!reliable_) return;
     // Every READ or atomic sent and not completed the responder may have
     // run, and it keeps only max_dest_rd_atomic of them to answer again: no
@@ -104,7 +106,7 @@ class RequesterLedger {
     if (static_cast<uint32_t>(out) > rd_atomic_limit_) broken("no more READs and atomics in flight than max_rd_atomic");
     const uint32_t bound = posted_.empty() ? next_psn_ : transport::psn_add(oldest().first_psn, oldest().npsn);
     for (uint32_t psn : step_psns_) {
-      if (transport::psn_diff(psn, bound) >= static_cast<int32_t>(kWindowPackets))
+      if (transport::psn_diff(psn, bound) >= static_cast<int32_t>(window))
         broken("the requester sends only within its window");
     }
   }

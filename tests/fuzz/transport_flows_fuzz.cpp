@@ -32,6 +32,7 @@
 #include "transport/requester_flow.hpp"
 #include "transport/retry_policy.hpp"
 #include "transport/responder_flow.hpp"
+#include "transport/selective.hpp"
 #include "transport_fuzz_report.hpp"
 #include "transport_script.hpp"
 #include "transport_setup.hpp"
@@ -165,11 +166,17 @@ class Session {
       if (c.status != IBV_WC_SUCCESS) ++stats.error_completions;
       ledger_.completed(c, requester_.failed());
     }
-    ledger_.step_ends();
+    // A larger window only towards a responder whose answers showed it keeps
+    // packets past a gap, and only for a requester that does its part.
+    const uint32_t window = requester_.max_window();
+    if (window != kWindowPackets &&
+        (window != transport::kKeepPackets || !setup_.requester.selective || !selective_answer_seen_))
+      broken("the window grows past 128 only towards a selective responder");
+    ledger_.step_ends(window);
     ledger_.check_guards();
     if (requester_.next_psn() != ledger_.next_psn() && !aborted_) broken("each message takes the PSNs its length needs");
     if (setup_.reliable && !requester_.failed()) {
-      if (requester_.has_room() == ledger_.full()) broken("has_room() is the window's accounting");
+      if (requester_.has_room() == ledger_.full(window)) broken("has_room() is the window's accounting");
       if (!ledger_.empty() && requester_.deadline() == 0) broken("a requester that waits has its timer armed");
     }
   }
@@ -232,6 +239,7 @@ class Session {
           psn_diff(p.headers.bth.psn, ledger_.next_psn()) < 0)
         desynced_ = true;
       to_responder_.new_call();
+      if (p.headers.bth.reserved7 & transport::kSelective) selective_answer_seen_ = true;
       requester_.on_response(p, now_, to_responder_);
     } else {
       trace_packet("responder gets", p.headers);
@@ -311,6 +319,9 @@ class Session {
     h.bth.psn = psn & kPsnMask;
     h.bth.ack_req = (flags & 1) != 0;
     h.bth.solicited = (flags & 2) != 0;
+    // The selective-recovery marks (transport/selective.hpp): a forged hole
+    // report, a request claiming to be a resend or a selective requester.
+    h.bth.reserved7 = static_cast<uint8_t>((flags >> 2) & 7);
     const uint8_t remote_kind = in.u8();
     const uint16_t offset = in.u16();
     const uint8_t rkey_kind = in.u8();
@@ -454,6 +465,7 @@ class Session {
   RequesterFlow requester_;
   ResponderFlow responder_;
   RequesterLedger ledger_;
+  bool selective_answer_seen_ = false;  // an answer marked kSelective reached the requester
   uint64_t now_ = 0;
   uint32_t next_position_ = 0;
   uint64_t next_wr_id_ = 1;

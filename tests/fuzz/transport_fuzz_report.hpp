@@ -26,6 +26,7 @@ inline bool tracing() {
 inline void trace_packet(const char* what, const wire::Headers& h) {
   if (!tracing()) return;
   std::fprintf(stderr, "  %s opcode 0x%02x psn 0x%06x%s", what, h.bth.opcode, h.bth.psn, h.bth.ack_req ? " ackreq" : "");
+  if (h.bth.reserved7 != 0) std::fprintf(stderr, " marks 0x%x", h.bth.reserved7);
   if (h.aeth) std::fprintf(stderr, " aeth 0x%02x msn %u", h.aeth->syndrome.byte(), h.aeth->msn);
   if (h.reth) std::fprintf(stderr, " reth len %u", h.reth->dma_length);
   std::fprintf(stderr, "\n");

@@ -67,6 +67,8 @@ inline Setup read_setup(script::Reader& in) {
   // than the responder keeps to answer again.
   s.requester.max_rd_atomic = s.responder.resources;
   s.min_rnr_timer = c[6] >> 3;
+  // Both ends recover selectively (each uses it once the other's marks show).
+  s.requester.selective = s.responder.selective = (c[2] & 0x10) != 0;
   if (c[7] & 0x80) {
     s.access = ((c[7] & 1) ? IBV_ACCESS_REMOTE_WRITE : 0) | ((c[7] & 2) ? IBV_ACCESS_REMOTE_READ : 0) |
                ((c[7] & 4) ? IBV_ACCESS_REMOTE_ATOMIC : 0);
