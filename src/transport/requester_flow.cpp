@@ -50,6 +50,12 @@ constexpr uint64_t kAskAgainAfterNs = 100'000;
 // made 1% loss cost most of the throughput. At most a quarter of the ACK
 // timeout.
 constexpr uint64_t kTailProbeNs = 1'000'000;
+// Towards a responder that keeps packets past a gap (selective.hpp): four
+// of the least round trip, no sooner than 200 us (a descheduled thread
+// answers late without anything being lost).
+constexpr uint64_t kSelectiveProbeRoundTrips = 4;
+constexpr uint64_t kSelectiveProbeFloorNs = 200'000;
+constexpr uint32_t kSelectiveProbeDoublings = 6;
 
 bool has_imm(Operation op) { return op == Operation::kSendWithImm || op == Operation::kWriteWithImm; }
 
@@ -199,6 +205,7 @@ void RequesterFlow::send_packet(wire::Headers& h, const OutgoingMessage& m, Pack
   if (config_.selective && !peer_plain_) {
     h.bth.reserved7 = kSelective;
     if (psn_diff(h.bth.psn, sent_end_) < 0) h.bth.reserved7 |= kResent;
+    if (probing_) h.bth.reserved7 |= kTailProbe;
   }
   out.send(h, payload, npayload, length);
 }
@@ -390,7 +397,16 @@ void RequesterFlow::transmitted(uint64_t now_ns) {
 
 void RequesterFlow::arm_probe(uint64_t now_ns) {
   const uint64_t wait = ack_timeout_ns(config_.timeout);
-  const uint64_t delay = std::min(kTailProbeNs, wait / 4);
+  uint64_t delay = std::min(kTailProbeNs, wait / 4);
+  // Towards a responder that keeps packets past a gap a probe costs one
+  // packet, not a window: it may come sooner, a few round trips after the
+  // last packet sent (a lost resend of a burst's last hole waits for it).
+  if (peer_selective_ && min_rtt_ns_ != 0)
+    delay = std::min(delay, std::max(kSelectiveProbeFloorNs, kSelectiveProbeRoundTrips * min_rtt_ns_));
+  // And probes again, each time twice as late, until progress: a probe whose
+  // packet, reports or resends were lost would otherwise leave the hole to
+  // the ACK timer (a tenth of a second at 20% loss, for each).
+  if (peer_selective_) delay <<= std::min<uint32_t>(probe_rounds_, kSelectiveProbeDoublings);
   probe_at_ = (wait == 0 || delay == 0) ? 0 : now_ns + delay;
 }
 
@@ -406,6 +422,7 @@ void RequesterFlow::progress_made(uint64_t now_ns) {
   rnr_left_ = config_.rnr_retry;
   rnr_waiting_ = false;
   probe_spent_ = false;
+  probe_rounds_ = 0;
   nak_since_progress_ = false;
   if (outstanding_.empty()) {
     deadline_ = 0;
@@ -632,14 +649,24 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
 
 void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
   if (probe_at_ != 0 && now_ns >= probe_at_ && (deadline_ == 0 || now_ns < deadline_)) {
-    // Once: what it sends does not arm it again, only progress does.
+    // Go-back-N: once (what it sends does not arm it again, only progress
+    // does). Selective: re-armed by its own packet, twice as late each time,
+    // seven times at most; then the ACK timer's (a responder in ERROR
+    // answers nothing, and probes cost no retry).
     probe_at_ = 0;
-    probe_spent_ = true;
+    if (peer_selective_ && probe_rounds_ < kSelectiveProbeDoublings) {
+      ++probe_rounds_;
+    } else {
+      probe_spent_ = true;
+    }
     if (failed_ || rnr_waiting_ || outstanding_.empty()) return;
     // A responder that keeps packets past a gap has what came after the
-    // oldest unacknowledged one: that one alone (it reports any other hole).
+    // oldest unacknowledged one: that one alone, marked as the probe, which
+    // it answers with every hole it still has.
     if (peer_selective_) {
+      probing_ = true;  // marked: the responder reports every hole it still has
       resend_range(una_psn_, 1, now_ns, out);
+      probing_ = false;
     } else {
       retransmit_from(una_psn_, now_ns, out);
     }

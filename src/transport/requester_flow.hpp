@@ -189,6 +189,8 @@ class RequesterFlow {
   // An answer came without the mark: the responder does not (a RoCE NIC,
   // rxe): requests go out with the reserved bits at zero from then on.
   bool peer_plain_ = false;
+  bool probing_ = false;  // the tail probe is sending: its packet is marked kTailProbe
+  uint32_t probe_rounds_ = 0;  // probes since progress (selective: each re-armed, later)
   uint32_t last_ack_req_psn_ = 0;  // the latest packet sent that asked for an ACK
 };
 

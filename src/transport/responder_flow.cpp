@@ -341,6 +341,14 @@ void ResponderFlow::atomic(const wire::ParsedPacket& packet, ResponderPort& port
 }
 
 void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
+  receive(packet, port, out);
+  // The requester's tail probe: it sent nothing for a while, so every
+  // resend it sent before came or was lost; what is still missing, again.
+  if (peer_selective_ && (packet.headers.bth.reserved7 & kTailProbe) != 0 && receives_in_state(port.qp().state))
+    report_open_holes(out);
+}
+
+void ResponderFlow::receive(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
   // A QP in ERROR (or not yet receiving) answers nothing. The stages check
   // the state for each message, but a PSN gap was NAKed before them: a QP
   // that went to ERROR, whose NAK was lost, NAKed each resend's second
@@ -366,15 +374,6 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
   if (config_.reliable) {
     if (d < 0) {
       duplicate(packet, port, out);
-      // A requester asking again from before a hole we keep packets past
-      // (its tail probe or timer: the hole's resend was lost, or its
-      // report): the hole again, once per report sent since.
-      if (peer_selective_ && !kept_.empty() && psn_diff(seen_end_, epsn_) > 0 &&
-          slot(epsn_).state == Kept::State::kMissing && slot(epsn_).reported != report_seq_) {
-        uint32_t n = 1;
-        while (psn_diff(psn_add(epsn_, n), seen_end_) < 0 && slot(psn_add(epsn_, n)).state == Kept::State::kMissing) ++n;
-        report_hole(epsn_, n, out);
-      }
       return;
     }
     if (d > 0 && peer_selective_) {
@@ -559,6 +558,24 @@ void ResponderFlow::clear_kept(uint32_t from, uint32_t to) {
     Kept& k = slot(psn_add(from, i));
     k.state = Kept::State::kMissing;
     k.reported = 0;
+  }
+}
+
+}  // namespace softhca::transport
+
+namespace softhca::transport {
+
+void ResponderFlow::report_open_holes(PacketSink& out) {
+  if (kept_.empty()) return;
+  for (uint32_t p = epsn_; psn_diff(p, seen_end_) < 0;) {
+    if (slot(p).state != Kept::State::kMissing) {
+      p = psn_add(p, 1);
+      continue;
+    }
+    uint32_t n = 1;
+    while (psn_diff(psn_add(p, n), seen_end_) < 0 && slot(psn_add(p, n)).state == Kept::State::kMissing) ++n;
+    report_hole(p, n, out);
+    p = psn_add(p, n);
   }
 }
 

@@ -75,6 +75,10 @@ class ResponderFlow {
   void send_or_write(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
   void read(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
   void atomic(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
+  // on_request's work but the tail probe's answer.
+  void receive(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
+  // Reports every hole between the expected PSN and the furthest seen.
+  void report_open_holes(PacketSink& out);
   // Runs a request at the expected PSN through its stages.
   void run(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
 

@@ -20,8 +20,10 @@
 // hole reported later arrives while an earlier-reported one is still
 // missing, that one's resend was lost (or is late), and the responder
 // reports it again. A lost resend of the last hole has nothing after it:
-// the requester's tail probe and ACK timer resend from the oldest
-// unacknowledged packet, as for any tail loss.
+// the requester's tail probe resends the oldest unacknowledged packet
+// marked kTailProbe, and the responder answers it by reporting every hole
+// it still has (after a millisecond of silence every resend sent has
+// arrived or is lost).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,8 @@ inline constexpr uint8_t kResent = 0x02;
 // On a sequence NAK: a hole report (PSN: its first; MSN: its length), which
 // acknowledges nothing.
 inline constexpr uint8_t kHoleReport = 0x04;
+// On a request: sent by the tail probe; report every hole still open.
+inline constexpr uint8_t kTailProbe = 0x08;
 
 // PSNs past the expected one the responder keeps packets for; the
 // requester's window towards such a responder (never more in flight than

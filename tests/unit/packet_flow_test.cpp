@@ -1299,6 +1299,36 @@ TEST_F(SelectiveFlow, ALostLastResendIsProbedAndTheHoleFills) {
   EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
 }
 
+TEST_F(SelectiveFlow, AProbeWhoseResendIsLostProbesAgainLaterNotAtTheAckTimer) {
+  start_selective();
+  auto first = pattern(kMtu, 11);
+  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
+  ASSERT_EQ(run(1).size(), 1u);
+  auto data = pattern(16 * kMtu, 12);
+  int sends = 0;
+  std::vector<uint64_t> probe_times;
+  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
+    if (h.bth.reserved7 & kTailProbe) probe_times.push_back(now_);
+    // Lost: its first transmission, the resend its report drew, the resend
+    // the first probe's report drew (that probe asked from the message's
+    // first packet, which no ACK had passed), the second probe.
+    if (h.bth.psn == 0x1001 + 12 && ++sends <= 4) return Wire::Fault{0, false};
+    return Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kWrite, data, kIova + kMtu), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
+  EXPECT_EQ(sends, 5);
+  ASSERT_EQ(probe_times.size(), 3u);
+  // The first probe drew an ACK (progress); the second found nothing and
+  // the third came twice as late.
+  EXPECT_EQ(probe_times[2] - probe_times[1], 2 * (probe_times[1] - probe_times[0]));
+  EXPECT_LT(now_, 4'000'000u) << "before the ACK timer";
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
+}
+
 // Towards an end without it (a RoCE NIC, rxe, a softhca with it off) the
 // wire is plain IBTA: no marks from the responder, go-back-N from the gap.
 TEST_F(SelectiveFlow, EitherEndAloneKeepsToGoBackN) {
