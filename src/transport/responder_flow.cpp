@@ -126,7 +126,10 @@ void ResponderFlow::remember(const ReadOrAtomic& r) {
 
 void ResponderFlow::send_read_response(const ReadOrAtomic& read, const iovec& from, ResponderPort& port,
                                        PacketSink& out) {
-  std::vector<unsigned char> bounce(config_.mtu);
+  // One buffer for the flow's life: nothing on the data path allocates (an
+  // application's signal handler that mallocs, as perftest -D's does, then
+  // cannot land inside our allocation).
+  if (bounce_.size() < config_.mtu) bounce_.resize(config_.mtu);
   const uint64_t length = read.request.length;
   for (uint32_t i = 0; i < read.npsn; ++i) {
     const wire::Segment segment = segment_of(i, read.npsn);
@@ -152,7 +155,7 @@ void ResponderFlow::send_read_response(const ReadOrAtomic& read, const iovec& fr
       h.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), msn_};
     const uint64_t offset = uint64_t{i} * config_.mtu;
     const uint64_t bytes = length - offset < config_.mtu ? length - offset : config_.mtu;
-    iovec chunk{bounce.data(), static_cast<size_t>(bytes)};
+    iovec chunk{bounce_.data(), static_cast<size_t>(bytes)};
     if (bytes > 0) {
       // Through the port, which reaches the owner's registered pages (and
       // reports a fault) rather than loading from an address the owner may

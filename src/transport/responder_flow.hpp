@@ -121,6 +121,7 @@ class ResponderFlow {
   uint32_t report_seq_ = 0;  // hole reports sent
   bool acks_held_ = false;   // run_kept: ACKs wait for the end of the run
   bool ack_owed_ = false;
+  std::vector<unsigned char> bounce_;  // a READ response packet's payload, on its way out
 };
 
 }  // namespace softhca::transport
