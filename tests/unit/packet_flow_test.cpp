@@ -1206,6 +1206,22 @@ class SelectiveFlow : public PacketFlow {
     responder_selective_ = responder;
     start();
   }
+  // Both ends selective, each shown the other's mark by a first WRITE's answers.
+  void connect() {
+    start_selective();
+    auto first = pattern(kMtu, 1);
+    requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
+    ASSERT_EQ(run(1).size(), 1u);
+  }
+  // A WRITE of `data` to kIova + kMtu, run until it completes: successfully,
+  // every byte in place.
+  void write_whole(std::vector<uint8_t>& data) {
+    requester_->post(message(1, Operation::kWrite, data, kIova + kMtu), now_, to_responder_);
+    const auto done = run(1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
+  }
   // A 20% lossy path with duplicates and reordering, seeded.
   std::function<Wire::Fault(const wire::Headers&, uint64_t)> lossy(uint64_t seed) {
     auto x = std::make_shared<uint64_t>(seed * 0x9E3779B97F4A7C15ULL);
@@ -1225,11 +1241,7 @@ class SelectiveFlow : public PacketFlow {
 };
 
 TEST_F(SelectiveFlow, OnlyTheLostPacketsAreSentAgain) {
-  start_selective();
-  // A first message draws the first answers, which show the responder keeps packets.
-  auto first = pattern(kMtu, 1);
-  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
-  ASSERT_EQ(run(1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(connect());
   auto data = pattern(64 * 1024, 2);
   std::set<uint32_t> dropped;
   to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
@@ -1237,11 +1249,7 @@ TEST_F(SelectiveFlow, OnlyTheLostPacketsAreSentAgain) {
     if (h.bth.psn % 7 == 3 && dropped.insert(h.bth.psn).second) return Wire::Fault{0, false};
     return Wire::Fault{};
   };
-  requester_->post(message(1, Operation::kWrite, data, kIova + kMtu), now_, to_responder_);
-  const auto done = run(1);
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
-  EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
+  ASSERT_NO_FATAL_FAILURE(write_whole(data));
   ASSERT_GT(dropped.size(), 5u);
   // Each hole reported once and resent once; nothing that arrived came again.
   EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), dropped.size());
@@ -1252,10 +1260,7 @@ TEST_F(SelectiveFlow, OnlyTheLostPacketsAreSentAgain) {
 }
 
 TEST_F(SelectiveFlow, AResendLostAgainIsReportedAgainByALaterOne) {
-  start_selective();
-  auto first = pattern(kMtu, 3);
-  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
-  ASSERT_EQ(run(1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(connect());
   auto data = pattern(32 * kMtu, 4);
   const uint32_t base = 0x1001;  // the second message's first PSN
   int sends_of_a = 0;
@@ -1265,11 +1270,7 @@ TEST_F(SelectiveFlow, AResendLostAgainIsReportedAgainByALaterOne) {
     if (h.bth.psn == base + 9 && (h.bth.reserved7 & kResent) == 0) return Wire::Fault{0, false};
     return Wire::Fault{};
   };
-  requester_->post(message(1, Operation::kWrite, data, kIova + kMtu), now_, to_responder_);
-  const auto done = run(1);
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
-  EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
+  ASSERT_NO_FATAL_FAILURE(write_whole(data));
   EXPECT_EQ(sends_of_a, 3);
   // A's report, B's, A's again when B's resend came before A's.
   EXPECT_EQ(responder_count(Counter::kSentSeqNak), 3u);
@@ -1278,21 +1279,14 @@ TEST_F(SelectiveFlow, AResendLostAgainIsReportedAgainByALaterOne) {
 }
 
 TEST_F(SelectiveFlow, ALostLastResendIsProbedAndTheHoleFills) {
-  start_selective();
-  auto first = pattern(kMtu, 5);
-  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
-  ASSERT_EQ(run(1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(connect());
   auto data = pattern(16 * kMtu, 6);
   int sends = 0;
   to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
     if (h.bth.psn == 0x1001 + 12 && ++sends <= 2) return Wire::Fault{0, false};  // and its resend
     return Wire::Fault{};
   };
-  requester_->post(message(1, Operation::kWrite, data, kIova + kMtu), now_, to_responder_);
-  const auto done = run(1);
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
-  EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
+  ASSERT_NO_FATAL_FAILURE(write_whole(data));
   EXPECT_EQ(sends, 3);
   EXPECT_GT(now_, 0u);  // the tail probe, well before the ACK timer (4.2 ms)
   EXPECT_LT(now_, 4'000'000u);
@@ -1300,10 +1294,7 @@ TEST_F(SelectiveFlow, ALostLastResendIsProbedAndTheHoleFills) {
 }
 
 TEST_F(SelectiveFlow, AProbeWhoseResendIsLostProbesAgainLaterNotAtTheAckTimer) {
-  start_selective();
-  auto first = pattern(kMtu, 11);
-  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
-  ASSERT_EQ(run(1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(connect());
   auto data = pattern(16 * kMtu, 12);
   int sends = 0;
   std::vector<uint64_t> probe_times;
@@ -1315,11 +1306,7 @@ TEST_F(SelectiveFlow, AProbeWhoseResendIsLostProbesAgainLaterNotAtTheAckTimer) {
     if (h.bth.psn == 0x1001 + 12 && ++sends <= 4) return Wire::Fault{0, false};
     return Wire::Fault{};
   };
-  requester_->post(message(1, Operation::kWrite, data, kIova + kMtu), now_, to_responder_);
-  const auto done = run(1);
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
-  EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
+  ASSERT_NO_FATAL_FAILURE(write_whole(data));
   EXPECT_EQ(sends, 5);
   ASSERT_EQ(probe_times.size(), 3u);
   // The first probe drew an ACK (progress); the second found nothing and
@@ -1420,10 +1407,7 @@ TEST_F(SelectiveFlow, MixedOperationsSurviveTwentyPercentLossOnManySeeds) {
 }
 
 TEST_F(SelectiveFlow, AnRnrNakPastKeptPacketsSendsAgainFromTheRefusedSend) {
-  start_selective();
-  auto first = pattern(kMtu, 8);
-  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
-  ASSERT_EQ(run(1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(connect());
   port_.qp_.min_rnr_timer = 1;  // 10 us
   // A WRITE whose second packet is lost, then a SEND with no receive posted yet.
   auto w = pattern(4 * kMtu, 9);
