@@ -19,6 +19,7 @@
 
 #include "common/counters.hpp"
 #include "common/result.hpp"
+#include "common/futex_mutex.hpp"
 #include "common/spinlock.hpp"
 #include "engine/context.hpp"
 #include "engine/qp/foreign_memory.hpp"
@@ -210,7 +211,7 @@ class QueuePair {
   // A mutex, not a spinlock: over the udp link the send path sends packets
   // (system calls) under it, and the link's thread takes it to complete
   // WQEs; a poster spinning meanwhile burned the core that thread needed.
-  std::mutex sq_lock_;
+  FutexMutex sq_lock_;
   std::vector<unsigned char> sq_;
   uint32_t sq_stride_ = 0;
   uint32_t sq_capacity_ = 0;  // power of two >= max_send_wr
