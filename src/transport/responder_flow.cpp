@@ -475,7 +475,12 @@ void ResponderFlow::keep(const wire::ParsedPacket& packet, int32_t ahead, Packet
     span = std::max<uint32_t>(1, packets_for(h.reth->dma_length, config_.mtu));
   // Past what is kept: as if lost (the requester's window keeps within it).
   if (uint64_t{static_cast<uint32_t>(ahead)} + span > kKeepPackets) return;
-  if (kept_.empty()) kept_.resize(kKeepPackets);
+  // Longer than the path MTU: the stages refuse it when it comes in order.
+  if (packet.payload.size() > config_.mtu) return;
+  if (kept_.empty()) {
+    kept_.resize(kKeepPackets);
+    kept_bytes_ = std::make_unique_for_overwrite<uint8_t[]>(std::size_t{kKeepPackets} * config_.mtu);
+  }
   const uint32_t psn = h.bth.psn;
   for (uint32_t i = 0; i < span; ++i) {
     if (slot(psn_add(psn, i)).state != Kept::State::kMissing) {
@@ -487,9 +492,10 @@ void ResponderFlow::keep(const wire::ParsedPacket& packet, int32_t ahead, Packet
   const uint32_t filled_report = k.reported;
   k.state = Kept::State::kKept;
   k.reported = 0;
-  k.bytes.assign(packet.payload.begin(), packet.payload.end());
+  uint8_t* bytes = kept_bytes_.get() + std::size_t{psn % kKeepPackets} * config_.mtu;
+  if (!packet.payload.empty()) std::memcpy(bytes, packet.payload.data(), packet.payload.size());
   k.packet = packet;
-  k.packet.payload = std::span<const uint8_t>(k.bytes.data(), k.bytes.size());
+  k.packet.payload = std::span<const uint8_t>(bytes, packet.payload.size());
   for (uint32_t i = 1; i < span; ++i) {
     Kept& covered = slot(psn_add(psn, i));
     covered.state = Kept::State::kCovered;

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -87,8 +88,7 @@ class ResponderFlow {
     enum class State : uint8_t { kMissing, kKept, kCovered };  // kCovered: a kept READ's later PSNs
     State state = State::kMissing;
     uint32_t reported = 0;      // missing: the report that last named it (0: none)
-    wire::ParsedPacket packet;  // kept: its payload in `bytes`
-    std::vector<uint8_t> bytes;
+    wire::ParsedPacket packet;  // kept: its payload in kept_bytes_, at the slot's MTU
   };
   Kept& slot(uint32_t psn) { return kept_[psn % kKeepPackets]; }
   // The bits every answer carries.
@@ -117,6 +117,10 @@ class ResponderFlow {
   std::deque<ReadOrAtomic> recent_;
   bool peer_selective_ = false;
   std::vector<Kept> kept_;   // kKeepPackets slots, by PSN; allocated at the first gap
+  // Their payloads, an MTU each, allocated with them: one allocation per
+  // flow, none per packet (an application's signal handler that mallocs,
+  // as perftest -D's does, must not land inside one of ours).
+  std::unique_ptr<uint8_t[]> kept_bytes_;
   uint32_t seen_end_;        // the PSN after the furthest request seen (kept or run)
   uint32_t report_seq_ = 0;  // hole reports sent
   bool acks_held_ = false;   // run_kept: ACKs wait for the end of the run
