@@ -347,8 +347,9 @@ void ResponderFlow::on_request(const wire::ParsedPacket& packet, ResponderPort& 
   receive(packet, port, out);
   // The requester's tail probe: it sent nothing for a while, so every
   // resend it sent before came or was lost; what is still missing, again.
-  if (peer_selective_ && (packet.headers.bth.reserved7 & kTailProbe) != 0 && receives_in_state(port.qp().state))
-    report_open_holes(out);
+  if (peer_selective_ && !kept_.empty() && (packet.headers.bth.reserved7 & kTailProbe) != 0 &&
+      receives_in_state(port.qp().state))
+    report_missing_before(seen_end_, UINT32_MAX, out);
 }
 
 void ResponderFlow::receive(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out) {
@@ -415,8 +416,7 @@ void ResponderFlow::receive(const wire::ParsedPacket& packet, ResponderPort& por
       const uint32_t before = epsn_;
       run(packet, port, out);
       if (epsn_ == before) {
-        clear_kept(epsn_, seen_end_);  // refused (RNR, an error): the requester sends again from it
-        seen_end_ = epsn_;
+        drop_kept();  // refused (RNR, an error): the requester sends again from it
         ack_owed_ = false;
       } else {
         clear_kept(before, epsn_);
@@ -507,7 +507,9 @@ void ResponderFlow::keep(const wire::ParsedPacket& packet, int32_t ahead, Packet
   if (psn_diff(end, seen_end_) > 0) {
     seen_end_ = end;
   } else if ((h.bth.reserved7 & kResent) != 0 && filled_report != 0) {
-    report_again_before(psn, filled_report, out);
+    // The resend of a hole reported as `filled_report` came: holes reported
+    // before it, whose resends should have come first, were lost again.
+    report_missing_before(psn, filled_report, out);
   }
 }
 
@@ -524,23 +526,26 @@ void ResponderFlow::report_hole(uint32_t first, uint32_t count, PacketSink& out)
   out.send(h, nullptr, 0, 0);
 }
 
-void ResponderFlow::report_again_before(uint32_t psn, uint32_t seq, PacketSink& out) {
-  // The resend of a hole reported as `seq` came: holes reported before it
-  // whose resends should have come first were lost again.
+void ResponderFlow::report_missing_before(uint32_t end, uint32_t reported_before, PacketSink& out) {
   const auto needs_report = [&](uint32_t p) {
     const Kept& k = slot(p);
-    return k.state == Kept::State::kMissing && k.reported < seq;
+    return k.state == Kept::State::kMissing && k.reported < reported_before;
   };
-  for (uint32_t p = epsn_; psn_diff(p, psn) < 0;) {
+  for (uint32_t p = epsn_; psn_diff(p, end) < 0;) {
     if (!needs_report(p)) {
       p = psn_add(p, 1);
       continue;
     }
     uint32_t n = 1;
-    while (psn_diff(psn_add(p, n), psn) < 0 && needs_report(psn_add(p, n))) ++n;
+    while (psn_diff(psn_add(p, n), end) < 0 && needs_report(psn_add(p, n))) ++n;
     report_hole(p, n, out);
     p = psn_add(p, n);
   }
+}
+
+void ResponderFlow::drop_kept() {
+  clear_kept(epsn_, seen_end_);
+  seen_end_ = epsn_;
 }
 
 void ResponderFlow::run_kept(ResponderPort& port, PacketSink& out) {
@@ -551,8 +556,7 @@ void ResponderFlow::run_kept(ResponderPort& port, PacketSink& out) {
     run(k.packet, port, out);
     ack_owed_ = true;
     if (epsn_ == before || !receives_in_state(port.qp().state)) {
-      clear_kept(epsn_, seen_end_);
-      seen_end_ = epsn_;
+      drop_kept();
       return;
     }
     clear_kept(before, epsn_);
@@ -567,24 +571,6 @@ void ResponderFlow::clear_kept(uint32_t from, uint32_t to) {
     Kept& k = slot(psn_add(from, i));
     k.state = Kept::State::kMissing;
     k.reported = 0;
-  }
-}
-
-}  // namespace softhca::transport
-
-namespace softhca::transport {
-
-void ResponderFlow::report_open_holes(PacketSink& out) {
-  if (kept_.empty()) return;
-  for (uint32_t p = epsn_; psn_diff(p, seen_end_) < 0;) {
-    if (slot(p).state != Kept::State::kMissing) {
-      p = psn_add(p, 1);
-      continue;
-    }
-    uint32_t n = 1;
-    while (psn_diff(psn_add(p, n), seen_end_) < 0 && slot(psn_add(p, n)).state == Kept::State::kMissing) ++n;
-    report_hole(p, n, out);
-    p = psn_add(p, n);
   }
 }
 

@@ -78,8 +78,6 @@ class ResponderFlow {
   void atomic(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
   // on_request's work but the tail probe's answer.
   void receive(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
-  // Reports every hole between the expected PSN and the furthest seen.
-  void report_open_holes(PacketSink& out);
   // Runs a request at the expected PSN through its stages.
   void run(const wire::ParsedPacket& packet, ResponderPort& port, PacketSink& out);
 
@@ -96,8 +94,11 @@ class ResponderFlow {
   // A request past the expected PSN, `ahead` PSNs past it.
   void keep(const wire::ParsedPacket& packet, int32_t ahead, PacketSink& out);
   void report_hole(uint32_t first, uint32_t count, PacketSink& out);
-  // Reports again the holes before `psn` last reported before report `seq`.
-  void report_again_before(uint32_t psn, uint32_t seq, PacketSink& out);
+  // Reports the holes between the expected PSN and `end` whose last report
+  // came before report `reported_before` (UINT32_MAX: every hole there).
+  void report_missing_before(uint32_t end, uint32_t reported_before, PacketSink& out);
+  // Forgets what was kept: the expected PSN is where the requester sends again from.
+  void drop_kept();
   // Runs the kept packets the expected PSN reaches; one ACK for them all.
   void run_kept(ResponderPort& port, PacketSink& out);
   // Slots of PSNs [from, to) to missing.
