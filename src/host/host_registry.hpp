@@ -325,6 +325,12 @@ class HostRegistry {
       return true;
     return refresh_mr_cache(key, cache);
   }
+  // The version of key's registry slot now, loaded as lookup_mr_cached
+  // loads it: a record (or a link::KeyGrant) read at this version still
+  // stands, under the caller's access announcement.
+  uint32_t mr_version(uint32_t key) const {
+    return layout_->mrs[(key >> 8) % kMaxMrSlots].seq.load(std::memory_order_seq_cst);
+  }
   // lookup_mr_cached's miss: the slot read again into the cache.
   bool refresh_mr_cache(uint32_t key, MrLookupCache& cache) const;
 

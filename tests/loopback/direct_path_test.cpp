@@ -219,6 +219,54 @@ TEST(DirectPath, WriteAfterDeregistrationIsRefused) {
   EXPECT_EQ(first_mismatch(target.span(0, target.size()), before), -1);
 }
 
+// The direct path keeps what a key granted while the key's registry slot
+// stands (link::KeyGrant): a key changed in place between two operations
+// with the same keys is judged anew. Here ibv_rereg_mr drops the target's
+// remote write (the rkey stays), then the local MR's local write under a
+// READ into it.
+TEST(DirectPath, KeysChangedInPlaceAreJudgedAgain) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  {
+    QpPair pair(dev, QpConfig{});
+    ASSERT_TRUE(pair.ok());
+    Pages local(dev.pd, 4096), target(dev.pd, 4096);
+    ASSERT_TRUE(local.ok() && target.ok());
+    ibv_sge sge = local.sge(0, kLen);
+    const uint32_t rkey = target.rkey();
+    for (uint64_t id = 1; id <= 3; ++id)  // the key's grant is kept from the first on
+      ASSERT_EQ(run_one(pair, rdma_wr(id, IBV_WR_RDMA_WRITE, &sge, target.addr(), rkey)).status, IBV_WC_SUCCESS);
+    ASSERT_EQ(ibv_rereg_mr(target.mr(), IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ),
+              0);
+    ASSERT_EQ(target.rkey(), rkey);
+    fill_pattern(local.span(0, kLen), 8);
+    const std::vector<uint8_t> before(target.data(), target.data() + target.size());
+    const ibv_wc wc = run_one(pair, rdma_wr(4, IBV_WR_RDMA_WRITE, &sge, target.addr(), rkey));
+    EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
+    EXPECT_EQ(first_mismatch(target.span(0, target.size()), before), -1);
+    drain_async_events(dev.ctx);
+  }
+  {
+    QpPair pair(dev, QpConfig{});
+    ASSERT_TRUE(pair.ok());
+    Pages local(dev.pd, 4096), target(dev.pd, 4096);
+    ASSERT_TRUE(local.ok() && target.ok());
+    fill_pattern(target.span(0, kLen), 9);
+    ibv_sge sge = local.sge(0, kLen);
+    for (uint64_t id = 1; id <= 3; ++id)
+      ASSERT_EQ(run_one(pair, rdma_wr(id, IBV_WR_RDMA_READ, &sge, target.addr(), target.rkey())).status,
+                IBV_WC_SUCCESS);
+    ASSERT_EQ(ibv_rereg_mr(local.mr(), IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_REMOTE_READ), 0);
+    sge.lkey = local.mr()->lkey;
+    std::memset(local.data(), 0, kLen);
+    const ibv_wc wc = run_one(pair, rdma_wr(4, IBV_WR_RDMA_READ, &sge, target.addr(), target.rkey()));
+    EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << wc_str(wc);
+    EXPECT_EQ(first_not(local.span(0, kLen), 0), -1);
+    drain_async_events(dev.ctx);
+  }
+}
+
 // A range one byte past the MR, and a READ to a QP without responder
 // resources, after a WRITE that went through.
 TEST(DirectPath, BadRangeAndNoReadResourcesAnswerAsTheResponder) {

@@ -14,10 +14,32 @@
 #include "engine/protection_domain.hpp"
 #include "engine/qp/queue_pair.hpp"
 #include "host/host_registry.hpp"
+#include "link/key_grant.hpp"
 #include "link/registered_key.hpp"
 #include "transport/memory_key.hpp"
 
 namespace softhca::engine {
+
+// The local SGE's checks as local_iovecs asks them: an MR of this process
+// (another's is staged: the general path), not on-demand (its pages are
+// checked when used), in the QP's PD, granting `needed` over the range; the
+// range through our window onto the MR's pages where they moved into our
+// file. Where they hold, the key's grant is worked out for the next posts.
+char* QueuePair::direct_local_range(const ibv_sge& sge, uint32_t needed) {
+  direct_local_grant_ = link::KeyGrant{};
+  if (!node_.registry().lookup_mr_cached(sge.lkey, direct_local_key_) || direct_local_key_.record.proc != node_.proc())
+    return nullptr;
+  const host::MrRecord& mr = direct_local_key_.record;
+  const transport::MemoryKey key = link::registered_key(mr);
+  if (transport::is_on_demand(key) || !transport::local_key_allows(key, pd_->id(), needed, sge.addr, sge.length))
+    return nullptr;
+  char* at = static_cast<char*>(transport::owner_address(key, sge.addr));
+  if (char* in_file = node_.host().in_backing(node_.proc(), mr.shared, reinterpret_cast<uint64_t>(at), sge.length,
+                                              direct_local_window_))
+    at = in_file;
+  direct_local_grant_ = link::local_grant(key, mr.shared, direct_local_key_.seq, pd_->id(), direct_local_window_);
+  return at;
+}
 
 bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
   using Kind = link::DirectCopy::Kind;
@@ -93,20 +115,13 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     // An atomic's local SGE other than 8 bytes is LOC_LEN_ERR: the general path's.
     if (sge.length == 0 || (atomic && sge.length != 8)) return false;
     op.length = sge.length;
-    // An MR of this process (another's is staged: the general path),
-    // not on-demand (its pages are checked when used), in the QP's PD.
-    if (!node_.registry().lookup_mr_cached(sge.lkey, direct_local_key_) || direct_local_key_.record.proc != node_.proc())
-      return false;
-    const host::MrRecord& mr = direct_local_key_.record;
-    const transport::MemoryKey key = link::registered_key(mr);
-    if (transport::is_on_demand(key) ||
-        !transport::local_key_allows(key, pd_->id(), read ? IBV_ACCESS_LOCAL_WRITE : 0, sge.addr, sge.length))
-      return false;
-    void* at = transport::owner_address(key, sge.addr);
-    // Through our window onto the MR's pages where they moved into our file.
-    if (char* in_file = node_.host().in_backing(node_.proc(), mr.shared, reinterpret_cast<uint64_t>(at), sge.length,
-                                                direct_local_window_))
-      at = in_file;
+    const uint32_t needed = read ? IBV_ACCESS_LOCAL_WRITE : 0;
+    // The key as the last operation found it, while its slot has not changed.
+    char* at = direct_local_grant_.find(sge.lkey, needed, sge.addr, sge.length);
+    if (at == nullptr || node_.registry().mr_version(sge.lkey) != direct_local_grant_.seq) {
+      at = direct_local_range(sge, needed);
+      if (at == nullptr) return false;
+    }
     op.local = at;
   }
   if (!channel_->copy_direct(op)) return false;

@@ -29,6 +29,7 @@
 #include "host/host_registry.hpp"
 #include "host/peer_backings.hpp"
 #include "host/shared_queues.hpp"
+#include "link/key_grant.hpp"
 #include "link/link.hpp"
 #include "transport/completer.hpp"
 
@@ -142,6 +143,7 @@ class QueuePair {
   // completes it at once (link::Channel::copy_direct). False: nothing happened, the WR
   // goes the general way.
   bool post_direct_locked(const ibv_send_wr& wr);
+  char* direct_local_range(const ibv_sge& sge, uint32_t needed);
   // now_ns == 0: the caller did not read the clock; it is read only where a
   // deadline is involved (here and in execute_locked).
   void progress_locked(uint64_t now_ns);
@@ -236,6 +238,7 @@ class QueuePair {
   // pages moved: a window stays mapped for the process's life (outgrown
   // ones too, host::PeerBackings), so it is kept rather than looked up.
   host::PeerBackings::View direct_local_window_;
+  link::KeyGrant direct_local_grant_;  // what direct_local_key_ grants (link/key_grant.hpp)
   bool attached_ = false;  // holds its PD, CQs and SRQ: creation completed
   // Local SGEs in other processes' memory, staged here, by the position of
   // their send WQE until it completes (engine/qp/foreign_memory.hpp). Last:

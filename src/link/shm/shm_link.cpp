@@ -12,6 +12,7 @@
 #include "host/attachment.hpp"
 #include "host/raw_flows.hpp"
 #include "link/link.hpp"
+#include "link/key_grant.hpp"
 #include "link/registered_key.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
@@ -75,6 +76,7 @@ class ShmChannel final : public link::Channel {
   bool send_direct(const link::DirectCopy& op);
   bool direct_reaches(const link::DirectCopy& op) const;
   bool direct_target_receives() const;
+  char* remote_range(const link::DirectCopy& op, uint32_t needed);
 
  private:
   host::Attachment& host_;
@@ -84,9 +86,11 @@ class ShmChannel final : public link::Channel {
   TargetQp target_;
   uint64_t peer_incarnation_ = 0;
   transport::MessageInProgress scratch_;  // the responder's, for each message (under the QP's send lock)
-  // The direct paths' last rkey and receive lkey (under the QP's send lock).
+  // The direct paths' last rkey and receive lkey (under the QP's send lock),
+  // and what the rkey granted (link/key_grant.hpp).
   host::MrLookupCache remote_key_;
   host::MrLookupCache receive_key_;
+  link::KeyGrant remote_grant_;
 };
 
 // Both direct paths first need a peer reached before and still the same
@@ -107,6 +111,32 @@ bool ShmChannel::direct_target_receives() const {
   return qp.qp_type == qp_type_ && transport::receives_in_state(qp.state.load(std::memory_order_acquire)) &&
          qp.comm_established.load(std::memory_order_relaxed) != 0 &&
          reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running();
+}
+
+// remote_range's checks as the direct path asks them (under the access
+// announcement): the key, of the QP's process (another's goes through the
+// port's second target), neither on-demand (checked page by page) nor beyond
+// what the key grants, and the range in the owner's file
+// (ShmResponderPort::local_views). Where they hold, the key's grant is
+// worked out for the operations after this one.
+char* ShmChannel::remote_range(const link::DirectCopy& op, uint32_t needed) {
+  remote_grant_ = link::KeyGrant{};
+  if (!host_.registry().lookup_mr_cached(op.rkey, remote_key_) || remote_key_.record.proc != target_.proc)
+    return nullptr;
+  const host::MrRecord& mr = remote_key_.record;
+  const transport::MemoryKey key = link::registered_key(mr);
+  const uint32_t pd_id = target_.qp->pd_id;
+  if (transport::is_on_demand(key) ||
+      !transport::remote_key_allows(key, pd_id, target_.qpn, needed, op.remote_addr, op.length))
+    return nullptr;
+  const auto owner_addr = reinterpret_cast<uint64_t>(transport::owner_address(key, op.remote_addr));
+  host::PeerBackings::View window{target_.backing, target_.backing_length};
+  char* at = host_.in_backing(target_.proc, mr.shared, owner_addr, op.length, window);
+  if (at == nullptr) return nullptr;
+  target_.backing = window.base;
+  target_.backing_length = window.length;
+  remote_grant_ = link::remote_grant(key, mr.shared, remote_key_.seq, pd_id, target_.qpn, window);
+  return at;
 }
 
 // What deliver() would do for an RC WRITE, READ or atomic that succeeds,
@@ -137,23 +167,12 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
   if ((qp.access.load(std::memory_order_acquire) & needed) != needed ||
       (op.kind != Kind::kWrite && qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0))
     return false;
-  // remote_range: the key, of the QP's process (another's goes through the
-  // port's second target), neither on-demand (checked page by page) nor
-  // beyond what the key grants.
-  if (!host_.registry().lookup_mr_cached(op.rkey, remote_key_) || remote_key_.record.proc != target_.proc)
-    return false;
-  const host::MrRecord& mr = remote_key_.record;
-  const transport::MemoryKey key = link::registered_key(mr);
-  if (transport::is_on_demand(key) ||
-      !transport::remote_key_allows(key, qp.pd_id, target_.qpn, needed, op.remote_addr, op.length))
-    return false;
-  // ShmResponderPort::local_views: the range in the owner's file.
-  const auto owner_addr = reinterpret_cast<uint64_t>(transport::owner_address(key, op.remote_addr));
-  host::PeerBackings::View window{target_.backing, target_.backing_length};
-  char* at = host_.in_backing(target_.proc, mr.shared, owner_addr, op.length, window);
-  if (at == nullptr) return false;
-  target_.backing = window.base;
-  target_.backing_length = window.length;
+  // The key as the last operation found it, while its slot has not changed.
+  char* at = remote_grant_.find(op.rkey, needed, op.remote_addr, op.length);
+  if (at == nullptr || host_.registry().mr_version(op.rkey) != remote_grant_.seq) {
+    at = remote_range(op, needed);
+    if (at == nullptr) return false;
+  }
   switch (op.kind) {
     case Kind::kWrite:
       std::memcpy(at, op.local, op.length);
@@ -165,7 +184,7 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
     case Kind::kCompareSwap: {
       // As ShmResponderPort::atomic: one CPU atomic on the shared word, under
       // the host's stripe for the owner's address (IBV_ATOMIC_HCA).
-      host::AtomicStripe& stripe = host_.registry().atomic_stripe(target_.pid, owner_addr);
+      host::AtomicStripe& stripe = host_.registry().atomic_stripe(target_.pid, remote_grant_.owner_address(op.remote_addr));
       while (stripe.locked.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
       auto* word = reinterpret_cast<uint64_t*>(at);
       uint64_t original = op.compare_add;
