@@ -100,6 +100,11 @@ class Channel {
   // message the general way, which gives every other outcome. Only a link
   // that runs the responder in the requester's thread can say true.
   virtual bool copy_direct(const DirectCopy&) { return false; }
+  // A hint, before a WR is validated, that it will reach [remote_addr,
+  // remote_addr + 1) of `rkey`, writing when `write` (a WRITE, an atomic)
+  // or reading: a link that will copy there itself may start bringing the
+  // line near (common/prefetch.hpp). Nothing is checked and nothing happens.
+  virtual void expect_remote(uint32_t /*rkey*/, uint64_t /*remote_addr*/, bool /*write*/) {}
   // The QP reached RTS: it may send from sq_psn on.
   virtual void start_sending(const SendConfig&) {}
   // The next answer of an asynchronous channel, in posting order.
