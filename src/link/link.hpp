@@ -79,6 +79,10 @@ struct DirectCopy {
   uint32_t src_qpn = 0;
   uint32_t imm_data = 0;
   bool solicited = false;
+  // Out: where a WRITE's or an atomic's bytes landed in this process's view
+  // of the target (set when copy_direct says true), for the requester's
+  // prefetch of the next operation to the same address (common/prefetch.hpp).
+  const void* landed = nullptr;
 };
 
 // A connected QP's (RC or UC) path to its peer, opened when the QP moves to
@@ -99,12 +103,7 @@ class Channel {
   // receive WQE). False: nothing happened, and the caller delivers the
   // message the general way, which gives every other outcome. Only a link
   // that runs the responder in the requester's thread can say true.
-  virtual bool copy_direct(const DirectCopy&) { return false; }
-  // A hint, before a WR is validated, that it will reach [remote_addr,
-  // remote_addr + 1) of `rkey`, writing when `write` (a WRITE, an atomic)
-  // or reading: a link that will copy there itself may start bringing the
-  // line near (common/prefetch.hpp). Nothing is checked and nothing happens.
-  virtual void expect_remote(uint32_t /*rkey*/, uint64_t /*remote_addr*/, bool /*write*/) {}
+  virtual bool copy_direct(DirectCopy&) { return false; }
   // The QP reached RTS: it may send from sq_psn on.
   virtual void start_sending(const SendConfig&) {}
   // The next answer of an asynchronous channel, in posting order.

@@ -125,6 +125,10 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     op.local = at;
   }
   if (!channel_->copy_direct(op)) return false;
+  if (op.landed != nullptr) {
+    last_direct_addr_.store(op.remote_addr, std::memory_order_relaxed);
+    last_direct_landed_.store(op.landed, std::memory_order_relaxed);
+  }
   SendWqe* wqe = sq_slot(sq_head_);
   wqe->wr_id = wr.wr_id;
   wqe->opcode = wr.opcode;

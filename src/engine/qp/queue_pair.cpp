@@ -463,6 +463,7 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     *bad_wr = wr;
     return EINVAL;
   }
+  prefetch_for_direct(*wr);
   std::lock_guard guard(sq_lock_);
   const uint32_t st = shared_->state.load(std::memory_order_acquire);
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) {
@@ -470,26 +471,6 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
                   qp_state_name(static_cast<ibv_qp_state>(st)));
     *bad_wr = wr;
     return EINVAL;
-  }
-  // The line the first WR will write (or read) in the peer's memory starts
-  // its way here while the WR is checked (Channel::expect_remote), when
-  // nothing is outstanding: a ping-pong's post, which waits on that line. A
-  // stream of posts finds its lines near already and would only pay for
-  // the hint.
-  if (channel_ && sq_retired_.load(std::memory_order_relaxed) == sq_head_) {
-    switch (wr->opcode) {
-      case IBV_WR_RDMA_WRITE:
-      case IBV_WR_RDMA_WRITE_WITH_IMM:
-      case IBV_WR_RDMA_READ:
-        channel_->expect_remote(wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, wr->opcode != IBV_WR_RDMA_READ);
-        break;
-      case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      case IBV_WR_ATOMIC_CMP_AND_SWP:
-        channel_->expect_remote(wr->wr.atomic.rkey, wr->wr.atomic.remote_addr, true);
-        break;
-      default:
-        break;
-    }
   }
   int err = 0;
   for (; wr != nullptr; wr = wr->next) {

@@ -20,6 +20,7 @@
 #include "common/counters.hpp"
 #include "common/result.hpp"
 #include "common/futex_mutex.hpp"
+#include "common/prefetch.hpp"
 #include "common/spinlock.hpp"
 #include "engine/context.hpp"
 #include "engine/qp/foreign_memory.hpp"
@@ -143,6 +144,27 @@ class QueuePair {
   // completes it at once (link::Channel::copy_direct). False: nothing happened, the WR
   // goes the general way.
   bool post_direct_locked(const ibv_send_wr& wr);
+  // A WRITE or atomic to the address the last direct one went to (a
+  // ping-pong's) prefetches the line it landed on for writing, before the
+  // send lock and the checks: the line's trip from the core that waits on
+  // it overlaps them. Only a hint (common/prefetch.hpp): read without the
+  // lock, it may be stale, which costs a useless prefetch and nothing else.
+  void prefetch_for_direct(const ibv_send_wr& wr) const {
+    uint64_t remote_addr;
+    switch (wr.opcode) {
+      case IBV_WR_RDMA_WRITE:
+        remote_addr = wr.wr.rdma.remote_addr;
+        break;
+      case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      case IBV_WR_ATOMIC_CMP_AND_SWP:
+        remote_addr = wr.wr.atomic.remote_addr;
+        break;
+      default:
+        return;
+    }
+    if (remote_addr != last_direct_addr_.load(std::memory_order_relaxed)) return;
+    if (const void* line = last_direct_landed_.load(std::memory_order_relaxed)) prefetch_for_write(line);
+  }
   char* direct_local_range(const ibv_sge& sge, uint32_t needed);
   // now_ns == 0: the caller did not read the clock; it is read only where a
   // deadline is involved (here and in execute_locked).
@@ -239,6 +261,10 @@ class QueuePair {
   // ones too, host::PeerBackings), so it is kept rather than looked up.
   host::PeerBackings::View direct_local_window_;
   link::KeyGrant direct_local_grant_;  // what direct_local_key_ grants (link/key_grant.hpp)
+  // prefetch_for_direct's hint: the remote address of the last direct WRITE
+  // or atomic, and where it landed here (relaxed: read before the lock).
+  std::atomic<uint64_t> last_direct_addr_{0};
+  std::atomic<const void*> last_direct_landed_{nullptr};
   bool attached_ = false;  // holds its PD, CQs and SRQ: creation completed
   // Local SGEs in other processes' memory, staged here, by the position of
   // their send WQE until it completes (engine/qp/foreign_memory.hpp). Last:

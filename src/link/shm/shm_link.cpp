@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "common/log.hpp"
-#include "common/prefetch.hpp"
 #include "host/attachment.hpp"
 #include "host/raw_flows.hpp"
 #include "link/link.hpp"
@@ -71,12 +70,7 @@ class ShmChannel final : public link::Channel {
     }
   }
 
-  bool copy_direct(const link::DirectCopy& op) override;
-  // Where the last key's grant says the bytes are (the grant is not checked
-  // against its slot: a prefetch reaches nothing).
-  void expect_remote(uint32_t rkey, uint64_t remote_addr, bool write) override {
-    if (const char* at = remote_grant_.find(rkey, 0, remote_addr, 1)) write ? prefetch_for_write(at) : prefetch_for_read(at);
-  }
+  bool copy_direct(link::DirectCopy& op) override;
 
  private:
   bool send_direct(const link::DirectCopy& op);
@@ -181,7 +175,7 @@ char* ShmChannel::remote_range(const link::DirectCopy& op, uint32_t needed) {
 // NAK and its event, COMM_EST, a copy through process_vm, a chunked copy).
 // So the rules stay where they are; this is their conjunction for the common
 // case, without the general responder's records, scratch and indirect calls.
-bool ShmChannel::copy_direct(const link::DirectCopy& op) {
+bool ShmChannel::copy_direct(link::DirectCopy& op) {
   using Kind = link::DirectCopy::Kind;
   if (op.kind == Kind::kSend || op.kind == Kind::kSendWithImm) return send_direct(op);
   const bool atomic = op.kind == Kind::kFetchAdd || op.kind == Kind::kCompareSwap;
@@ -208,6 +202,7 @@ bool ShmChannel::copy_direct(const link::DirectCopy& op) {
     at = remote_range(op, needed);
     if (at == nullptr) return false;
   }
+  op.landed = at;
   switch (op.kind) {
     case Kind::kWrite:
       copy_write(at, op.local, op.length);
