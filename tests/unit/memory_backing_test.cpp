@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -384,7 +385,12 @@ namespace {
   });
   auto& backing = MemoryBacking::process();
   const uint64_t parked_before = WriteGuard::parked_faults();
-  for (int i = 0; i < 300 && WriteGuard::parked_faults() - parked_before < 50; ++i) {
+  // 300 moves, or more until a store met a guard: on a loaded machine (CI's
+  // other tests on both cores) the storer may not run during any of the
+  // first 300 guard windows. Bounded at 20 s (exit 6 then).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (int i = 0; WriteGuard::parked_faults() - parked_before < 50; ++i) {
+    if (i >= 300 && (WriteGuard::parked_faults() > parked_before || std::chrono::steady_clock::now() > give_up)) break;
     auto shared = backing.share(pages.bytes, pages.length);
     if (!shared) std::_Exit(4);
     backing.unshare(*shared);
