@@ -1,8 +1,8 @@
 // One verbs endpoint for the one-host micro benchmarks (post_cost.cpp,
-// write_pingpong.cpp): a context on the first device, a PD, a CQ, an RC QP
-// with inline data and a registered, zeroed buffer, connected to a peer whose
-// Endpoint arrives over a pipe. Any failure ends the program with the verb
-// that failed.
+// pingpong.cpp): a context on the first device, a PD, a CQ (or one for sends
+// and one for receives), an RC QP with inline data and a registered, zeroed
+// buffer, connected to a peer whose Endpoint arrives over a pipe. Any
+// failure ends the program with the verb that failed.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -28,17 +28,26 @@ struct Endpoint {
 
 constexpr size_t kBuffer = 4096;
 
-// One side: a context, a PD, a CQ, an RC QP and a registered buffer.
+// What a side's queues hold: perftest's latency tests give receives a CQ of
+// their own and keep 512 receives posted.
+struct Shape {
+  int max_recv_wr = 128;
+  bool recv_cq_of_its_own = false;
+};
+
+// One side: a context, a PD, a CQ (recv_cq == cq unless the shape asked for
+// its own), an RC QP and a registered buffer.
 struct Side {
   ibv_context* ctx = nullptr;
   ibv_pd* pd = nullptr;
   ibv_cq* cq = nullptr;
+  ibv_cq* recv_cq = nullptr;
   ibv_qp* qp = nullptr;
   ibv_mr* mr = nullptr;
   void* buffer = nullptr;
   ibv_gid gid{};
 
-  Side() {
+  explicit Side(Shape shape = {}) {
     int n = 0;
     ibv_device** devices = ibv_get_device_list(&n);
     if (devices == nullptr || n == 0) die("ibv_get_device_list (is softhca's libibverbs loaded?)");
@@ -47,12 +56,15 @@ struct Side {
     if (ctx == nullptr) die("ibv_open_device");
     if ((pd = ibv_alloc_pd(ctx)) == nullptr) die("ibv_alloc_pd");
     if ((cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0)) == nullptr) die("ibv_create_cq");
+    recv_cq = cq;
+    if (shape.recv_cq_of_its_own && (recv_cq = ibv_create_cq(ctx, shape.max_recv_wr, nullptr, nullptr, 0)) == nullptr)
+      die("ibv_create_cq");
     ibv_qp_init_attr init{};
     init.send_cq = cq;
-    init.recv_cq = cq;
+    init.recv_cq = recv_cq;
     init.qp_type = IBV_QPT_RC;
     init.cap.max_send_wr = 128;
-    init.cap.max_recv_wr = 128;
+    init.cap.max_recv_wr = static_cast<uint32_t>(shape.max_recv_wr);
     init.cap.max_send_sge = 1;
     init.cap.max_recv_sge = 1;
     init.cap.max_inline_data = 64;

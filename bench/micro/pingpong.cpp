@@ -1,12 +1,17 @@
-// Benchmark, not a test: the one-way latency of an RDMA WRITE ping-pong
-// between two processes of this host, as ib_write_lat measures it (inline,
-// signaled, each side polling its CQ after it posts and then the byte the
-// other side writes), with nanosecond resolution. perftest reports in steps
-// of 10 ns (13 TSC cycles with -C on the 2-core VM), coarser than the
-// changes the one-host path is tuned by; this counts whole batches with the
-// monotonic clock and reports the median and the fastest batch.
+// Benchmark, not a test: the one-way latency of a ping-pong between two
+// processes of this host, with nanosecond resolution, in the loops perftest
+// runs. perftest reports in steps of 10 ns (13 TSC cycles with -C on the
+// 2-core VM), coarser than the changes the one-host path is tuned by; this
+// counts whole batches with the monotonic clock and reports the median and
+// the fastest batch.
 //
-//   write_pingpong [--iters N] [--batch N] [--size BYTES] [--cores A,B]
+//   --op write (ib_write_lat's loop): an inline, signaled RDMA WRITE, its
+//     completion polled, then the byte the other side writes watched;
+//   --op send (ib_send_lat's): 512 receives kept posted on a CQ of their own;
+//     the receive completion polled, the receive posted again, an inline
+//     signaled SEND posted and its completion polled.
+//
+//   pingpong [--op write|send] [--iters N] [--batch N] [--size BYTES] [--cores A,B]
 //   (on softhca: LD_LIBRARY_PATH=build/lib, or softhca run --no-devices --)
 //
 // --cores pins the forked responder to core A and the initiator to core B.
@@ -32,7 +37,12 @@ using bench::die;
 using bench::Endpoint;
 using bench::Side;
 
+enum class Op { kWrite, kSend };
+
+constexpr int kReceivesPosted = 512;  // perftest's rx_depth for SEND tests
+
 struct Options {
+  Op op = Op::kWrite;
   long iters = 1'000'000;
   long batch = 10'000;
   uint32_t size = 2;
@@ -42,9 +52,10 @@ struct Options {
 
 [[noreturn]] void usage(int status) {
   std::fprintf(status == 0 ? stdout : stderr,
-               "usage: write_pingpong [--iters N] [--batch N] [--size BYTES] [--cores A,B]\n"
-               "  the one-way latency of an inline RDMA WRITE ping-pong between two processes,\n"
-               "  median and fastest of batches of --batch round trips (default 1000000 in 10000)\n");
+               "usage: pingpong [--op write|send] [--iters N] [--batch N] [--size BYTES] [--cores A,B]\n"
+               "  the one-way latency of an inline RDMA WRITE (default) or SEND ping-pong between\n"
+               "  two processes, median and fastest of batches of --batch round trips\n"
+               "  (default 1000000 in 10000); --cores pins the responder to A, the initiator to B\n");
   std::exit(status);
 }
 
@@ -55,7 +66,16 @@ Options parse(int argc, char** argv) {
     if (arg == "-h" || arg == "--help") usage(0);
     if (i + 1 >= argc) usage(2);
     const char* value = argv[++i];
-    if (arg == "--iters") {
+    if (arg == "--op") {
+      const std::string op = value;
+      if (op == "write") {
+        o.op = Op::kWrite;
+      } else if (op == "send") {
+        o.op = Op::kSend;
+      } else {
+        usage(2);
+      }
+    } else if (arg == "--iters") {
       o.iters = std::atol(value);
     } else if (arg == "--batch") {
       o.batch = std::atol(value);
@@ -85,48 +105,88 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// The ping-pong's two halves. The peer writes into the first kBuffer / 2
-// bytes of our buffer (we watch its last byte); we write from the second half.
+// The ping-pong's two halves. WRITE: the peer writes into the first
+// kBuffer / 2 bytes of our buffer (we watch its last byte); we write from the
+// second half. SEND: the peer's SENDs land in the first half, ours go from the
+// second.
 class Player {
  public:
-  Player(Side& side, const Endpoint& peer, uint32_t size) : side_(side), size_(size) {
+  Player(Side& side, const Endpoint& peer, const Options& o) : side_(side), op_(o.op), size_(o.size) {
     auto* buffer = static_cast<unsigned char*>(side.buffer);
-    watched_ = buffer + size - 1;
+    watched_ = buffer + size_ - 1;
     source_ = buffer + bench::kBuffer / 2;
-    sge_ = ibv_sge{reinterpret_cast<uint64_t>(source_), size, side.mr->lkey};
-    wr_.opcode = IBV_WR_RDMA_WRITE;
+    sge_ = ibv_sge{reinterpret_cast<uint64_t>(source_), size_, side.mr->lkey};
     wr_.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
     wr_.sg_list = &sge_;
     wr_.num_sge = 1;
-    wr_.wr.rdma.remote_addr = peer.addr;
-    wr_.wr.rdma.rkey = peer.rkey;
-  }
-  void wait_for(unsigned char value) const {
-    while (*static_cast<volatile unsigned char*>(watched_) != value) {
+    if (op_ == Op::kWrite) {
+      wr_.opcode = IBV_WR_RDMA_WRITE;
+      wr_.wr.rdma.remote_addr = peer.addr;
+      wr_.wr.rdma.rkey = peer.rkey;
+      return;
     }
+    wr_.opcode = IBV_WR_SEND;
+    receive_sge_ = ibv_sge{reinterpret_cast<uint64_t>(buffer), size_, side.mr->lkey};
+    receive_.sg_list = &receive_sge_;
+    receive_.num_sge = 1;
+    for (int i = 0; i < kReceivesPosted; ++i) post_receive();
   }
-  void write(unsigned char value) {
+
+  // The peer's message `value`: its byte (WRITE) or its receive completion,
+  // after which the receive is posted again (SEND).
+  void wait_for(unsigned char value) {
+    if (op_ == Op::kWrite) {
+      while (*static_cast<volatile unsigned char*>(watched_) != value) {
+      }
+      return;
+    }
+    await(side_.recv_cq, "receive");
+    post_receive();
+  }
+
+  void post(unsigned char value) {
     source_[size_ - 1] = value;
     ibv_send_wr* bad = nullptr;
     if (ibv_post_send(side_.qp, &wr_, &bad) != 0) die("ibv_post_send");
+    await(side_.cq, "send");
+  }
+
+ private:
+  static void await(ibv_cq* cq, const char* what) {
     ibv_wc wc{};
     int got = 0;
-    while ((got = ibv_poll_cq(side_.cq, 1, &wc)) == 0) {
+    while ((got = ibv_poll_cq(cq, 1, &wc)) == 0) {
     }
     if (got < 0 || wc.status != IBV_WC_SUCCESS) {
-      std::fprintf(stderr, "write_pingpong: completion status %s\n", ibv_wc_status_str(wc.status));
+      std::fprintf(stderr, "pingpong: %s completion status %s\n", what, ibv_wc_status_str(wc.status));
       std::exit(1);
     }
   }
 
- private:
+  void post_receive() {
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_recv(side_.qp, &receive_, &bad) != 0) die("ibv_post_recv");
+  }
+
   Side& side_;
+  Op op_;
   uint32_t size_;
   unsigned char* watched_ = nullptr;
   unsigned char* source_ = nullptr;
   ibv_sge sge_{};
   ibv_send_wr wr_{};
+  ibv_sge receive_sge_{};
+  ibv_recv_wr receive_{};
 };
+
+bench::Shape shape_for(const Options& o) {
+  bench::Shape shape;
+  if (o.op == Op::kSend) {
+    shape.max_recv_wr = kReceivesPosted;
+    shape.recv_cq_of_its_own = true;
+  }
+  return shape;
+}
 
 }  // namespace
 
@@ -140,50 +200,50 @@ int main(int argc, char** argv) {
     close(to_child[1]);
     close(to_parent[0]);
     pin(o.core_responder);
-    Side side;
+    Side side(shape_for(o));
     Endpoint mine = side.endpoint(), peer{};
     if (read(to_child[0], &peer, sizeof peer) != sizeof peer) _exit(2);
     side.connect(peer);
+    Player player(side, peer, o);  // (its receives posted before the initiator can send)
     if (write(to_parent[1], &mine, sizeof mine) != sizeof mine) _exit(3);
-    Player player(side, peer, o.size);
     for (long i = 1; i <= o.iters; ++i) {
       player.wait_for(static_cast<unsigned char>(i));
-      player.write(static_cast<unsigned char>(i));
+      player.post(static_cast<unsigned char>(i));
     }
     _exit(0);
   }
   close(to_child[0]);
   close(to_parent[1]);
   pin(o.core_initiator);
-  Side side;
+  Side side(shape_for(o));
   const Endpoint mine = side.endpoint();
   Endpoint peer{};
   if (write(to_child[1], &mine, sizeof mine) != sizeof mine) die("write to the responder");
   if (read(to_parent[0], &peer, sizeof peer) != sizeof peer) die("read from the responder");
   side.connect(peer);
-  Player player(side, peer, o.size);
+  Player player(side, peer, o);
   std::vector<double> one_way;  // ns, per batch
   const long batches = o.iters / o.batch;
   long i = 1;
   for (long b = 0; b < batches; ++b) {
     const uint64_t start = now_ns();
     for (long n = 0; n < o.batch; ++n, ++i) {
-      player.write(static_cast<unsigned char>(i));
+      player.post(static_cast<unsigned char>(i));
       player.wait_for(static_cast<unsigned char>(i));
     }
     one_way.push_back(static_cast<double>(now_ns() - start) / (2.0 * static_cast<double>(o.batch)));
   }
   for (; i <= o.iters; ++i) {  // the responder's remaining round trips
-    player.write(static_cast<unsigned char>(i));
+    player.post(static_cast<unsigned char>(i));
     player.wait_for(static_cast<unsigned char>(i));
   }
   int status = 0;
   if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "write_pingpong: the responder failed\n");
+    std::fprintf(stderr, "pingpong: the responder failed\n");
     return 1;
   }
   std::sort(one_way.begin(), one_way.end());
-  std::printf("one-way write latency, %u bytes, %ld round trips: median %.1f ns, fastest batch %.1f ns\n", o.size,
-              o.iters, one_way[one_way.size() / 2], one_way.front());
+  std::printf("one-way %s latency, %u bytes, %ld round trips: median %.1f ns, fastest batch %.1f ns\n",
+              o.op == Op::kWrite ? "write" : "send", o.size, o.iters, one_way[one_way.size() / 2], one_way.front());
   return 0;
 }
