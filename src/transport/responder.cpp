@@ -174,25 +174,6 @@ Response atomic(const Request& req, ResponderPort& port, const ResponderQp& qp) 
 
 }  // namespace
 
-ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode, uint64_t byte_len,
-                                     const Request& req) {
-  ReceiveCompletion c;
-  c.wr_id = wr_id;
-  c.status = status;
-  c.opcode = opcode;
-  c.byte_len = static_cast<uint32_t>(byte_len);
-  c.src_qp = req.src_qpn;
-  c.solicited = req.solicited;
-  if (req.op == Operation::kSendWithImm || req.op == Operation::kWriteWithImm) {
-    c.wc_flags = IBV_WC_WITH_IMM;
-    c.imm_data = req.imm_data;
-  } else if (req.op == Operation::kSendWithInv) {
-    c.wc_flags = IBV_WC_WITH_INV;
-    c.imm_data = req.invalidate_rkey;  // ibv_wc's invalidated_rkey shares the field
-  }
-  return c;
-}
-
 Response accept(const Request& req, ResponderPort& port, bool reliable, MessageInProgress& m,
                 const ReceiveWqe* preclaimed) {
   m.reset();

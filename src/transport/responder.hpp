@@ -134,11 +134,45 @@ void respond_datagram(const Request& request, std::span<const unsigned char> grh
 // later) is dropped, as a NIC drops it.
 void respond_frame(const Request& request, ResponderPort& port);
 
-// The completion of the receive WQE `wr_id` that message `request`
-// consumed, `byte_len` bytes placed: its immediate data or invalidated key,
-// solicited bit and source QPN.
-ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode, uint64_t byte_len,
-                                     const Request& request);
+// What of a message its receive completion reports: the fields of Request
+// that receive_completion reads, for a caller that builds no Request (the
+// shm link's direct SEND).
+struct ReceivedMessage {
+  Operation op = Operation::kSend;
+  uint32_t src_qpn = 0;
+  bool solicited = false;
+  uint32_t imm_data = 0;         // kSendWithImm, kWriteWithImm (network byte order)
+  uint32_t invalidate_rkey = 0;  // kSendWithInv
+};
+
+// The completion of the receive WQE `wr_id` that message `m` consumed,
+// `byte_len` bytes placed: its immediate data or invalidated key, solicited
+// bit and source QPN.
+inline ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode,
+                                            uint64_t byte_len, const ReceivedMessage& m) {
+  ReceiveCompletion c;
+  c.wr_id = wr_id;
+  c.status = status;
+  c.opcode = opcode;
+  c.byte_len = static_cast<uint32_t>(byte_len);
+  c.src_qp = m.src_qpn;
+  c.solicited = m.solicited;
+  if (m.op == Operation::kSendWithImm || m.op == Operation::kWriteWithImm) {
+    c.wc_flags = IBV_WC_WITH_IMM;
+    c.imm_data = m.imm_data;
+  } else if (m.op == Operation::kSendWithInv) {
+    c.wc_flags = IBV_WC_WITH_INV;
+    c.imm_data = m.invalidate_rkey;  // ibv_wc's invalidated_rkey shares the field
+  }
+  return c;
+}
+
+inline ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode,
+                                            uint64_t byte_len, const Request& request) {
+  return receive_completion(
+      wr_id, status, opcode, byte_len,
+      ReceivedMessage{request.op, request.src_qpn, request.solicited, request.imm_data, request.invalidate_rkey});
+}
 
 // True for the states in which a QP accepts incoming messages (RTR and later, but not ERROR).
 inline bool receives_in_state(uint32_t state) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/log.hpp"
+#include "common/prefetch.hpp"
 #include "host/attachment.hpp"
 #include "host/raw_flows.hpp"
 #include "link/link.hpp"
@@ -113,8 +114,8 @@ bool ShmChannel::direct_target_receives() const {
          reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running();
 }
 
-// A WRITE of a few bytes (a latency test's, a flag, a counter) is on the
-// critical path of a ping-pong: up to 16 bytes are moved here as two
+// A WRITE or SEND of a few bytes (a latency test's, a flag, a counter) is on
+// the critical path of a ping-pong: up to 16 bytes are moved here as two
 // overlapping loads and stores, the last byte in the second store as in
 // libc's copy, rather than through a call into libc.
 template <typename Word>
@@ -126,7 +127,7 @@ inline void copy_ends(unsigned char* to, const unsigned char* from, uint64_t len
   std::memcpy(to + length - sizeof tail, &tail, sizeof tail);
 }
 
-inline void copy_write(void* to, const void* from, uint64_t length) {
+[[gnu::always_inline]] inline void copy_write(void* to, const void* from, uint64_t length) {
   auto* d = static_cast<unsigned char*>(to);
   const auto* s = static_cast<const unsigned char*>(from);
   if (length > 16) {
@@ -138,7 +139,7 @@ inline void copy_write(void* to, const void* from, uint64_t length) {
   } else if (length >= 2) {
     copy_ends<uint16_t>(d, s, length);
   } else {
-    *d = *s;  // length is never 0 here (direct_reaches)
+    *d = *s;  // length is never 0 here (direct_reaches; send_direct's pieces)
   }
 }
 
@@ -268,14 +269,16 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
   uint32_t num_sge = wqe->num_sge;
   if (num_sge > rq->max_sge) num_sge = rq->max_sge;
   if (num_sge > limits::kMaxSge) return false;
-  host::RecvSge sges[limits::kMaxSge];
-  std::memcpy(sges, wqe->sge, num_sge * sizeof(host::RecvSge));
   iovec to[limits::kMaxSge];
   int nto = 0;
   uint64_t left = op.length;
   host::PeerBackings::View window{target_.backing, target_.backing_length};
   for (uint32_t i = 0; i < num_sge && left > 0; ++i) {
-    const host::RecvSge& sge = sges[i];
+    // Each SGE read once, into a local: what is checked is what is used.
+    // (One at a time rather than all at once: a copy of a length known only
+    // here became `rep movs`, whose start-up cost more than the SEND's own
+    // instructions.)
+    const host::RecvSge sge = wqe->sge[i];
     if (sge.length == 0) continue;
     if (!host_.registry().lookup_mr_cached(sge.lkey, receive_key_) || receive_key_.record.proc != target_.proc)
       return false;
@@ -296,25 +299,25 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
   target_.backing_length = window.length;
   if (!rq->tail.compare_exchange_strong(tail, tail + 1, std::memory_order_acq_rel, std::memory_order_acquire))
     return false;
+  // The next WQE's line, on its way here while this SEND completes: the
+  // owner posted it long before (a queue is kept filled ahead), so by the
+  // next SEND it is ours to read instead of a line to fetch then.
+  prefetch_for_read(rq->slot(tail + 1));
   const auto* from = static_cast<const unsigned char*>(op.local);
   for (int i = 0; i < nto; ++i) {
-    std::memcpy(to[i].iov_base, from, to[i].iov_len);
+    copy_write(to[i].iov_base, from, to[i].iov_len);
     from += to[i].iov_len;
   }
-  transport::Request request;
-  request.op = op.kind == link::DirectCopy::Kind::kSendWithImm ? transport::Operation::kSendWithImm
-                                                                : transport::Operation::kSend;
-  request.src_qpn = op.src_qpn;
-  request.solicited = op.solicited;
-  request.imm_data = op.imm_data;
-  ShmResponderPort port(host_, target_);
+  transport::ReceivedMessage message;
+  message.op = op.kind == link::DirectCopy::Kind::kSendWithImm ? transport::Operation::kSendWithImm
+                                                               : transport::Operation::kSend;
+  message.src_qpn = op.src_qpn;
+  message.solicited = op.solicited;
+  message.imm_data = op.imm_data;
   const transport::ReceiveCompletion completion =
-      transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, op.length, request);
-  if (srq) {
-    port.complete_receive(completion);
-  } else {
-    port.complete_taken_receive(completion, tail);  // its owner frees the slot without reading the tail
-  }
+      transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, op.length, message);
+  // From its own queue the owner frees the slot without reading the tail.
+  ShmResponderPort::complete_direct_receive(host_, target_, completion, srq ? nullptr : &tail);
   return true;
 }
 

@@ -379,18 +379,23 @@ transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp o
   return status_of(r);
 }
 
-void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) { push_receive(c, nullptr); }
-
-void ShmResponderPort::complete_taken_receive(const transport::ReceiveCompletion& c, uint64_t position) {
-  push_receive(c, &position);
+void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
+  push_receive_to(host_, target_, *data_, xrc_srq_, c, nullptr);
 }
 
-void ShmResponderPort::push_receive(const transport::ReceiveCompletion& c, const uint64_t* position) {
+void ShmResponderPort::complete_direct_receive(host::Attachment& host, const TargetQp& target,
+                                               const transport::ReceiveCompletion& c, const uint64_t* position) {
+  push_receive_to(host, target, target, nullptr, c, position);
+}
+
+void ShmResponderPort::push_receive_to(host::Attachment& host, const TargetQp& target, const TargetQp& owner,
+                                       const host::SharedQp* xrc_srq, const transport::ReceiveCompletion& c,
+                                       const uint64_t* position) {
   // ... and no CQ: a completion without its SRQ has nowhere to go.
-  if (target_.qp->qp_type == IBV_QPT_XRC_RECV && xrc_srq_ == nullptr) return;
+  if (target.qp->qp_type == IBV_QPT_XRC_RECV && xrc_srq == nullptr) return;
   if (c.status == IBV_WC_SUCCESS) {
-    target_.qp->counters.add(Counter::kRdmaRecvs);
-    host_.registry().process_counters(data_->proc).add(Counter::kRdmaRecvs);
+    target.qp->counters.add(Counter::kRdmaRecvs);
+    host.registry().process_counters(owner.proc).add(Counter::kRdmaRecvs);
   }
   host::Cqe cqe{};
   cqe.wr_id = c.wr_id;
@@ -398,7 +403,7 @@ void ShmResponderPort::push_receive(const transport::ReceiveCompletion& c, const
   cqe.opcode = c.opcode;
   cqe.byte_len = c.byte_len;
   cqe.imm_data = c.imm_data;
-  cqe.qp_num = target_.qpn;
+  cqe.qp_num = target.qpn;
   cqe.src_qp = c.src_qp;
   cqe.wc_flags = c.wc_flags;
   cqe.sl = c.sl;
@@ -414,25 +419,24 @@ void ShmResponderPort::push_receive(const transport::ReceiveCompletion& c, const
     cqe.vendor_err = static_cast<uint32_t>(c.tm_tag);
     cqe.imm_data = c.tm_priv;
   }
-  uint64_t cq_offset = target_.qp->recv_cq_offset;
-  if (xrc_srq_ != nullptr) {
-    cq_offset = xrc_srq_->recv_cq_offset;
+  uint64_t cq_offset = target.qp->recv_cq_offset;
+  if (xrc_srq != nullptr) {
+    cq_offset = xrc_srq->recv_cq_offset;
     cqe.flags = host::kCqeXrcSrq;
-    cqe.vendor_err = xrc_srq_->owner_qp_id;
+    cqe.vendor_err = xrc_srq->owner_qp_id;
   }
   // The CQ lives with the receive queue: an XRC SRQ's in the SRQ's process.
-  const TargetQp& owner = *data_;
   auto* cq = reinterpret_cast<host::SharedCq*>(owner.base + cq_offset);
   switch (cq->push(owner.base, cqe)) {
     case host::SharedCq::Push::kOk:
       return;
     case host::SharedCq::Push::kOkNotify:
-      host_.notify(owner.proc, owner.pid,
-                   host::Event{static_cast<uint32_t>(host::EventKind::kCqNotify), cq->owner_cq_id, 0, cq->owner_serial});
+      host.notify(owner.proc, owner.pid,
+                  host::Event{static_cast<uint32_t>(host::EventKind::kCqNotify), cq->owner_cq_id, 0, cq->owner_serial});
       return;
     case host::SharedCq::Push::kOverrun:
-      host_.notify(owner.proc, owner.pid,
-                   host::Event{static_cast<uint32_t>(host::EventKind::kCqError), cq->owner_cq_id, 0, cq->owner_serial});
+      host.notify(owner.proc, owner.pid,
+                  host::Event{static_cast<uint32_t>(host::EventKind::kCqError), cq->owner_cq_id, 0, cq->owner_serial});
       return;
   }
 }

@@ -42,11 +42,13 @@ class ShmResponderPort final : public transport::ResponderPort {
   transport::CopyStatus atomic(void* word, transport::AtomicOp op, uint64_t compare_add, uint64_t swap,
                                uint64_t& original) override;
   void complete_receive(const transport::ReceiveCompletion& completion) override;
-  // complete_receive for a WQE taken from the QP's own receive queue (not
-  // an SRQ's) at `position`: the completion says where (host::kCqeRecvPosition),
-  // so that the owner frees the slot without reading the queue's tail, a
-  // line the takers write.
-  void complete_taken_receive(const transport::ReceiveCompletion& completion, uint64_t position);
+  // complete_receive for a message to an RC or UC QP of `target`'s process,
+  // without a port (the direct SEND's, which builds none). A WQE taken from
+  // the QP's own receive queue (not an SRQ's) gives its `position`: the
+  // completion says where (host::kCqeRecvPosition), so that the owner frees
+  // the slot without reading the queue's tail, a line the takers write.
+  static void complete_direct_receive(host::Attachment& host, const TargetQp& target,
+                                      const transport::ReceiveCompletion& completion, const uint64_t* position);
   void fail_qp(ibv_event_type event) override;
   void established() override;
   bool gone() override;
@@ -55,7 +57,12 @@ class ShmResponderPort final : public transport::ResponderPort {
   bool requester_range(uint32_t requester_qpn, uint64_t va, uint32_t rkey, uint64_t length, iovec& out) override;
 
  private:
-  void push_receive(const transport::ReceiveCompletion& completion, const uint64_t* position);
+  // The completion, into the CQ of `target`'s receive queue in `owner`'s
+  // segment: the QP's own process, or for an XRC_RECV QP the process of
+  // `xrc_srq` (the SRQ the message named, nullptr if none).
+  static void push_receive_to(host::Attachment& host, const TargetQp& target, const TargetQp& owner,
+                              const host::SharedQp* xrc_srq, const transport::ReceiveCompletion& completion,
+                              const uint64_t* position);
   // The keys validated so far, as validated.
   class KeysInUse {
    public:
