@@ -45,6 +45,13 @@ SendQueueSize send_queue_size_for(ibv_qp_type type, uint32_t max_send_wr, uint32
 
 uint32_t recv_queue_size_for(uint32_t max_recv_wr) { return max_recv_wr == 0 ? 0 : std::bit_ceil(max_recv_wr); }
 
+uint32_t recv_ring_slots_for(uint32_t max_recv_wr) {
+  // Enough spare slots that the one posted into is a few cache lines behind
+  // the one taken, whatever the WQE's size (at least 32 bytes).
+  constexpr uint32_t kSpareSlots = 8;
+  return std::bit_ceil(max_recv_wr + kSpareSlots);
+}
+
 uint32_t srq_size_for(uint32_t max_wr) { return std::bit_ceil(max_wr + 1) - 1; }
 
 }  // namespace softhca::engine

@@ -6,7 +6,8 @@
 //  - CQ: a ring of bit_ceil(cqe + 1) slots, reported as that minus one (cqe 2
 //    gives 4 slots and reports 3), so a CQ can hold one more completion than
 //    its queues' depth before it overruns.
-//  - Receive queue: bit_ceil(max_recv_wr) WQEs, reported as such.
+//  - Receive queue: bit_ceil(max_recv_wr) WQEs, reported as such (its ring
+//    has more slots: recv_ring_slots_for).
 //  - SRQ: bit_ceil(max_wr + 1) WQEs with one kept spare, reported minus one.
 //  - Send queue: WQEs are built of 64-byte blocks: a header (control segment
 //    plus the transport's address segment), then the data segments (16 bytes
@@ -40,5 +41,14 @@ SendQueueSize send_queue_size_for(ibv_qp_type type, uint32_t max_send_wr, uint32
 
 uint32_t recv_queue_size_for(uint32_t max_recv_wr);
 uint32_t srq_size_for(uint32_t max_wr);
+
+// The slots of a QP's receive ring for `max_recv_wr` (as granted) WQEs: more
+// than it can hold at once. A program that keeps its queue full (posts a
+// receive for each one completed, as perftest and most servers do) would
+// otherwise always post into the slot a sender has just read, whose line is
+// then in the sender's cache: every post waited for that line's trip
+// back, and every SEND for its trip out again. With slots to spare, the post
+// lands in a slot read a whole queue ago (docs/performance.md, "Session 22").
+uint32_t recv_ring_slots_for(uint32_t max_recv_wr);
 
 }  // namespace softhca::engine

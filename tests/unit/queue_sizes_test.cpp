@@ -1,6 +1,8 @@
 // The queue sizing rules (engine/queue_sizes.hpp), at their edges.
 #include "engine/queue_sizes.hpp"
 
+#include <bit>
+
 #include <gtest/gtest.h>
 
 #include "common/limits.hpp"
@@ -29,6 +31,20 @@ TEST(QueueSizes, ReceiveQueuesRoundUp) {
   EXPECT_EQ(srq_size_for(3), 3u);
   EXPECT_EQ(srq_size_for(4), 7u);
   EXPECT_EQ(srq_size_for(limits::kMaxSrqWr), uint32_t{limits::kMaxSrqWr});
+}
+
+// A full receive queue still leaves slots free in its ring, so that the
+// slot posted into is never the one a sender has just read.
+TEST(QueueSizes, ReceiveRingsHaveSlotsToSpare) {
+  for (const uint32_t asked : {1u, 5u, 8u, 500u, 512u, 4096u, uint32_t{limits::kMaxQpWr}}) {
+    const uint32_t granted = recv_queue_size_for(asked);
+    const uint32_t slots = recv_ring_slots_for(granted);
+    EXPECT_TRUE(std::has_single_bit(slots)) << asked;
+    EXPECT_GE(slots, granted + 8) << asked;
+    EXPECT_LE(slots, 2 * granted + 16) << asked;  // no more than the spare slots need
+  }
+  EXPECT_EQ(recv_ring_slots_for(512), 1024u);
+  EXPECT_EQ(recv_ring_slots_for(500), 512u);
 }
 
 TEST(QueueSizes, SendWqeOfOneSgeHasInlineRoom) {

@@ -167,7 +167,7 @@ Result<QueuePair*> QueuePair::create(Context& context, ProtectionDomain* pd, QpI
   }
   qp->shared_ = segment.at<host::SharedQp>(qp->shared_offset_);
   if (has_rq) {
-    const uint32_t capacity = ring_capacity(init.max_recv_wr);
+    const uint32_t capacity = recv_ring_slots_for(init.max_recv_wr);
     qp->rq_bytes_ = host::SharedRq::bytes_for(capacity, init.max_recv_sge);
     qp->rq_offset_ = segment.allocate(qp->rq_bytes_);
     if (qp->rq_offset_ == 0) {
