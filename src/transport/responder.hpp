@@ -150,21 +150,26 @@ struct ReceivedMessage {
 // bit and source QPN.
 inline ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode,
                                             uint64_t byte_len, const ReceivedMessage& m) {
-  ReceiveCompletion c;
-  c.wr_id = wr_id;
-  c.status = status;
-  c.opcode = opcode;
-  c.byte_len = static_cast<uint32_t>(byte_len);
-  c.src_qp = m.src_qpn;
-  c.solicited = m.solicited;
-  if (m.op == Operation::kSendWithImm || m.op == Operation::kWriteWithImm) {
-    c.wc_flags = IBV_WC_WITH_IMM;
-    c.imm_data = m.imm_data;
-  } else if (m.op == Operation::kSendWithInv) {
-    c.wc_flags = IBV_WC_WITH_INV;
-    c.imm_data = m.invalidate_rkey;  // ibv_wc's invalidated_rkey shares the field
-  }
-  return c;
+  const bool imm = m.op == Operation::kSendWithImm || m.op == Operation::kWriteWithImm;
+  const bool inv = m.op == Operation::kSendWithInv;
+  // Every field named (rather than defaults overwritten): GCC zeroed the
+  // defaults first with `rep stos`, slow to start, on the direct SEND's way.
+  return ReceiveCompletion{
+      .wr_id = wr_id,
+      .status = status,
+      .opcode = opcode,
+      .byte_len = static_cast<uint32_t>(byte_len),
+      // ibv_wc's invalidated_rkey shares the immediate's field
+      .imm_data = imm ? m.imm_data : inv ? m.invalidate_rkey : 0,
+      .src_qp = m.src_qpn,
+      .wc_flags = imm ? uint32_t{IBV_WC_WITH_IMM} : inv ? uint32_t{IBV_WC_WITH_INV} : 0,
+      .sl = 0,
+      .solicited = m.solicited,
+      .no_wqe = false,
+      .tm_info = false,
+      .tm_tag = 0,
+      .tm_priv = 0,
+  };
 }
 
 inline ReceiveCompletion receive_completion(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode,
