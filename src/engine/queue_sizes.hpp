@@ -8,7 +8,8 @@
 //    its queues' depth before it overruns.
 //  - Receive queue: bit_ceil(max_recv_wr) WQEs, reported as such (its ring
 //    has more slots: recv_ring_slots_for).
-//  - SRQ: bit_ceil(max_wr + 1) WQEs with one kept spare, reported minus one.
+//  - SRQ: bit_ceil(max_wr + 1) WQEs with one kept spare, reported minus one
+//    (its ring, too, has more slots).
 //  - Send queue: WQEs are built of 64-byte blocks: a header (control segment
 //    plus the transport's address segment), then the data segments (16 bytes
 //    each) or the inline data (after a 4-byte inline header). The inline room
@@ -42,8 +43,8 @@ SendQueueSize send_queue_size_for(ibv_qp_type type, uint32_t max_send_wr, uint32
 uint32_t recv_queue_size_for(uint32_t max_recv_wr);
 uint32_t srq_size_for(uint32_t max_wr);
 
-// The slots of a QP's receive ring for `max_recv_wr` (as granted) WQEs: more
-// than it can hold at once. A program that keeps its queue full (posts a
+// The slots of a receive ring (a QP's or an SRQ's) for `max_recv_wr` WQEs:
+// more than it can hold at once. A program that keeps its queue full (posts a
 // receive for each one completed, as perftest and most servers do) would
 // otherwise always post into the slot a sender has just read, whose line is
 // then in the sender's cache: every post waited for that line's trip

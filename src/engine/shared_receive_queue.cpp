@@ -27,7 +27,10 @@ Result<SharedReceiveQueue*> SharedReceiveQueue::create(ProtectionDomain& pd, uin
   srq->counted_ = true;
   srq->max_wr_ = srq_size_for(max_wr);
   srq->max_sge_ = max_sge;
-  const uint32_t capacity = std::bit_ceil(srq->max_wr_);
+  // The sizes ConnectX has for it (one WQE spare: what modify may grow
+  // max_wr to), in a ring with slots to spare beyond them.
+  srq->resize_limit_ = std::bit_ceil(srq->max_wr_);
+  const uint32_t capacity = recv_ring_slots_for(srq->resize_limit_);
   srq->shared_bytes_ = host::SharedRq::bytes_for(capacity, max_sge);
   srq->shared_offset_ = node.segment().allocate(srq->shared_bytes_);
   if (srq->shared_offset_ == 0) {
@@ -134,8 +137,9 @@ Result<void> SharedReceiveQueue::post(uint64_t wr_id, const host::RecvSge* sges,
 Result<void> SharedReceiveQueue::modify(uint32_t max_wr, uint32_t limit, int mask) {
   if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return fail(std::errc::invalid_argument);
   if (mask & IBV_SRQ_MAX_WR) {
-    // The ring is shared and cannot move; it resizes within its capacity.
-    if (max_wr == 0 || max_wr >= shared_->capacity ||
+    // The ring is shared and cannot move; it resizes within what it was
+    // sized for.
+    if (max_wr == 0 || max_wr >= resize_limit_ ||
         max_wr < shared_->head.load(std::memory_order_acquire) - retired_.load(std::memory_order_acquire))
       return fail(std::errc::invalid_argument);
   }

@@ -95,6 +95,7 @@ class SharedReceiveQueue {
   SharedReceiveQueue(ProtectionDomain& pd) : pd_(pd) {}
   ProtectionDomain& pd_;
   uint32_t max_wr_ = 0;
+  uint32_t resize_limit_ = 0;  // modify's max_wr stays below it
   uint32_t max_sge_ = 0;
   uint32_t id_ = 0;
   uint32_t serial_ = 0;

@@ -472,6 +472,49 @@ TEST(QueueSizes, SrqKeepsOneSpareWqe) {
   }
 }
 
+// ibv_modify_srq may grow max_wr up to the WQEs the SRQ was sized for (the
+// power of two above what it granted, one kept spare), as on ConnectX, and no
+// further: its ring, which has more slots than that (queue_sizes.hpp), does
+// not move. What it grants, it then holds.
+TEST(QueueSizes, SrqGrowsOnlyWithinItsSize) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_srq_init_attr init{};
+  init.attr.max_wr = 4;
+  init.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(dev.pd, &init);
+  ASSERT_NE(srq, nullptr);
+  ASSERT_EQ(init.attr.max_wr, 7u);
+  ibv_srq_attr attr{};
+  attr.max_wr = 8;
+  EXPECT_EQ(ibv_modify_srq(srq, &attr, IBV_SRQ_MAX_WR), EINVAL);
+  attr.max_wr = 3;
+  EXPECT_EQ(ibv_modify_srq(srq, &attr, IBV_SRQ_MAX_WR), 0);
+  ibv_srq_attr queried{};
+  ASSERT_EQ(ibv_query_srq(srq, &queried), 0);
+  EXPECT_EQ(queried.max_wr, 3u);
+  attr.max_wr = 7;
+  EXPECT_EQ(ibv_modify_srq(srq, &attr, IBV_SRQ_MAX_WR), 0);
+  Buffer buffer(dev.pd, 256);
+  ASSERT_NE(buffer.mr(), nullptr);
+  for (uint32_t i = 0; i < 7; ++i) {
+    ibv_sge sge = buffer.sge(0, 64);
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_recv(srq, &wr, &bad), 0) << "receive " << i;
+  }
+  ibv_sge sge = buffer.sge(0, 64);
+  ibv_recv_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_srq_recv(srq, &wr, &bad), ENOMEM);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
 // The manual's multicast receiver (ch. 8): a UD QP on a CQ of 2 entries with 4
 // receives posted, polled one completion at a time while messages arrive. On
 // ConnectX the CQ holds 4, so it never overruns; neither does softhca's.
