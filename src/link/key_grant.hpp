@@ -1,10 +1,10 @@
 // What one registered key lets the direct path reach, worked out once per
 // version of the key's registry slot instead of at every operation.
 //
-// The direct path (link::Channel::copy_direct, QueuePair::post_direct_locked)
-// asked, per operation: the key's slot still at the version it was read at,
-// the key's PD, type 2 window QP, access and range (transport::key_allows),
-// then where the address lands (the owner's address, then the window onto
+// The direct path (link::Channel::copy_direct and its SEND's receive SGEs,
+// QueuePair::post_direct_locked) asked, per operation: the key's slot still
+// at the version it was read at, the key's PD, type 2 window QP, access and
+// range (transport::key_allows), then where the address lands (the owner's address, then the window onto
 // the owner's file, Attachment::in_backing). Everything but the slot's
 // version, the access asked and the range is the same from one operation to
 // the next while the version stands, so a KeyGrant keeps the answer: the
@@ -96,6 +96,19 @@ inline KeyGrant remote_grant(const transport::MemoryKey& key, const host::Shared
   if (key.key == 0 || key.pd_id != pd_id || transport::is_on_demand(key) ||
       (key.kind == transport::KeyKind::kWindow2 && key.qpn != qpn) || !grant_detail::key_span(key, olo, ohi) ||
       !grant_detail::within_window(span, window, olo, ohi))
+    return {};
+  const uint64_t here = reinterpret_cast<uint64_t>(window.base) + span.offset + (olo - span.addr);
+  return grant_detail::make(key, seq, olo, ohi, here);
+}
+
+// The lkey of a receive WQE of another process, whose QP or SRQ is of PD
+// `pd_id`: an MR (never a window), reached only through `window` onto its
+// owner's file (what ShmChannel::send_direct checks of each receive SGE).
+inline KeyGrant receive_grant(const transport::MemoryKey& key, const host::SharedSpan& span, uint32_t seq,
+                              uint32_t pd_id, const host::PeerBackings::View& window) {
+  uint64_t olo = 0, ohi = 0;
+  if (key.key == 0 || key.pd_id != pd_id || key.kind != transport::KeyKind::kRegion || transport::is_on_demand(key) ||
+      !grant_detail::key_span(key, olo, ohi) || !grant_detail::within_window(span, window, olo, ohi))
     return {};
   const uint64_t here = reinterpret_cast<uint64_t>(window.base) + span.offset + (olo - span.addr);
   return grant_detail::make(key, seq, olo, ohi, here);

@@ -528,6 +528,49 @@ ibv_wc send_one(QpPair& pair, ibv_sge* sge, uint64_t wr_id, ibv_wr_opcode opcode
 
 }  // namespace
 
+// A SEND keeps what its receive SGE's lkey granted while the key's registry
+// slot stands (link::receive_grant), checked over the whole SGE: after SENDs
+// that made the grant, a receive one byte past the MR (the SEND itself
+// shorter) and then the MR changed in place to drop local write (its lkey
+// stays) are each refused as the responder refuses them, and nothing lands.
+TEST(DirectPath, ReceiveKeysChangedInPlaceAreJudgedAgain) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  for (const bool change_access : {false, true}) {
+    QpConfig cfg;
+    cfg.rnr_retry = 0;
+    QpPair pair(dev, cfg);
+    ASSERT_TRUE(pair.ok());
+    Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+    ASSERT_TRUE(local.ok() && remote.ok());
+    ibv_sge sge = local.sge(0, kLen);
+    ibv_wc rwc{};
+    for (uint64_t id = 1; id <= 3; ++id) {  // the receive key's grant is kept from the first on
+      ibv_sge into = remote.sge(4096 - 2 * kLen, 2 * kLen);
+      ASSERT_EQ(post_recv(pair.b, id, &into, 1), 0);
+      ASSERT_EQ(send_one(pair, &sge, id).status, IBV_WC_SUCCESS);
+      ASSERT_TRUE(poll_one(pair.b_recv_cq, &rwc));
+      ASSERT_EQ(rwc.status, IBV_WC_SUCCESS) << wc_str(rwc);
+    }
+    std::memset(remote.data(), 0, 4096);
+    fill_pattern(local.span(0, kLen), 11);
+    ibv_sge into = remote.sge(4096 - 2 * kLen, 2 * kLen + 1);  // one byte past the MR
+    if (change_access) {
+      const uint32_t lkey = remote.mr()->lkey;
+      ASSERT_EQ(ibv_rereg_mr(remote.mr(), IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_REMOTE_READ), 0);
+      ASSERT_EQ(remote.mr()->lkey, lkey);
+      into = remote.sge(4096 - 2 * kLen, 2 * kLen);
+    }
+    ASSERT_EQ(post_recv(pair.b, 9, &into, 1), 0);
+    const ibv_wc wc = send_one(pair, &sge, 9);
+    EXPECT_EQ(wc.status, IBV_WC_REM_OP_ERR) << wc_str(wc);
+    ASSERT_TRUE(poll_one(pair.b_recv_cq, &rwc));
+    EXPECT_EQ(rwc.status, IBV_WC_LOC_PROT_ERR) << wc_str(rwc);
+    EXPECT_EQ(first_not(remote.span(0, 4096), 0), -1) << (change_access ? "access dropped" : "past the MR");
+    drain_async_events(dev.ctx);
+  }
+}
+
 // SENDs land in the receive WQEs in order, across their SGEs, with the
 // completion the general path writes (wr_id, length, source QP, immediate).
 TEST(DirectPath, SendsFillReceiveWqesInOrder) {

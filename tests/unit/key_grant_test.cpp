@@ -47,6 +47,14 @@ char* local_reference(const MemoryKey& key, const SharedSpan& span, uint32_t pd,
   return at;
 }
 
+// ShmChannel::send_direct, one receive SGE at a time: the whole SGE within
+// the key, the bytes written through the window only.
+char* receive_reference(const MemoryKey& key, const SharedSpan& span, uint32_t pd, uint32_t needed, uint64_t addr,
+                        uint64_t length, const PeerBackings::View& window) {
+  if (transport::is_on_demand(key) || !transport::local_key_allows(key, pd, needed, addr, length)) return nullptr;
+  return in_window(span, reinterpret_cast<uint64_t>(transport::owner_address(key, addr)), length, window);
+}
+
 constexpr uint32_t kPd = 7;
 constexpr uint32_t kQpn = 0x1234;
 char g_file[1 << 16];  // stands in for the window's mapping; only addresses are compared
@@ -89,8 +97,10 @@ TEST(KeyGrant, GrantsNothingTheChecksWouldRefuseWhole) {
   key.qpn = kQpn + 1;
   EXPECT_EQ(remote_grant(key, span, 2, kPd, kQpn, window).key, 0u);  // a type 2 window of another QP
   EXPECT_EQ(local_grant(key, span, 2, kPd, window).key, 0u);         // an lkey never names a window
+  EXPECT_EQ(receive_grant(key, span, 2, kPd, window).key, 0u);       // ... nor does a receive's
   key = region(0x10000, 0x4000, 0x7000'0000, IBV_ACCESS_REMOTE_WRITE);
   EXPECT_EQ(remote_grant(key, SharedSpan{}, 2, kPd, kQpn, window).key, 0u);  // not in the file
+  EXPECT_EQ(receive_grant(key, SharedSpan{}, 2, kPd, window).key, 0u);  // another process's: the file or nothing
   EXPECT_EQ(remote_grant(key, span, 2, kPd, kQpn, PeerBackings::View{}).key, 0u);  // no window
   key.length = 0;
   EXPECT_EQ(remote_grant(key, span, 2, kPd, kQpn, window).key, 0u);
@@ -134,6 +144,7 @@ TEST(KeyGrant, NeverWiderThanTheChecksAndCoversWhatTheyAllowInTheWindow) {
     const uint32_t seq = static_cast<uint32_t>(pick(1000)) * 2;
     const KeyGrant remote = remote_grant(key, span, seq, pd, kQpn, window);
     const KeyGrant local = local_grant(key, span, seq, pd, window);
+    const KeyGrant receive = receive_grant(key, span, seq, pd, window);
     for (int q = 0; q < 40; ++q) {
       const uint64_t addr = iova - 0x100 + pick(length + 0x200);
       const uint64_t n = 1 + pick(q % 4 == 0 ? 0x1000 : 64);
@@ -150,6 +161,14 @@ TEST(KeyGrant, NeverWiderThanTheChecksAndCoversWhatTheyAllowInTheWindow) {
       if (char* got = local.find(key.key, needed, addr, n)) {
         ++answered;
         ASSERT_EQ(got, expect) << "local grant wider than the checks: round " << round << " addr " << addr;
+      }
+      expect = receive_reference(key, span, kPd, needed, addr, n, window);
+      if (char* got = receive.find(key.key, needed, addr, n)) {
+        ++answered;
+        ASSERT_EQ(got, expect) << "receive grant wider than the checks: round " << round << " addr " << addr;
+      } else if (expect != nullptr && pd == kPd) {
+        ADD_FAILURE() << "the checks let a receive through that the grant misses: round " << round << " addr "
+                      << addr;
       }
     }
   }

@@ -78,6 +78,7 @@ class ShmChannel final : public link::Channel {
   bool direct_reaches(const link::DirectCopy& op) const;
   bool direct_target_receives() const;
   char* remote_range(const link::DirectCopy& op, uint32_t needed);
+  char* receive_range(const host::RecvSge& sge, uint64_t take, uint32_t receive_pd, host::PeerBackings::View& window);
 
  private:
   host::Attachment& host_;
@@ -88,10 +89,13 @@ class ShmChannel final : public link::Channel {
   uint64_t peer_incarnation_ = 0;
   transport::MessageInProgress scratch_;  // the responder's, for each message (under the QP's send lock)
   // The direct paths' last rkey and receive lkey (under the QP's send lock),
-  // and what the rkey granted (link/key_grant.hpp).
+  // and what they granted (link/key_grant.hpp). The receive grant is worked
+  // out for the target's receive PD, which stays while the target does
+  // (peer_incarnation_).
   host::MrLookupCache remote_key_;
   host::MrLookupCache receive_key_;
   link::KeyGrant remote_grant_;
+  link::KeyGrant receive_grant_;
 };
 
 // Both direct paths first need a peer reached before and still the same
@@ -166,6 +170,28 @@ char* ShmChannel::remote_range(const link::DirectCopy& op, uint32_t needed) {
   target_.backing = window.base;
   target_.backing_length = window.length;
   remote_grant_ = link::remote_grant(key, mr.shared, remote_key_.seq, pd_id, target_.qpn, window);
+  return at;
+}
+
+// A receive SGE as scatter_next checks it, for a direct SEND (under the
+// access announcement): the key, of the target's process, neither on-demand
+// nor short of local write over the whole SGE in the receive queue's PD,
+// and the `take` bytes written in the owner's file. Where they hold, the
+// key's grant is worked out for the SENDs after this one.
+char* ShmChannel::receive_range(const host::RecvSge& sge, uint64_t take, uint32_t receive_pd,
+                                host::PeerBackings::View& window) {
+  receive_grant_ = link::KeyGrant{};
+  if (!host_.registry().lookup_mr_cached(sge.lkey, receive_key_) || receive_key_.record.proc != target_.proc)
+    return nullptr;
+  const host::MrRecord& mr = receive_key_.record;
+  const transport::MemoryKey key = link::registered_key(mr);
+  if (transport::is_on_demand(key) ||
+      !transport::local_key_allows(key, receive_pd, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
+    return nullptr;
+  char* at = host_.in_backing(target_.proc, mr.shared, reinterpret_cast<uint64_t>(transport::owner_address(key, sge.addr)),
+                              take, window);
+  if (at == nullptr) return nullptr;
+  receive_grant_ = link::receive_grant(key, mr.shared, receive_key_.seq, receive_pd, window);
   return at;
 }
 
@@ -280,17 +306,13 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
     // instructions.)
     const host::RecvSge sge = wqe->sge[i];
     if (sge.length == 0) continue;
-    if (!host_.registry().lookup_mr_cached(sge.lkey, receive_key_) || receive_key_.record.proc != target_.proc)
-      return false;
-    const host::MrRecord& mr = receive_key_.record;
-    const transport::MemoryKey key = link::registered_key(mr);
-    if (transport::is_on_demand(key) ||
-        !transport::local_key_allows(key, receive_pd, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
-      return false;
     const uint64_t take = sge.length < left ? sge.length : left;
-    char* at = host_.in_backing(target_.proc, mr.shared, reinterpret_cast<uint64_t>(transport::owner_address(key, sge.addr)),
-                                take, window);
-    if (at == nullptr) return false;
+    // The key as the last SEND found it, while its slot has not changed.
+    char* at = receive_grant_.find(sge.lkey, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length);
+    if (at == nullptr || host_.registry().mr_version(sge.lkey) != receive_grant_.seq) {
+      at = receive_range(sge, take, receive_pd, window);
+      if (at == nullptr) return false;
+    }
     to[nto++] = iovec{at, static_cast<size_t>(take)};
     left -= take;
   }
