@@ -27,7 +27,6 @@
 #include <cstring>
 
 #include "common/counters.hpp"
-#include "common/prefetch.hpp"
 
 namespace softhca::host {
 
@@ -304,13 +303,6 @@ struct SharedRq {
     // taker that trusted the mark never moves the tail past the head (the
     // general path's take reads tail != head as a WQE to take).
     std::atomic_ref<uint32_t>(wqe->posted).store(static_cast<uint32_t>(h + 1), std::memory_order_release);
-    // The next post's line, asked for now. A sender read it when it took the
-    // WQE there a ring ago and still holds a copy; a store into it would
-    // wait for that copy to go at the poster's next fence, which a receive
-    // posted just before a SEND (a ping-pong's loop) meets in the send lock.
-    // Taken here, it is ours again by the next post. A hint: nothing depends
-    // on it.
-    prefetch_for_write(slot(h + 1));
     return true;
   }
   // Thread: any initiator. The WQE at position `t` when its mark says it is

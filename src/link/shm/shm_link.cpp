@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "common/log.hpp"
-#include "common/prefetch.hpp"
 #include "host/attachment.hpp"
 #include "host/raw_flows.hpp"
 #include "link/link.hpp"
@@ -321,10 +320,6 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
   target_.backing_length = window.length;
   if (!rq->tail.compare_exchange_strong(tail, tail + 1, std::memory_order_acq_rel, std::memory_order_acquire))
     return false;
-  // The next WQE's line, on its way here while this SEND completes: the
-  // owner posted it long before (a queue is kept filled ahead), so by the
-  // next SEND it is ours to read instead of a line to fetch then.
-  prefetch_for_read(rq->slot(tail + 1));
   const auto* from = static_cast<const unsigned char*>(op.local);
   for (int i = 0; i < nto; ++i) {
     copy_write(to[i].iov_base, from, to[i].iov_len);
