@@ -44,6 +44,15 @@ struct KeyGrant {
     if (k != key || (access & needed) != needed || addr < lo || addr > hi || length > hi - addr) return nullptr;
     return reinterpret_cast<char*>(addr + delta);
   }
+  // find(), while key `k`'s registry slot is still at the version the grant
+  // was worked out at (one load; the caller holds its access announcement,
+  // under which the slot cannot change unseen). nullptr: judge the key the
+  // way the grant was worked out, which gives the grant for the next time.
+  char* find_current(const host::HostRegistry& registry, uint32_t k, uint32_t needed, uint64_t addr,
+                     uint64_t length) const {
+    char* at = find(k, needed, addr, length);
+    return at != nullptr && registry.mr_version(k) == seq ? at : nullptr;
+  }
   // The owner's address of `addr`, which find() granted.
   uint64_t owner_address(uint64_t addr) const { return addr + owner_delta; }
 };

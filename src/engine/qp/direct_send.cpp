@@ -117,11 +117,8 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     op.length = sge.length;
     const uint32_t needed = read ? IBV_ACCESS_LOCAL_WRITE : 0;
     // The key as the last operation found it, while its slot has not changed.
-    char* at = direct_local_grant_.find(sge.lkey, needed, sge.addr, sge.length);
-    if (at == nullptr || node_.registry().mr_version(sge.lkey) != direct_local_grant_.seq) {
-      at = direct_local_range(sge, needed);
-      if (at == nullptr) return false;
-    }
+    char* at = direct_local_grant_.find_current(node_.registry(), sge.lkey, needed, sge.addr, sge.length);
+    if (at == nullptr && (at = direct_local_range(sge, needed)) == nullptr) return false;
     op.local = at;
   }
   if (!channel_->copy_direct(op)) return false;

@@ -187,8 +187,8 @@ char* ShmChannel::receive_range(const host::RecvSge& sge, uint64_t take, uint32_
   if (transport::is_on_demand(key) ||
       !transport::local_key_allows(key, receive_pd, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length))
     return nullptr;
-  char* at = host_.in_backing(target_.proc, mr.shared, reinterpret_cast<uint64_t>(transport::owner_address(key, sge.addr)),
-                              take, window);
+  const auto owner_addr = reinterpret_cast<uint64_t>(transport::owner_address(key, sge.addr));
+  char* at = host_.in_backing(target_.proc, mr.shared, owner_addr, take, window);
   if (at == nullptr) return nullptr;
   receive_grant_ = link::receive_grant(key, mr.shared, receive_key_.seq, receive_pd, window);
   return at;
@@ -223,11 +223,8 @@ bool ShmChannel::copy_direct(link::DirectCopy& op) {
       (op.kind != Kind::kWrite && qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0))
     return false;
   // The key as the last operation found it, while its slot has not changed.
-  char* at = remote_grant_.find(op.rkey, needed, op.remote_addr, op.length);
-  if (at == nullptr || host_.registry().mr_version(op.rkey) != remote_grant_.seq) {
-    at = remote_range(op, needed);
-    if (at == nullptr) return false;
-  }
+  char* at = remote_grant_.find_current(host_.registry(), op.rkey, needed, op.remote_addr, op.length);
+  if (at == nullptr && (at = remote_range(op, needed)) == nullptr) return false;
   op.landed = at;
   switch (op.kind) {
     case Kind::kWrite:
@@ -307,11 +304,8 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
     if (sge.length == 0) continue;
     const uint64_t take = sge.length < left ? sge.length : left;
     // The key as the last SEND found it, while its slot has not changed.
-    char* at = receive_grant_.find(sge.lkey, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length);
-    if (at == nullptr || host_.registry().mr_version(sge.lkey) != receive_grant_.seq) {
-      at = receive_range(sge, take, receive_pd, window);
-      if (at == nullptr) return false;
-    }
+    char* at = receive_grant_.find_current(host_.registry(), sge.lkey, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length);
+    if (at == nullptr && (at = receive_range(sge, take, receive_pd, window)) == nullptr) return false;
     to[nto++] = iovec{at, static_cast<size_t>(take)};
     left -= take;
   }
