@@ -360,6 +360,15 @@ inline int post_recv(ibv_qp* qp, uint64_t wr_id, ibv_sge* sges, int num_sge) {
   return ibv_post_recv(qp, &wr, &bad);
 }
 
+inline int post_srq_recv(ibv_srq* srq, uint64_t wr_id, ibv_sge sge) {
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_srq_recv(srq, &wr, &bad);
+}
+
 inline ibv_send_wr make_wr(uint64_t wr_id, ibv_wr_opcode opcode, ibv_sge* sges, int num_sge,
                            unsigned flags = IBV_SEND_SIGNALED) {
   ibv_send_wr wr{};

@@ -304,15 +304,7 @@ struct SrqPair {
     if (srq) ibv_destroy_srq(srq);
     if (cq) ibv_destroy_cq(cq);
   }
-  int post_srq(uint64_t wr_id) {
-    ibv_sge rsge = buf->sge(256, 64);
-    ibv_recv_wr wr{};
-    wr.wr_id = wr_id;
-    wr.sg_list = &rsge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    return ibv_post_srq_recv(srq, &wr, &bad);
-  }
+  int post_srq(uint64_t wr_id) { return post_srq_recv(srq, wr_id, buf->sge(256, 64)); }
   // `n` unsignaled 8-byte SENDs from a to b.
   void send(int n) {
     ibv_sge sge = buf->sge(0, 8);
@@ -497,21 +489,8 @@ TEST(QueueSizes, SrqGrowsOnlyWithinItsSize) {
   EXPECT_EQ(ibv_modify_srq(srq, &attr, IBV_SRQ_MAX_WR), 0);
   Buffer buffer(dev.pd, 256);
   ASSERT_NE(buffer.mr(), nullptr);
-  for (uint32_t i = 0; i < 7; ++i) {
-    ibv_sge sge = buffer.sge(0, 64);
-    ibv_recv_wr wr{};
-    wr.wr_id = i;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    ASSERT_EQ(ibv_post_srq_recv(srq, &wr, &bad), 0) << "receive " << i;
-  }
-  ibv_sge sge = buffer.sge(0, 64);
-  ibv_recv_wr wr{};
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  EXPECT_EQ(ibv_post_srq_recv(srq, &wr, &bad), ENOMEM);
+  for (uint32_t i = 0; i < 7; ++i) ASSERT_EQ(post_srq_recv(srq, i, buffer.sge(0, 64)), 0) << "receive " << i;
+  EXPECT_EQ(post_srq_recv(srq, 7, buffer.sge(0, 64)), ENOMEM);
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
 }
 

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "loopback.hpp"
+
 namespace loopback::xrc {
 
 inline ibv_xrcd* open_xrcd(ibv_context* ctx, int fd, int oflags) {
@@ -48,14 +50,7 @@ inline ibv_qp* open_tgt(ibv_context* ctx, ibv_xrcd* xrcd, uint32_t qpn, void* qp
   return ibv_open_qp(ctx, &attr);
 }
 
-inline int post_srq_recv(ibv_srq* srq, uint64_t wr_id, ibv_sge sge) {
-  ibv_recv_wr wr{};
-  wr.wr_id = wr_id;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  return ibv_post_srq_recv(srq, &wr, &bad);
-}
+using loopback::post_srq_recv;
 
 inline ibv_qp* create_ini(ibv_context* ctx, ibv_pd* pd, ibv_cq* cq) {
   ibv_qp_init_attr_ex init{};
