@@ -295,8 +295,9 @@ struct SharedRq {
     RecvWqe* wqe = slot(h);
     wqe->wr_id = wr_id;
     wqe->num_sge = num_sge;
-    // One SGE at a time: a memcpy of this variable length became `rep movs`,
-    // slow to start for the one or two SGEs a receive usually has.
+    // One SGE at a time, inline, for the one or two a receive usually has:
+    // a memcpy of a length known only here is a call into libc (the same
+    // copy on the sender's side became `rep movs`, slow to start).
     for (uint32_t i = 0; i < num_sge; ++i) wqe->sge[i] = sges[i];
     head.store(h + 1, std::memory_order_release);
     // After the head: whoever saw the mark sees a head past this WQE, so a
