@@ -6,7 +6,6 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
-#include <bit>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
@@ -95,32 +94,7 @@ class CompletionQueue {
 
   uint64_t shared_offset_ = 0;
   host::SharedCq* shared_ = nullptr;
-  host::CqRing* ring_ = nullptr;  // the current ring (consumer side; under poll_lock_)
-  // ring_ for a look without the lock (empty_now): its address (rings are
-  // 64-byte aligned) with the log2 of its slots in the low bits, stored
-  // whenever ring_ changes.
-  std::atomic<uintptr_t> ring_seen_{0};
-  static_assert(alignof(host::CqRing) >= 64, "the low bits of a ring's address carry its size");
-  void see_ring(host::CqRing* ring) {
-    ring_seen_.store(reinterpret_cast<uintptr_t>(ring) | static_cast<uintptr_t>(std::countr_zero(ring->capacity)),
-                     std::memory_order_release);
-  }
-  // Whether the ring looks empty, without the lock, so that a waiting
-  // poller's turn need not take it; a ring that looks non-empty is checked
-  // again under the lock. A resize may replace (and free) the ring read
-  // here meanwhile: the look then reads what its old block holds now, but
-  // only inside that block (the slot index is masked with the size that
-  // came with the address, never with a size read from the block), which
-  // stays mapped in the segment. A wrong "empty" answers 0 where a
-  // completion had just moved to the new ring: a poll that came a moment
-  // early.
-  bool empty_now() const {
-    const uintptr_t seen = ring_seen_.load(std::memory_order_acquire);
-    auto* ring = reinterpret_cast<host::CqRing*>(seen & ~uintptr_t{63});
-    const uint64_t mask = (uint64_t{1} << (seen & 63)) - 1;
-    const uint64_t t = ring->tail.load(std::memory_order_relaxed);
-    return ring->slots[t & mask].seq.load(std::memory_order_seq_cst) != t + 1;
-  }
+  host::CqRing* ring_ = nullptr;  // the current ring (consumer side)
   struct RingBlock {
     uint64_t offset;
     uint64_t bytes;
