@@ -25,10 +25,15 @@ inline bool cpu_prefetches_for_write() {
 }
 #endif
 
+#if defined(__x86_64__)
+// Asked once, when the library loads (a function-local static would cost a
+// guard check on every prefetch).
+inline const bool kCpuPrefetchesForWrite = cpu_prefetches_for_write();
+#endif
+
 inline void prefetch_for_write(const void* p) {
 #if defined(__x86_64__)
-  static const bool has_prefetchw = cpu_prefetches_for_write();
-  if (has_prefetchw) [[likely]] {
+  if (kCpuPrefetchesForWrite) [[likely]] {
     asm volatile("prefetchw (%0)" : : "r"(p));  // an address only: no memory operand for sanitizers to check
     return;
   }

@@ -588,44 +588,12 @@ uint32_t HostRegistry::mcast_members(const uint8_t* mgid, uint32_t* out) const {
   return 0;
 }
 
-namespace {
-// Where a thread looks for a free access slot first, so that threads spread
-// over the slots: a hash of where its stack is (each thread has its own,
-// megabytes apart). A thread_local counter did the same at the price of a
-// TLS lookup (__tls_get_addr, in a shared library) per operation.
-uint32_t access_hint() {
-  const auto stack = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
-  return static_cast<uint32_t>(((stack >> 20) * 0x9E3779B97F4A7C15ULL) >> 60);
-}
-}  // namespace
-
-uint32_t HostRegistry::try_begin_access(uint32_t self, uint32_t target) {
-  const uint32_t hint = access_hint();
-  ProcAccesses& mine = layout_->accesses[self];
-  for (uint32_t n = 0; n < kAccessSlotsPerProc; ++n) {
-    const uint32_t index = (hint + n) % kAccessSlotsPerProc;
-    std::atomic<uint64_t>& slot = mine.slots[index];
-    uint64_t v = slot.load(std::memory_order_relaxed);
-    if (v & 0xFFFFFFFFu) continue;
-    const uint64_t taken = (((v >> 32) + 1) << 32) | (target + 1);
-    // seq_cst: the fence's read of this slot and our later reads of the
-    // key table are ordered against its key store and our slot store.
-    if (slot.compare_exchange_strong(v, taken, std::memory_order_seq_cst)) return index;
-  }
-  return kNoAccessSlot;
-}
-
-uint32_t HostRegistry::begin_access(uint32_t self, uint32_t target) {
+uint32_t HostRegistry::wait_for_access_slot(uint32_t self, uint32_t target) {
   for (;;) {
     const uint32_t slot = try_begin_access(self, target);
     if (slot != kNoAccessSlot) return slot;
     __builtin_ia32_pause();  // more threads than slots inside peers' memory: wait for one
   }
-}
-
-void HostRegistry::end_access(uint32_t self, uint32_t slot) {
-  std::atomic<uint64_t>& s = layout_->accesses[self].slots[slot];
-  s.store(s.load(std::memory_order_relaxed) & ~uint64_t{0xFFFFFFFFu}, std::memory_order_release);
 }
 
 bool HostRegistry::accessor_alive(uint32_t proc) const { return process_alive(proc); }

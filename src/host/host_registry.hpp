@@ -359,13 +359,35 @@ class HostRegistry {
   // until every access to `target` that was under way has ended, so that
   // once ibv_dereg_mr returns no initiator writes or reads the old range.
   // Accesses of processes that died are not waited for.
-  uint32_t begin_access(uint32_t self, uint32_t target);
+  // Inline: it is on the way of every direct operation, before its store.
+  uint32_t begin_access(uint32_t self, uint32_t target) {
+    const uint32_t slot = try_begin_access(self, target);
+    if (slot != kNoAccessSlot) [[likely]] return slot;
+    return wait_for_access_slot(self, target);
+  }
   // begin_access without waiting: kNoAccessSlot when every slot of `self` is
   // taken. For a thread that already holds one (a second process to reach),
   // which must not wait for slots that threads like it hold.
-  uint32_t try_begin_access(uint32_t self, uint32_t target);
+  uint32_t try_begin_access(uint32_t self, uint32_t target) {
+    const uint32_t hint = access_hint();
+    ProcAccesses& mine = layout_->accesses[self];
+    for (uint32_t n = 0; n < kAccessSlotsPerProc; ++n) {
+      const uint32_t index = (hint + n) % kAccessSlotsPerProc;
+      std::atomic<uint64_t>& slot = mine.slots[index];
+      uint64_t v = slot.load(std::memory_order_relaxed);
+      if (v & 0xFFFFFFFFu) continue;
+      const uint64_t taken = (((v >> 32) + 1) << 32) | (target + 1);
+      // seq_cst: the fence's read of this slot and our later reads of the
+      // key table are ordered against its key store and our slot store.
+      if (slot.compare_exchange_strong(v, taken, std::memory_order_seq_cst)) [[likely]] return index;
+    }
+    return kNoAccessSlot;
+  }
   static constexpr uint32_t kNoAccessSlot = ~0u;
-  void end_access(uint32_t self, uint32_t slot);
+  void end_access(uint32_t self, uint32_t slot) {
+    std::atomic<uint64_t>& s = layout_->accesses[self].slots[slot];
+    s.store(s.load(std::memory_order_relaxed) & ~uint64_t{0xFFFFFFFFu}, std::memory_order_release);
+  }
   void fence_accesses(uint32_t target) const;
 
   // Attaches QP `qpn` (owned by `proc`) to the group `mgid`; attaching twice
@@ -406,6 +428,24 @@ class HostRegistry {
   static uint32_t qp_index(uint32_t qpn) { return (qpn - kFirstQpn) & (kMaxQpSlots - 1); }
 
  private:
+  // Where a thread looks for a free access slot first, so that threads spread
+  // over the slots: a hash of where its stack is (each thread has its own,
+  // megabytes apart). A thread_local counter did the same at the price of a
+  // TLS lookup (__tls_get_addr, in a shared library) per operation.
+  // (The stack pointer is read directly where it can be: asking for the
+  // frame's address makes the caller set up a frame pointer.)
+  static uint32_t access_hint() {
+#if defined(__x86_64__)
+    uintptr_t stack;
+    asm("mov %%rsp, %0" : "=r"(stack));
+#else
+    const auto stack = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+#endif
+    return static_cast<uint32_t>(((stack >> 20) * 0x9E3779B97F4A7C15ULL) >> 60);
+  }
+  // begin_access when every slot of `self` is taken: more threads than slots
+  // inside peers' memory; waits for one.
+  uint32_t wait_for_access_slot(uint32_t self, uint32_t target);
   HostRegistry(RegistryLayout* layout, std::string path, bool unlink_on_close)
       : layout_(layout), path_(std::move(path)), unlink_on_close_(unlink_on_close) {}
   void lock();
