@@ -65,7 +65,7 @@ struct Answer {
 };
 
 // An RC WRITE, READ, atomic or SEND of one local range that a channel may
-// complete on the spot (Channel::copy_direct).
+// complete on the spot (Channel::copy_direct, Channel::send_direct).
 struct DirectCopy {
   enum class Kind { kWrite, kRead, kFetchAdd, kCompareSwap, kSend, kSendWithImm };
   Kind kind = Kind::kWrite;
@@ -104,6 +104,10 @@ class Channel {
   // message the general way, which gives every other outcome. Only a link
   // that runs the responder in the requester's thread can say true.
   virtual bool copy_direct(DirectCopy&) { return false; }
+  // copy_direct for a SEND or SEND_WITH_IMM (a function of its own: the
+  // SEND's checks and the one-sided operations' share nothing but the
+  // target, and one entry for both cost the SEND a dispatch on the kind).
+  virtual bool send_direct(const DirectCopy&) { return false; }
   // The QP reached RTS: it may send from sq_psn on.
   virtual void start_sending(const SendConfig&) {}
   // The next answer of an asynchronous channel, in posting order.

@@ -1,7 +1,8 @@
 // The requester's common case, done on the spot: an RC WRITE, READ, atomic
 // or SEND of one local range, posted to an idle send queue, whose link can
-// complete it at once (link::Channel::copy_direct: the shm link, peer and memory on this
-// host). No WQE is queued for it and no request is built: the local range is
+// complete it at once (link::Channel::copy_direct, or send_direct for a
+// SEND: the shm link, peer and memory on this host). No WQE is queued for
+// it and no request is built: the local range is
 // checked as local_iovecs (requester.cpp) would check it, the link copies,
 // and the WQE completes as the general path would complete it. Whenever a
 // condition does not hold, nothing has happened yet and the WR goes the
@@ -121,7 +122,7 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     if (at == nullptr && (at = direct_local_range(sge, needed)) == nullptr) return false;
     op.local = at;
   }
-  if (!channel_->copy_direct(op)) return false;
+  if (!(send ? channel_->send_direct(op) : channel_->copy_direct(op))) return false;
   if (op.landed != nullptr) {
     last_direct_addr_.store(op.remote_addr, std::memory_order_relaxed);
     last_direct_landed_.store(op.landed, std::memory_order_relaxed);

@@ -71,11 +71,11 @@ class ShmChannel final : public link::Channel {
   }
 
   bool copy_direct(link::DirectCopy& op) override;
+  bool send_direct(const link::DirectCopy& op) override;
 
  private:
-  bool send_direct(const link::DirectCopy& op);
-  bool direct_reaches(const link::DirectCopy& op) const;
-  bool direct_target_receives() const;
+  [[gnu::always_inline]] bool direct_reaches(const link::DirectCopy& op) const;
+  [[gnu::always_inline]] bool direct_target_receives() const;
   char* remote_range(const link::DirectCopy& op, uint32_t needed);
   char* receive_range(const host::RecvSge& sge, uint64_t take, uint32_t receive_pd, host::PeerBackings::View& window);
 
@@ -100,7 +100,7 @@ class ShmChannel final : public link::Channel {
 // Both direct paths first need a peer reached before and still the same
 // incarnation (deliver() resolves and checks it), and a length the general
 // path would copy in one piece.
-bool ShmChannel::direct_reaches(const link::DirectCopy& op) const {
+inline bool ShmChannel::direct_reaches(const link::DirectCopy& op) const {
   return target_.qp != nullptr && target_.base != nullptr && peer_incarnation_ != 0 &&
          target_.incarnation == peer_incarnation_ && op.length != 0 && op.length <= kFenceChunk;
 }
@@ -109,7 +109,7 @@ bool ShmChannel::direct_reaches(const link::DirectCopy& op) const {
 // would let in: still there, of the requester's transport, in a receiving
 // state, its first message seen (COMM_EST is the general path's to raise),
 // and an owner that runs (ShmResponderPort::local_views).
-bool ShmChannel::direct_target_receives() const {
+inline bool ShmChannel::direct_target_receives() const {
   if (!still_there(target_)) return false;
   const host::SharedQp& qp = *target_.qp;
   return qp.qp_type == qp_type_ && transport::receives_in_state(qp.state.load(std::memory_order_acquire)) &&
@@ -203,7 +203,7 @@ char* ShmChannel::receive_range(const host::RecvSge& sge, uint64_t take, uint32_
 // case, without the general responder's records, scratch and indirect calls.
 bool ShmChannel::copy_direct(link::DirectCopy& op) {
   using Kind = link::DirectCopy::Kind;
-  if (op.kind == Kind::kSend || op.kind == Kind::kSendWithImm) return send_direct(op);
+  if (op.kind == Kind::kSend || op.kind == Kind::kSendWithImm) return false;  // send_direct's
   const bool atomic = op.kind == Kind::kFetchAdd || op.kind == Kind::kCompareSwap;
   // RC, or a UC WRITE (UC has nothing else a responder answers); a peer
   // reached before, the same incarnation, another process's QP (a TGT QP is
