@@ -79,7 +79,15 @@ bool opcode_allowed(ibv_qp_type type, uint32_t opcode) {
 }  // namespace
 
 QueuePair::QueuePair(ProtectionDomain* pd, Context& context, const QpInitAttr& init)
-    : pd_(pd), context_(context), node_(context.node()), init_(init) {}
+    : pd_(pd), context_(context), node_(context.node()), init_(init) {
+  for (uint32_t opcode = 0; opcode < 32; ++opcode)
+    if (opcode_allowed(init_.type, opcode)) send_opcodes_ |= 1u << opcode;
+  constexpr auto bit = [](ibv_wr_opcode opcode) { return 1u << opcode; };
+  if (init_.type != IBV_QPT_UD && init_.max_send_sge >= 1)
+    common_opcodes_ = send_opcodes_ & ~(bit(IBV_WR_BIND_MW) | bit(IBV_WR_LOCAL_INV) | bit(IBV_WR_ATOMIC_WRITE));
+  common_inline_opcodes_ =
+      common_opcodes_ & ~(bit(IBV_WR_RDMA_READ) | bit(IBV_WR_ATOMIC_CMP_AND_SWP) | bit(IBV_WR_ATOMIC_FETCH_AND_ADD));
+}
 
 // max_qp is the registry's QPN table: creating one more QP than that anywhere
 // on the host fails in allocate_qpn with not_enough_memory (ENOMEM).
@@ -358,13 +366,13 @@ void QueuePair::raise_event(ibv_event_type type) {
   context_.raise_async_event(AsyncEvent{type, handle.load(std::memory_order_acquire), 0});
 }
 
-int QueuePair::validate_send(const ibv_send_wr& wr) const {
+int QueuePair::validate_send_general(const ibv_send_wr& wr) const {
   if (wr.opcode == IBV_WR_ATOMIC_WRITE)
     return init_.type == IBV_QPT_RC && (wr.send_flags & kSendFlagAtomicWriteValue) != 0 && wr.num_sge == 0 &&
                    (wr.send_flags & IBV_SEND_INLINE) == 0
                ? 0
                : EINVAL;
-  if (!opcode_allowed(init_.type, wr.opcode)) return EINVAL;
+  if (static_cast<uint32_t>(wr.opcode) >= 32 || ((send_opcodes_ >> wr.opcode) & 1) == 0) return EINVAL;
   if (wr.opcode == IBV_WR_BIND_MW) {
     // The window must be this context's; its MR is checked when the bind executes.
     MemoryWindow* mw = context_.memory_window(wr.bind_mw.mw);

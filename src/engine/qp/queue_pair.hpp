@@ -134,10 +134,25 @@ class QueuePair {
 
   Node& node() { return node_; }
 
+  // EINVAL for a WR that ibv_post_send refuses. Inline: the common shapes
+  // (one SGE, an opcode of the QP's type other than a bind, an invalidation
+  // or an atomic write, not UD) are answered from two masks; the rest asks
+  // validate_send_general, which gives the same answer for these too
+  // (public for the test that holds them to it).
+  int validate_send(const ibv_send_wr& wr) const {
+    const bool inline_data = (wr.send_flags & IBV_SEND_INLINE) != 0;
+    const uint32_t common = inline_data ? common_inline_opcodes_ : common_opcodes_;
+    const auto opcode = static_cast<uint32_t>(wr.opcode);
+    if (opcode < 32 && ((common >> opcode) & 1) != 0 && wr.num_sge == 1 && wr.sg_list != nullptr &&
+        (!inline_data || wr.sg_list[0].length <= init_.max_inline_data))
+      return 0;
+    return validate_send_general(wr);
+  }
+  int validate_send_general(const ibv_send_wr& wr) const;
+
  private:
   QueuePair(ProtectionDomain* pd, Context& context, const QpInitAttr& init);
   SendWqe* sq_slot(uint32_t index) { return reinterpret_cast<SendWqe*>(sq_.data() + uint64_t{index & (sq_capacity_ - 1)} * sq_stride_); }
-  int validate_send(const ibv_send_wr& wr) const;
   void enqueue_send_locked(const ibv_send_wr& wr);
   // The common case done on the spot (direct_send.cpp): one RC WRITE, READ,
   // atomic or SEND of one local range, the send queue idle, and a link that
@@ -221,6 +236,14 @@ class QueuePair {
   Context& context_;
   Node& node_;
   QpInitAttr init_;
+  // Bit n set: opcode n is one this QP's type posts (validate_send's first
+  // question, asked of every WR).
+  uint32_t send_opcodes_ = 0;
+  // Those validate_send answers without the general questions (none on
+  // UD, whose WRs name an address handle, nor without room for one SGE),
+  // and those of them that may be inline (not READ or an atomic).
+  uint32_t common_opcodes_ = 0;
+  uint32_t common_inline_opcodes_ = 0;
   QpAttributes attrs_;
   uint32_t qpn_ = 0;
   uint32_t id_ = 0;
