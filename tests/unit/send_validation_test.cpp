@@ -8,6 +8,7 @@
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "engine/completion_queue.hpp"
@@ -75,7 +76,8 @@ TEST(SendValidation, CommonShapesAnswerAsTheGeneralQuestionsDo) {
               for (ibv_sge& s : sges) s = ibv_sge{0x1000, length, 0x1234};
               ibv_send_wr wr{};
               wr.wr_id = 1;
-              wr.opcode = static_cast<ibv_wr_opcode>(opcode);
+              // As a C caller may: any number, in or outside the enum's range.
+              std::memcpy(&wr.opcode, &opcode, sizeof opcode);
               wr.send_flags = flags;
               wr.num_sge = num_sge;
               wr.sg_list = with_list ? sges : nullptr;

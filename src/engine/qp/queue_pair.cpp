@@ -367,25 +367,26 @@ void QueuePair::raise_event(ibv_event_type type) {
 }
 
 int QueuePair::validate_send_general(const ibv_send_wr& wr) const {
-  if (wr.opcode == IBV_WR_ATOMIC_WRITE)
+  const uint32_t opcode = send_opcode_of(wr);
+  if (opcode == IBV_WR_ATOMIC_WRITE)
     return init_.type == IBV_QPT_RC && (wr.send_flags & kSendFlagAtomicWriteValue) != 0 && wr.num_sge == 0 &&
                    (wr.send_flags & IBV_SEND_INLINE) == 0
                ? 0
                : EINVAL;
-  if (static_cast<uint32_t>(wr.opcode) >= 32 || ((send_opcodes_ >> wr.opcode) & 1) == 0) return EINVAL;
-  if (wr.opcode == IBV_WR_BIND_MW) {
+  if (opcode >= 32 || ((send_opcodes_ >> opcode) & 1) == 0) return EINVAL;
+  if (opcode == IBV_WR_BIND_MW) {
     // The window must be this context's; its MR is checked when the bind executes.
     MemoryWindow* mw = context_.memory_window(wr.bind_mw.mw);
     if (mw == nullptr || &mw->pd().context() != &context_) return EINVAL;
     if (wr.bind_mw.bind_info.length != 0 && context_.memory_region(wr.bind_mw.bind_info.mr) == nullptr) return EINVAL;
     return 0;
   }
-  if (wr.opcode == IBV_WR_LOCAL_INV) return 0;
+  if (opcode == IBV_WR_LOCAL_INV) return 0;
   if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > init_.max_send_sge) return EINVAL;
   if (wr.num_sge > 0 && wr.sg_list == nullptr) return EINVAL;
   if (wr.send_flags & IBV_SEND_INLINE) {
-    if (wr.opcode == IBV_WR_RDMA_READ || wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-        wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+    if (opcode == IBV_WR_RDMA_READ || opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+        opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
       return EINVAL;
     uint64_t total = 0;
     for (int i = 0; i < wr.num_sge; ++i) total += wr.sg_list[i].length;

@@ -142,7 +142,7 @@ class QueuePair {
   int validate_send(const ibv_send_wr& wr) const {
     const bool inline_data = (wr.send_flags & IBV_SEND_INLINE) != 0;
     const uint32_t common = inline_data ? common_inline_opcodes_ : common_opcodes_;
-    const auto opcode = static_cast<uint32_t>(wr.opcode);
+    const uint32_t opcode = send_opcode_of(wr);
     if (opcode < 32 && ((common >> opcode) & 1) != 0 && wr.num_sge == 1 && wr.sg_list != nullptr &&
         (!inline_data || wr.sg_list[0].length <= init_.max_inline_data))
       return 0;
@@ -166,7 +166,7 @@ class QueuePair {
   // lock, it may be stale, which costs a useless prefetch and nothing else.
   void prefetch_for_direct(const ibv_send_wr& wr) const {
     uint64_t remote_addr;
-    switch (wr.opcode) {
+    switch (send_opcode_of(wr)) {
       case IBV_WR_RDMA_WRITE:
         remote_addr = wr.wr.rdma.remote_addr;
         break;

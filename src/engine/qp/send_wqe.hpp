@@ -3,7 +3,10 @@
 // retry state of the operation.
 #pragma once
 
+#include <infiniband/verbs.h>
+
 #include <cstdint>
+#include <cstring>
 
 #include "transport/completer.hpp"
 
@@ -23,6 +26,16 @@ struct Sge {
 // this bit, outside every ibv_send_flags value. Without it the opcode is EINVAL,
 // as the legacy ibv_post_send has no way to name the value.
 inline constexpr uint32_t kSendFlagAtomicWriteValue = 1u << 31;
+
+// A WR's opcode read as a number: an application may pass any value, and
+// one outside the enum's range is not a valid ibv_wr_opcode to load (what
+// the checks before validation ask must not assume it is).
+inline uint32_t send_opcode_of(const ibv_send_wr& wr) {
+  static_assert(sizeof wr.opcode == sizeof(uint32_t));
+  uint32_t opcode;
+  std::memcpy(&opcode, &wr.opcode, sizeof opcode);
+  return opcode;
+}
 
 struct SendWqe {
   uint64_t wr_id;
