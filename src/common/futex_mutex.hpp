@@ -26,32 +26,16 @@
 #pragma once
 
 #include <linux/futex.h>
-#include <linux/membarrier.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
+
+#include "common/asymmetric_fence.hpp"
 
 namespace softhca {
 
-namespace futex_detail {
-inline long membarrier(int cmd) { return ::syscall(SYS_membarrier, cmd, 0, 0); }
-// Registers the process for expedited private membarriers, once, when the
-// library loads (a registration carries over fork and ends at exec).
-inline bool register_asymmetric_fence() {
-  return membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
-}
-inline const bool kAsymmetricFence = register_asymmetric_fence();
-// The heavy side: a full fence in every thread of the process. False if
-// the kernel refuses it (a process that is not registered: a child that
-// lost the registration, and could not register again).
-inline bool fence_all_threads() {
-  if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return true;
-  return errno == EPERM && register_asymmetric_fence() && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0;
-}
-}  // namespace futex_detail
 
 class FutexMutex {
  public:
@@ -89,7 +73,7 @@ class FutexMutex {
     // With unlock's store unfenced, sleeping is safe only after every
     // thread passed a fence; where none can be had, wait awake (yielding),
     // which needs no wake-up.
-    const bool may_sleep = !unlock_by_store_ || futex_detail::fence_all_threads();
+    const bool may_sleep = !unlock_by_store_ || asymmetric_fence::fence_all_threads();
     while (state_.exchange(1, std::memory_order_acquire) != 0) {
       if (may_sleep) {
         ::syscall(SYS_futex, &state_, FUTEX_WAIT_PRIVATE, 1, nullptr, nullptr, 0);
@@ -103,7 +87,7 @@ class FutexMutex {
   static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free);
   std::atomic<int> state_{0};     // 0 free, 1 held
   std::atomic<int> sleepers_{0};  // threads in lock_contended (asleep, or about to be)
-  bool unlock_by_store_ = futex_detail::kAsymmetricFence;
+  bool unlock_by_store_ = asymmetric_fence::kAvailable;
 };
 
 }  // namespace softhca

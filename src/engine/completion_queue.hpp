@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "common/biased_lock.hpp"
 #include "common/spinlock.hpp"
 #include "engine/context.hpp"
 #include "host/shared_queues.hpp"
@@ -116,7 +117,8 @@ class CompletionQueue {
     uint32_t qpn;
     uint64_t until;  // ring positions below this were produced before the reset
   };
-  SpinLock poll_lock_;
+  // Biased: the thread that polls alone takes it without a locked instruction.
+  BiasedLock<SpinLock> poll_lock_;
   std::vector<Purge> purges_;  // guarded by poll_lock_
   // The QPs feeding this CQ, by QPN; guarded by poll_lock_ (one lock per
   // poll: a second one, for this map alone, cost two more locked

@@ -110,7 +110,7 @@ long both_missed(long rounds, bool fence) {
     wait_until(start);
     t.y.store(1, std::memory_order_relaxed);
     if (fence) {
-      EXPECT_TRUE(futex_detail::fence_all_threads());
+      EXPECT_TRUE(asymmetric_fence::fence_all_threads());
     } else {
       std::atomic_signal_fence(std::memory_order_seq_cst);  // the compiler's order only
     }
@@ -125,7 +125,7 @@ long both_missed(long rounds, bool fence) {
 }
 
 TEST(FutexMutex, TheSleepersFenceForbidsWhatPlainAccessesAllow) {
-  if (!futex_detail::kAsymmetricFence) GTEST_SKIP() << "membarrier(PRIVATE_EXPEDITED) refused here";
+  if (!asymmetric_fence::kAvailable) GTEST_SKIP() << "membarrier(PRIVATE_EXPEDITED) refused here";
   const long unfenced = both_missed(20'000, false);
   const long fenced = both_missed(20'000, true);
   // Without the fence the outcome shows up when both threads run at once
@@ -139,8 +139,8 @@ TEST(FutexMutex, TheSleepersFenceForbidsWhatPlainAccessesAllow) {
 TEST(FutexMutex, ThisKernelFencesEveryThreadOnRequest) {
   // Not a requirement (unlock falls back to an exchange), but where the
   // kernel has membarrier the fast unlock must be the one in use.
-  if (!futex_detail::kAsymmetricFence) GTEST_SKIP() << "membarrier(PRIVATE_EXPEDITED) refused here";
-  EXPECT_TRUE(futex_detail::fence_all_threads());
+  if (!asymmetric_fence::kAvailable) GTEST_SKIP() << "membarrier(PRIVATE_EXPEDITED) refused here";
+  EXPECT_TRUE(asymmetric_fence::fence_all_threads());
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/biased_lock.hpp"
 #include "common/counters.hpp"
 #include "common/result.hpp"
 #include "common/futex_mutex.hpp"
@@ -258,7 +259,8 @@ class QueuePair {
   // A mutex, not a spinlock: over the udp link the send path sends packets
   // (system calls) under it, and the link's thread takes it to complete
   // WQEs; a poster spinning meanwhile burned the core that thread needed.
-  FutexMutex sq_lock_;
+  // Biased: the thread that posts alone takes it without a locked instruction.
+  BiasedLock<FutexMutex> sq_lock_;
   std::vector<unsigned char> sq_;
   uint32_t sq_stride_ = 0;
   uint32_t sq_capacity_ = 0;  // power of two >= max_send_wr
@@ -275,7 +277,7 @@ class QueuePair {
   std::atomic<uint64_t> rq_retired_{0};   // receive WQEs whose completion was polled
   std::atomic<uint64_t> rq_taken_floor_{0};  // never past rq_->tail: retire_recv reads it instead
   bool parked_ = false;
-  SpinLock rq_lock_;
+  BiasedLock<SpinLock> rq_lock_;  // biased as sq_lock_ is
   // RC/UC: the path to the peer QP, opened at RTR, dropped at RESET (under sq_lock_).
   std::unique_ptr<link::Channel> channel_;
   host::MrLookupCache direct_local_key_;  // post_direct_locked's last lkey (under sq_lock_)
