@@ -72,6 +72,14 @@ class CompletionQueue {
   void attach_xrc_srq(SharedReceiveQueue* srq);
   void detach_xrc_srq(SharedReceiveQueue* srq);
   void detach(QueuePair* qp);
+  // Runs `f` under the poll lock. A poll retires WQE slots of its QPs under
+  // it (QueuePair::retire_send/retire_recv, plain stores); a QP's reset
+  // rewrites those counts through here, so that the two never interleave.
+  template <class F>
+  void run_locked(F&& f) {
+    std::lock_guard guard(poll_lock_);
+    f();
+  }
   // detach() for a QP's receive CQ: also counts the receive completions of the
   // QP still in the ring, which no poll will retire any more (their SRQ WQEs
   // are the destroyed QP's to give back). One step under the poll lock, so

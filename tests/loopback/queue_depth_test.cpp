@@ -211,6 +211,94 @@ TEST(QueueDepth, PostsPastTheDepthAreRefusedAndTheCqNeverOverruns) {
   }
 }
 
+// A QP reset while another thread polls its CQs: the poll frees slots as it
+// retires completions, and the reset frees every slot at once; whichever
+// comes first, the counts must end exact -- a retirement landing after the
+// reset and moving the count back would leave slots taken for good (ENOMEM
+// below the depth), one moving it forward would let posts pass the depth.
+// Rounds reset the sender `a` (its sends' completions on their way to one
+// poller) and the receiver `b` (its receive completions, to the other) in
+// turn. a sends only as many SENDs as b posted receives in the round, so
+// none waits for a receive.
+TEST(QueueDepth, ResetsRacingAPollerKeepTheCountsExact) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_wr = 16;
+  cfg.max_recv_wr = 16;
+  QpPair pair(dev, cfg, 256);
+  ASSERT_TRUE(pair.ok());
+  const uint32_t send_depth = caps_of(pair.a).max_send_wr;
+  const uint32_t recv_depth = caps_of(pair.b).max_recv_wr;
+  Buffer buf(dev.pd, 4096);
+  ibv_sge sge = buf.sge(0, 8);
+  ibv_sge rsge = buf.sge(2048, 64);
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad_completions{0};
+  // Each poller says when it found its CQ empty after a round was posted:
+  // the next round waits for that, so that the completions a reset leaves
+  // in the ring (skipped when polled) never pile up to an overrun.
+  std::atomic<int> round_posted{-1};
+  std::atomic<int> drained[2] = {-1, -1};
+  auto poll_until_stopped = [&](ibv_cq* cq, int which) {
+    ibv_wc wc[8];
+    while (!stop.load()) {
+      const int round = round_posted.load();
+      const int got = ibv_poll_cq(cq, 8, wc);
+      if (got < 0) bad_completions.fetch_add(1);
+      for (int k = 0; k < got; ++k)
+        if (wc[k].status != IBV_WC_SUCCESS) bad_completions.fetch_add(1);
+      if (got == 0) drained[which].store(round);
+    }
+  };
+  std::thread send_poller(poll_until_stopped, pair.a_send_cq, 0);
+  std::thread recv_poller(poll_until_stopped, pair.b_recv_cq, 1);
+  uint32_t b_holds = 0;  // receives posted on b and not yet taken by a SEND
+  for (int round = 0; round < 300; ++round) {
+    uint32_t posted = 0;
+    while (posted < recv_depth && post_recv(pair.b, posted, &rsge, 1) == 0) ++posted;
+    b_holds += posted;
+    for (uint32_t i = 0; i < posted; ++i) {
+      ibv_send_wr wr = make_wr(i, IBV_WR_SEND, &sge, 1);
+      if (post_send(pair.a, wr) != 0) break;
+      --b_holds;
+    }
+    for (uint32_t i = 0; i < send_depth; ++i) {
+      ibv_send_wr wr = write_wr(buf, sge, i);
+      if (post_send(pair.a, wr) != 0) break;
+    }
+    ibv_qp* qp = (round & 1) ? pair.b : pair.a;
+    ibv_qp_attr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(qp, &reset, IBV_QP_STATE), 0) << "round " << round;
+    ASSERT_EQ(bring_up(qp, qp == pair.a ? pair.b->qp_num : pair.a->qp_num, dev.gid, cfg), 0) << "round " << round;
+    if (qp == pair.b) b_holds = 0;
+    round_posted.store(round);
+    const auto until = Clock::now() + kDeadline;
+    while ((drained[0].load() < round || drained[1].load() < round) && Clock::now() < until) std::this_thread::yield();
+    ASSERT_TRUE(drained[0].load() >= round && drained[1].load() >= round) << "round " << round << ": the pollers stopped";
+  }
+  stop = true;
+  send_poller.join();
+  recv_poller.join();
+  EXPECT_EQ(bad_completions.load(), 0);
+  ibv_wc wc;
+  while (ibv_poll_cq(pair.a_send_cq, 1, &wc) > 0 || ibv_poll_cq(pair.b_recv_cq, 1, &wc) > 0) {
+  }
+  // Every completion polled: a's whole send queue is free, and b's but for
+  // the receives it still holds.
+  for (uint32_t i = 0; i < send_depth; ++i) {
+    ibv_send_wr wr = write_wr(buf, sge, i);
+    ASSERT_EQ(post_send(pair.a, wr), 0) << "send " << i << " of " << send_depth;
+  }
+  ibv_send_wr extra = write_wr(buf, sge, 99);
+  EXPECT_EQ(post_send(pair.a, extra), ENOMEM) << "a's send queue holds more than its depth";
+  ASSERT_LE(b_holds, recv_depth);
+  for (uint32_t i = b_holds; i < recv_depth; ++i)
+    ASSERT_EQ(post_recv(pair.b, i, &rsge, 1), 0) << "receive " << i << " of " << recv_depth << ", " << b_holds << " held";
+  EXPECT_EQ(post_recv(pair.b, 99, &rsge, 1), ENOMEM) << "b's receive queue holds more than its depth";
+}
+
 // Flushed WQEs complete, and polling the flush completions frees their slots.
 TEST(QueueDepth, FlushCompletionsFreeTheirSlots) {
   Device dev;

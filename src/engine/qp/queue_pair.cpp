@@ -700,47 +700,66 @@ void QueuePair::flush_recv() {
 
 void QueuePair::reset_queues_locked() {
   // The CQs are purged of this QP's completions, so nothing will retire the
-  // slots they held: every slot is free again.
+  // slots they held: every slot is free again. The retired counts change
+  // under the CQs' poll locks, where polls retire (retire_send/retire_recv).
   sq_tail_.store(sq_head_, std::memory_order_release);
   sq_sent_ = sq_head_;
-  sq_retired_.store(sq_head_, std::memory_order_release);
+  const auto free_send_slots = [this] { sq_retired_.store(sq_head_, std::memory_order_release); };
+  if (init_.send_cq != nullptr) {
+    init_.send_cq->run_locked(free_send_slots);
+  } else {
+    free_send_slots();
+  }
   staging_.clear();
   if (rq_ != nullptr) {
     std::lock_guard guard(rq_lock_);
     const uint64_t head = rq_->head.load(std::memory_order_acquire);
     rq_->tail.store(head, std::memory_order_release);
-    rq_retired_.store(head, std::memory_order_release);
+    const auto free_receive_slots = [this, head] { rq_retired_.store(head, std::memory_order_release); };
+    if (init_.recv_cq != nullptr) {
+      init_.recv_cq->run_locked(free_receive_slots);
+    } else {
+      free_receive_slots();
+    }
   }
   channel_.reset();
 }
 
+// Under the send CQ's poll lock, as every other write of sq_retired_ after
+// creation (reset_queues_locked): a load and a store, no locked instruction.
 void QueuePair::retire_send(uint32_t position) {
   const uint32_t next = position + 1;
-  uint32_t retired = sq_retired_.load(std::memory_order_acquire);
-  for (;;) {
-    // Only a WQE that executed, and that is not retired yet, can retire slots.
-    const uint32_t tail = sq_tail_.load(std::memory_order_acquire);
-    if (next - retired == 0 || next - retired > tail - retired) return;
-    if (sq_retired_.compare_exchange_weak(retired, next, std::memory_order_acq_rel, std::memory_order_acquire)) return;
-  }
+  const uint32_t retired = sq_retired_.load(std::memory_order_relaxed);
+  // Only a WQE that executed, and that is not retired yet, can retire slots.
+  const uint32_t tail = sq_tail_.load(std::memory_order_acquire);
+  if (next - retired == 0 || next - retired > tail - retired) return;
+  sq_retired_.store(next, std::memory_order_release);
 }
 
+// Under the receive CQ's poll lock, as every other write of rq_retired_ and
+// rq_taken_floor_ (reset_queues_locked): plain stores. (An SRQ feeds
+// several CQs, so its count is retired with a CAS.)
 void QueuePair::retire_recv(const uint32_t* taken_at) {
   if (init_.srq != nullptr) {
     init_.srq->retire();
     return;
   }
   if (rq_ == nullptr) return;
+  const uint64_t retired = rq_retired_.load(std::memory_order_relaxed);
+  // A count of WQEs known taken (never past rq_->tail), read before the
+  // tail's line, which takers write at every message.
+  uint64_t taken = rq_taken_floor_.load(std::memory_order_relaxed);
   if (taken_at != nullptr) {
     // The taker moved the tail past the WQE before it completed it, so the
-    // tail is beyond its position: no need to read the tail's line (which
-    // the taker writes at every message) to free the slot. A position
-    // behind what is retired (a completion from before a reset) says nothing.
-    const uint64_t retired = rq_retired_.load(std::memory_order_acquire);
+    // tail is beyond its position. A position behind what is retired (a
+    // completion from before a reset) says nothing.
     const auto ahead = static_cast<int32_t>(*taken_at - static_cast<uint32_t>(retired));
-    if (ahead >= 0) host::SharedRq::raise_to(rq_taken_floor_, retired + static_cast<uint64_t>(ahead) + 1);
+    if (ahead >= 0) taken = std::max(taken, retired + static_cast<uint64_t>(ahead) + 1);
   }
-  host::SharedRq::retire(rq_retired_, rq_->tail, 1, &rq_taken_floor_);
+  if (taken <= retired) taken = std::max(taken, rq_->tail.load(std::memory_order_acquire));
+  rq_taken_floor_.store(taken, std::memory_order_relaxed);
+  // A completion that names no taken WQE (a stale one) frees nothing.
+  if (taken > retired) rq_retired_.store(retired + 1, std::memory_order_release);
 }
 
 void QueuePair::on_remote_event(uint32_t detail) {

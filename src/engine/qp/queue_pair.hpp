@@ -128,6 +128,7 @@ class QueuePair {
   // WQE's slot stays taken until its completion, or a later one of the same
   // send queue, is polled; a receive WQE's until its completion is polled.
   // Stale positions (a completion of an earlier QP that had this QPN) are ignored.
+  // Both run under the poll lock of the CQ that held the completion.
   void retire_send(uint32_t position);
   // `taken_at`: the low 32 bits of the WQE's position in the receive queue,
   // where its completion said (host::kCqeRecvPosition); nullptr where not.
