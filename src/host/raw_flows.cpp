@@ -76,10 +76,10 @@ Result<void> RawFlows::add(uint32_t proc, uint32_t pid, uint64_t id, const void*
   return {};
 }
 
-void RawFlows::remove(uint32_t proc, uint64_t id) {
+void RawFlows::remove(uint32_t proc, uint32_t pid, uint64_t id) {
   Locked guard(&layout_->mutex);
   for (RawFlowEntry& e : layout_->entries) {
-    if (e.in_use != 0 && e.proc == proc && e.id == id) {
+    if (e.in_use != 0 && e.proc == proc && e.pid == pid && e.id == id) {
       e.in_use = 0;
       layout_->generation.fetch_add(1, std::memory_order_seq_cst);
       return;

@@ -53,7 +53,10 @@ class RawFlows {
   // ENOMEM when it stays full; EINVAL for a payload that does not fit.
   Result<void> add(uint32_t proc, uint32_t pid, uint64_t id, const void* payload, std::size_t len,
                    const HostRegistry& registry);
-  void remove(uint32_t proc, uint64_t id);
+  // Removes flow `id` of process `pid` in slot `proc`. The pid matters: a
+  // process that died left its entries, ids counting from 1 as ours do,
+  // under the slot we may have now.
+  void remove(uint32_t proc, uint32_t pid, uint64_t id);
   // seq_cst, as the bump in add() and remove(): a sender that announced an
   // access (HostRegistry::begin_access) and then reads the generation sees a
   // removal whose fence_accesses did not see its announcement.

@@ -61,12 +61,30 @@ TEST_F(RawFlowsTest, AddAndRemoveMoveTheGeneration) {
   EXPECT_EQ(entries[0].payload_len, sizeof payload);
   EXPECT_STREQ(reinterpret_cast<const char*>(entries[0].payload), "rule");
   const uint64_t g1 = table_->generation();
-  table_->remove(proc_, 8);  // not there: nothing changes
+  table_->remove(proc_, pid_, 8);  // not there: nothing changes
   EXPECT_EQ(table_->generation(), g1);
-  table_->remove(proc_, 7);
+  table_->remove(proc_, pid_, 7);
   EXPECT_GT(table_->generation(), g1);
   table_->snapshot(entries, *registry_, seen);
   EXPECT_TRUE(entries.empty());
+}
+
+// A process that died left flow 1 under the slot we have now (its pid is
+// not ours); our own flow 1 is the one our removal takes. Removing by slot
+// and id alone took the dead one's, and our flow went on steering frames
+// after ibv_destroy_flow returned.
+TEST_F(RawFlowsTest, RemovalTakesTheFlowOfThisProcessNotOfAGoneOneInItsSlot) {
+  const uint32_t gone_pid = pid_ + 1;
+  const char payload[] = "x";
+  ASSERT_TRUE(table_->add(proc_, gone_pid, 1, payload, sizeof payload, *registry_).has_value());
+  ASSERT_TRUE(table_->add(proc_, pid_, 1, payload, sizeof payload, *registry_).has_value());
+  std::vector<RawFlowEntry> entries;
+  uint64_t seen = 0;
+  table_->snapshot(entries, *registry_, seen);
+  ASSERT_EQ(entries.size(), 1u) << "the gone process's flow is skipped";
+  table_->remove(proc_, pid_, 1);
+  table_->snapshot(entries, *registry_, seen);
+  EXPECT_TRUE(entries.empty()) << "our flow is still in the table";
 }
 
 TEST_F(RawFlowsTest, OversizedPayloadIsRefused) {

@@ -382,7 +382,7 @@ class ShmLink final : public link::Link {
   void detach_flow(uint64_t id) override {
     {
       std::lock_guard guard(flows_lock_);
-      if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.proc(), id);
+      if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.proc(), host_.pid(), id);
     }
     host_.registry().fence_accesses(host_.proc());
   }
