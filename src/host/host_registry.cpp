@@ -599,6 +599,10 @@ uint32_t HostRegistry::wait_for_access_slot(uint32_t self, uint32_t target) {
 bool HostRegistry::accessor_alive(uint32_t proc) const { return process_alive(proc); }
 
 void HostRegistry::fence_accesses(uint32_t target) const {
+  // Announcements in owned slots are plain stores: make every thread that
+  // may have made one pass a fence before the slots are read (the caller
+  // changed what the accessors check before it called us).
+  access_slot_owner::fence_owners_everywhere();
   for (uint32_t p = 0; p < kMaxProcs; ++p) {
     if (layout_->procs[p].pid.load(std::memory_order_acquire) == 0) continue;
     for (const auto& slot : layout_->accesses[p].slots) {

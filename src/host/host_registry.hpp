@@ -17,8 +17,10 @@
 #include <optional>
 #include <string>
 
+#include "common/asymmetric_fence.hpp"
 #include "common/counters.hpp"
 #include "common/result.hpp"
+#include "host/access_slot_owner.hpp"
 #include "host/shared_file.hpp"
 #include "host/shared_queues.hpp"
 
@@ -32,6 +34,7 @@ inline constexpr uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special; start above
 inline constexpr uint32_t kMaxMcastGroups = 256;   // multicast groups with at least one member, host-wide
 inline constexpr uint32_t kMaxMcastMembers = 32;   // UD QPs attached to one group
 inline constexpr uint32_t kAccessSlotsPerProc = 16;  // threads of one process inside peers' memory at once
+static_assert(kOwnedAccessSlots < kAccessSlotsPerProc, "some slots must stay shared");
 // XRC TGT QPs belong to the host, not to a process: any process with the
 // same XRC domain may open one (ibv_open_qp), and it lives while any
 // handle to it does. Their QPN slots name kHostOwned as their "process"
@@ -188,7 +191,9 @@ struct McastGroup {
 // into right now: the fence between an initiator's copy and the target's
 // ibv_dereg_mr. Each slot holds (sequence << 32) | (target proc + 1), low
 // half 0 when free; the sequence grows at every use, so a fence that saw a
-// value knows that access ended as soon as the value changes.
+// value knows that access ended as soon as the value changes. The first
+// kOwnedAccessSlots are each written by one thread only, with plain
+// stores (host/access_slot_owner.hpp); the rest are claimed by CAS.
 struct alignas(64) ProcAccesses {
   std::atomic<uint64_t> slots[kAccessSlotsPerProc];
 };
@@ -365,14 +370,28 @@ class HostRegistry {
     if (slot != kNoAccessSlot) [[likely]] return slot;
     return wait_for_access_slot(self, target);
   }
-  // begin_access without waiting: kNoAccessSlot when every slot of `self` is
-  // taken. For a thread that already holds one (a second process to reach),
-  // which must not wait for slots that threads like it hold.
+  // begin_access without waiting: kNoAccessSlot when every slot of `self` it
+  // may use is taken. For a thread that already holds one (a second process
+  // to reach), which must not wait for slots that threads like it hold.
   uint32_t try_begin_access(uint32_t self, uint32_t target) {
-    const uint32_t hint = access_hint();
     ProcAccesses& mine = layout_->accesses[self];
-    for (uint32_t n = 0; n < kAccessSlotsPerProc; ++n) {
-      const uint32_t index = (hint + n) % kAccessSlotsPerProc;
+    // The thread's own slot (host/access_slot_owner.hpp), unless it is in
+    // use: a thread inside one process's memory reaching a second one.
+    if (const uint32_t owned = access_slot_owner::owned_plus1(); owned != 0) [[likely]] {
+      std::atomic<uint64_t>& slot = mine.slots[owned - 1];
+      const uint64_t v = slot.load(std::memory_order_relaxed);
+      if ((v & 0xFFFFFFFFu) == 0) [[likely]] {
+        slot.store((((v >> 32) + 1) << 32) | (target + 1), std::memory_order_relaxed);
+        // Only the compiler's order between this store and our later reads
+        // of the key table: fence_accesses' membarrier orders the CPU.
+        asymmetric_fence::light_barrier();
+        return owned - 1;
+      }
+    }
+    const uint32_t hint = access_hint();
+    constexpr uint32_t kShared = kAccessSlotsPerProc - kOwnedAccessSlots;
+    for (uint32_t n = 0; n < kShared; ++n) {
+      const uint32_t index = kOwnedAccessSlots + (hint + n) % kShared;
       std::atomic<uint64_t>& slot = mine.slots[index];
       uint64_t v = slot.load(std::memory_order_relaxed);
       if (v & 0xFFFFFFFFu) continue;

@@ -7,15 +7,14 @@
 #include "common/futex_mutex.hpp"
 
 #include <gtest/gtest.h>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 
 #include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "store_buffering_litmus.hpp"
 
 namespace softhca {
 namespace {
@@ -67,67 +66,10 @@ INSTANTIATE_TEST_SUITE_P(Both, FutexMutexUnlock, ::testing::Values(true, false),
                          });
 
 #if defined(__x86_64__)
-// The mechanism itself, as a store-buffering litmus test: one thread stores
-// x then loads y with no fence (unlock's store of "free", then its look at
-// the sleepers); the other stores y, fences every thread of the process,
-// then loads x (a waiter). Both loads seeing 0 is what x86 allows without
-// the fence, and what would lose a wake-up; with it, never.
-struct Litmus {
-  alignas(64) std::atomic<int> x{0};
-  alignas(64) std::atomic<int> y{0};
-  alignas(64) std::atomic<long> round{-1};
-  std::atomic<uint64_t> start_at{0};  // both sides begin the round at this TSC value
-  alignas(64) std::atomic<long> done{0};
-};
-
-// Both threads leave their wait at once: each spins to the same TSC value,
-// published with the round, so that the two stores and loads overlap.
-void wait_until(uint64_t tsc) {
-  while (__rdtsc() < tsc) {
-  }
-}
-
-// How many of `rounds` rounds ended with both loads 0.
-long both_missed(long rounds, bool fence) {
-  Litmus t;
-  std::vector<int> seen_y(static_cast<size_t>(rounds)), seen_x(static_cast<size_t>(rounds));
-  std::thread fast([&] {
-    for (long r = 0; r < rounds; ++r) {
-      while (t.round.load(std::memory_order_acquire) != r) {
-      }
-      wait_until(t.start_at.load(std::memory_order_relaxed));
-      t.x.store(1, std::memory_order_relaxed);
-      seen_y[static_cast<size_t>(r)] = t.y.load(std::memory_order_relaxed);
-      t.done.fetch_add(1, std::memory_order_acq_rel);
-    }
-  });
-  for (long r = 0; r < rounds; ++r) {
-    t.x.store(0, std::memory_order_relaxed);
-    t.y.store(0, std::memory_order_relaxed);
-    const uint64_t start = __rdtsc() + 20'000;  // a few microseconds: time for the other side to see the round
-    t.start_at.store(start, std::memory_order_relaxed);
-    t.round.store(r, std::memory_order_release);
-    wait_until(start);
-    t.y.store(1, std::memory_order_relaxed);
-    if (fence) {
-      EXPECT_TRUE(asymmetric_fence::fence_all_threads());
-    } else {
-      std::atomic_signal_fence(std::memory_order_seq_cst);  // the compiler's order only
-    }
-    seen_x[static_cast<size_t>(r)] = t.x.load(std::memory_order_relaxed);
-    while (t.done.load(std::memory_order_acquire) != r + 1) {
-    }
-  }
-  fast.join();
-  long missed = 0;
-  for (long r = 0; r < rounds; ++r) missed += seen_x[static_cast<size_t>(r)] == 0 && seen_y[static_cast<size_t>(r)] == 0;
-  return missed;
-}
-
 TEST(FutexMutex, TheSleepersFenceForbidsWhatPlainAccessesAllow) {
   if (!asymmetric_fence::kAvailable) GTEST_SKIP() << "membarrier(PRIVATE_EXPEDITED) refused here";
-  const long unfenced = both_missed(20'000, false);
-  const long fenced = both_missed(20'000, true);
+  const long unfenced = litmus::both_missed(20'000, nullptr);
+  const long fenced = litmus::both_missed(20'000, asymmetric_fence::fence_all_threads);
   // Without the fence the outcome shows up when both threads run at once
   // (how often depends on the machine; it is only reported).
   RecordProperty("unfenced_both_missed", static_cast<int>(unfenced));
