@@ -15,10 +15,6 @@ namespace {
 
 long membarrier(int cmd) { return ::syscall(SYS_membarrier, cmd, 0, 0); }
 
-// Which thread owns each owned index in this process (0: free). Process
-// state, not registry state: a thread's index is the same in every
-// registry, and is given back at thread exit whatever registries remain.
-std::atomic<uintptr_t> g_owner[kOwnedAccessSlots];
 // 1 once the kernel registered this process for global expedited
 // membarriers, -1 if it refused; 0 not asked yet (and again after fork).
 std::atomic<int> g_registered{0};
@@ -34,7 +30,6 @@ void give_back_at_exit(void* value) {
 void forget_after_fork() {
   for (auto& owner : g_owner) owner.store(0, std::memory_order_relaxed);
   g_registered.store(0, std::memory_order_relaxed);
-  t_slot_plus1 = 0;
 }
 
 struct ExitKey {
@@ -61,22 +56,16 @@ bool registered() {
 
 }  // namespace
 
-uint32_t claim() {
+uint32_t claim(uintptr_t thread, uint32_t index) {
   static ExitKey exit_key;
-  t_slot_plus1 = kNoSlot;
   if (!exit_key.ok || !registered()) return 0;
-  const auto me = reinterpret_cast<uintptr_t>(__builtin_thread_pointer());
-  for (uint32_t i = 0; i < kOwnedAccessSlots; ++i) {
-    uintptr_t free = 0;
-    if (!g_owner[i].compare_exchange_strong(free, me, std::memory_order_acq_rel)) continue;
-    if (pthread_setspecific(exit_key.key, reinterpret_cast<void*>(uintptr_t{i} + 1)) != 0) {
-      g_owner[i].store(0, std::memory_order_release);
-      return 0;
-    }
-    t_slot_plus1 = i + 1;
-    return i + 1;
+  uintptr_t free = 0;
+  if (!g_owner[index].compare_exchange_strong(free, thread, std::memory_order_acq_rel)) return 0;
+  if (pthread_setspecific(exit_key.key, reinterpret_cast<void*>(uintptr_t{index} + 1)) != 0) {
+    g_owner[index].store(0, std::memory_order_release);
+    return 0;
   }
-  return 0;  // more threads than owned slots: this one shares the others
+  return index + 1;
 }
 
 bool fence_owners_everywhere() {

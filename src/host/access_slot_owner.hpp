@@ -11,10 +11,11 @@
 // so that every thread of every process that announces this way has
 // passed a full fence (the asymmetric Dekker of FutexMutex, across
 // processes). A process announces this way only after the kernel took
-// its MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED. Threads beyond the owned
-// slots, and nested accesses, share the other slots with a CAS.
+// its MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED. A thread whose index is
+// another's, and nested accesses, share the other slots with a CAS.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace softhca::host {
@@ -23,20 +24,36 @@ inline constexpr uint32_t kOwnedAccessSlots = 8;
 
 namespace access_slot_owner {
 
-// This thread's owned slot: its index + 1; 0 before the thread first
-// asked; kNoSlot when it asked and none could be had (all taken, or no
-// membarrier). Initial-exec: a read relative to %fs, no __tls_get_addr.
-inline constexpr uint32_t kNoSlot = ~0u;
-inline thread_local uint32_t t_slot_plus1 __attribute__((tls_model("initial-exec"))) = 0;
+// Which thread owns each owned index in this process (0: free): process
+// state, not registry state, since a thread's index is the same in every
+// registry the process maps and is given back at thread exit whatever
+// registries remain. A thread may own only the index its thread pointer
+// hashes to, so finding its slot is a hash and one load: no thread_local
+// (an initial-exec one cannot be had by a library that is dlopen()ed, as
+// UCX and pyverbs load us, and a dynamic one is a call per access).
+inline std::atomic<uintptr_t> g_owner[kOwnedAccessSlots];
 
-// Claims a slot for this thread (once; out of line). Returns index + 1, or 0.
-uint32_t claim();
+inline uintptr_t current_thread() { return reinterpret_cast<uintptr_t>(__builtin_thread_pointer()); }
+// Thread pointers of live threads lie a stack apart (megabytes); the
+// multiplicative hash spreads them over the indices.
+inline uint32_t index_of(uintptr_t thread) {
+  static_assert(kOwnedAccessSlots == 8, "three bits of the hash");
+  return static_cast<uint32_t>(((thread >> 12) * 0x9E3779B97F4A7C15ULL) >> 61);
+}
 
-// The index + 1 of this thread's slot, or 0 when it has none.
+// Out of line: claims this thread's index if it is free and the kernel
+// took the registration. Returns index + 1, or 0.
+uint32_t claim(uintptr_t thread, uint32_t index);
+
+// The index + 1 of this thread's slot, or 0 when it has none (its index
+// belongs to another live thread, or no membarrier here).
 inline uint32_t owned_plus1() {
-  const uint32_t v = t_slot_plus1;
-  if (v - 1 < kOwnedAccessSlots) [[likely]] return v;
-  return v == 0 ? claim() : 0;
+  const uintptr_t me = current_thread();
+  const uint32_t index = index_of(me);
+  // Only this thread ever stores its own pointer here.
+  const uintptr_t owner = g_owner[index].load(std::memory_order_relaxed);
+  if (owner == me) [[likely]] return index + 1;
+  return owner == 0 ? claim(me, index) : 0;
 }
 
 // The fence side: makes every thread of every process that announces by

@@ -48,18 +48,18 @@ TEST(AccessSlotOwner, AThreadKeepsItsSlotAndGivesItBackAtExit) {
   }
 }
 
-// More threads alive at once than owned slots: those that got one got
-// distinct ones, and every slot is owned (the test's own thread may hold one).
-TEST(AccessSlotOwner, ThreadsAliveTogetherOwnDistinctSlotsUpToTheLimit) {
+// Threads alive at once: a thread owns the slot its thread pointer hashes
+// to, and of the threads that hash to one index, exactly one owns it.
+TEST(AccessSlotOwner, ThreadsAliveTogetherOwnEachIndexOnce) {
   if (!owned_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
-  const uint32_t mine = access_slot_owner::owned_plus1();
-  constexpr int kThreads = static_cast<int>(kOwnedAccessSlots) + 4;
-  std::vector<uint32_t> got(kThreads);
+  constexpr int kThreads = 3 * static_cast<int>(kOwnedAccessSlots);
+  std::vector<uint32_t> got(kThreads), index(kThreads);
   std::atomic<int> claimed{0};
   std::atomic<bool> leave{false};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
+      index[static_cast<size_t>(t)] = access_slot_owner::index_of(access_slot_owner::current_thread());
       got[static_cast<size_t>(t)] = access_slot_owner::owned_plus1();
       claimed.fetch_add(1);
       while (!leave.load()) std::this_thread::yield();
@@ -68,18 +68,18 @@ TEST(AccessSlotOwner, ThreadsAliveTogetherOwnDistinctSlotsUpToTheLimit) {
   while (claimed.load() != kThreads) std::this_thread::yield();
   leave = true;
   for (std::thread& t : threads) t.join();
-  std::set<uint32_t> owned;
-  int without = 0;
-  for (uint32_t g : got) {
-    if (g == 0) {
-      ++without;
-      continue;
+  std::vector<int> owners(kOwnedAccessSlots), wanting(kOwnedAccessSlots);
+  for (int t = 0; t < kThreads; ++t) {
+    const uint32_t i = index[static_cast<size_t>(t)];
+    ASSERT_LT(i, kOwnedAccessSlots);
+    ++wanting[i];
+    if (got[static_cast<size_t>(t)] != 0) {
+      EXPECT_EQ(got[static_cast<size_t>(t)], i + 1) << "a thread owns a slot not its own";
+      ++owners[i];
     }
-    EXPECT_TRUE(owned.insert(g).second) << "slot " << g - 1 << " owned by two threads";
-    EXPECT_NE(g, mine) << "a thread got the slot the test's thread holds";
   }
-  EXPECT_EQ(owned.size() + (mine != 0 ? 1 : 0), kOwnedAccessSlots);
-  EXPECT_EQ(without, kThreads - static_cast<int>(owned.size()));
+  for (uint32_t i = 0; i < kOwnedAccessSlots; ++i)
+    EXPECT_EQ(owners[i], wanting[i] != 0 ? 1 : 0) << "index " << i << ", wanted by " << wanting[i] << " threads";
 }
 
 // A forked child has one thread; the parent's other owners are not in it.
@@ -88,18 +88,19 @@ TEST(AccessSlotOwner, AForkedChildStartsAfresh) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "TSan does not follow a fork of a process that runs threads";
 #endif
-  // The parent's slots all taken by live threads, then a fork.
+  // The parent's slots taken by live threads (three per index on average,
+  // so most likely the forking thread's own index too), then a fork.
   std::atomic<int> claimed{0};
   std::atomic<bool> leave{false};
   std::vector<std::thread> threads;
-  for (uint32_t t = 0; t < kOwnedAccessSlots; ++t) {
+  for (uint32_t t = 0; t < 3 * kOwnedAccessSlots; ++t) {
     threads.emplace_back([&] {
       access_slot_owner::owned_plus1();
       claimed.fetch_add(1);
       while (!leave.load()) std::this_thread::yield();
     });
   }
-  while (claimed.load() != static_cast<int>(kOwnedAccessSlots)) std::this_thread::yield();
+  while (claimed.load() != static_cast<int>(3 * kOwnedAccessSlots)) std::this_thread::yield();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
