@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "common/asymmetric_fence.hpp"
+#include "common/thread_identity.hpp"
 
 namespace softhca {
 
@@ -87,10 +88,9 @@ class BiasedLock {
   static constexpr uintptr_t kNone = 0;     // not granted yet
   static constexpr uintptr_t kRevoked = 1;  // revoked (or never to be granted); no thread pointer is odd
 
-  // The thread pointer (%fs:0 on x86-64): one instruction, unique among
-  // live threads. A thread that reuses a dead owner's pointer inherits the
-  // bias, which is sound: the dead owner is not inside.
-  static uintptr_t current_thread() { return reinterpret_cast<uintptr_t>(__builtin_thread_pointer()); }
+  // Threads are told apart by current_thread(): a thread that reuses a
+  // dead owner's pointer inherits the bias, which is sound: the dead owner
+  // is not inside.
 
   void leave_biased() noexcept {
     inside_.store(0, std::memory_order_release);

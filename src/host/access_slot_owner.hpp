@@ -18,6 +18,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/thread_identity.hpp"
+
 namespace softhca::host {
 
 inline constexpr uint32_t kOwnedAccessSlots = 8;
@@ -33,7 +35,6 @@ namespace access_slot_owner {
 // UCX and pyverbs load us, and a dynamic one is a call per access).
 inline std::atomic<uintptr_t> g_owner[kOwnedAccessSlots];
 
-inline uintptr_t current_thread() { return reinterpret_cast<uintptr_t>(__builtin_thread_pointer()); }
 // Thread pointers of live threads lie a stack apart (megabytes); the
 // multiplicative hash spreads them over the indices.
 inline uint32_t index_of(uintptr_t thread) {

@@ -1,23 +1,20 @@
 // Owned access slots (host/access_slot_owner.hpp): a thread keeps one for its
 // life and gives it back at exit, at most kOwnedAccessSlots threads own one
-// at a time, a forked child starts afresh; and in a registry, an owned
-// announcement (a plain store) is still waited for by the fence, while a
-// nested one takes a shared slot.
+// at a time, a forked child starts afresh, and the fence forbids the
+// reordering a plain announcement allows. Their use in a registry (an owned
+// announcement waited for by the fence, a nested one in a shared slot) is
+// tested with the registry, in host_registry_test.cpp.
 #include "host/access_slot_owner.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <set>
-#include <string>
 #include <thread>
 #include <vector>
 
-#include "host/host_registry.hpp"
 #include "store_buffering_litmus.hpp"
 
 namespace softhca::host {
@@ -59,7 +56,7 @@ TEST(AccessSlotOwner, ThreadsAliveTogetherOwnEachIndexOnce) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      index[static_cast<size_t>(t)] = access_slot_owner::index_of(access_slot_owner::current_thread());
+      index[static_cast<size_t>(t)] = access_slot_owner::index_of(current_thread());
       got[static_cast<size_t>(t)] = access_slot_owner::owned_plus1();
       claimed.fetch_add(1);
       while (!leave.load()) std::this_thread::yield();
@@ -127,61 +124,6 @@ TEST(AccessSlotOwner, TheFenceForbidsWhatPlainAnnouncementsAllow) {
   EXPECT_EQ(fenced, 0);
 }
 #endif
-
-class OwnedAccessTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string path = "/dev/shm/softhca-unit-" + std::to_string(::getpid()) + "-" +
-                             ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    auto opened = HostRegistry::open_named(path, true);
-    ASSERT_TRUE(opened.has_value());
-    registry_ = *opened;
-    auto proc = registry_->register_process(static_cast<uint32_t>(::getpid()), 3);
-    ASSERT_TRUE(proc.has_value());
-    proc_ = *proc;
-  }
-  void TearDown() override { delete registry_; }
-  HostRegistry* registry_ = nullptr;
-  uint32_t proc_ = 0;
-};
-
-TEST_F(OwnedAccessTest, ANestedAccessTakesASharedSlot) {
-  if (!owned_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
-  const uint32_t target = proc_ + 1;
-  std::thread([&] {
-    const uint32_t outer = registry_->begin_access(proc_, target);
-    const uint32_t inner = registry_->try_begin_access(proc_, target + 1);
-    EXPECT_LT(outer, kOwnedAccessSlots) << "the thread's own slot first";
-    EXPECT_GE(inner, kOwnedAccessSlots) << "a second process while inside the first: a shared slot";
-    EXPECT_LT(inner, kAccessSlotsPerProc);
-    registry_->end_access(proc_, inner);
-    registry_->end_access(proc_, outer);
-    EXPECT_EQ(registry_->begin_access(proc_, target), outer) << "the own slot again once it is free";
-    registry_->end_access(proc_, outer);
-  }).join();
-}
-
-// The fence must wait for an access announced by a plain store in another
-// thread: it returns only after the accessor has left.
-TEST_F(OwnedAccessTest, TheFenceWaitsForAnOwnedAnnouncement) {
-  if (!owned_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
-  const uint32_t target = proc_ + 1;
-  std::atomic<bool> announced{false}, fencing{false}, left{false};
-  std::thread accessor([&] {
-    const uint32_t slot = registry_->begin_access(proc_, target);
-    EXPECT_LT(slot, kOwnedAccessSlots);
-    announced = true;
-    while (!fencing.load()) std::this_thread::yield();
-    for (int i = 0; i < 1000; ++i) std::this_thread::yield();  // the fence is under way by now, or soon
-    left = true;
-    registry_->end_access(proc_, slot);
-  });
-  while (!announced.load()) std::this_thread::yield();
-  fencing = true;
-  registry_->fence_accesses(target);
-  EXPECT_TRUE(left.load()) << "the fence returned while the access was under way";
-  accessor.join();
-}
 
 }  // namespace
 }  // namespace softhca::host

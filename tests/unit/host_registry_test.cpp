@@ -1,18 +1,22 @@
 // The host registry with a private file: QPN and MR-key allocation, lookup,
-// key validation, rereg, multicast groups, and reclaiming what a dead process held.
+// key validation, rereg, multicast groups, reclaiming what a dead process held,
+// and the access announcements that deregistration fences wait for.
 #include "host/host_registry.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/limits.hpp"
+#include "host/access_slot_owner.hpp"
 #include "transport/ibta_timers.hpp"
 
 namespace softhca::host {
@@ -424,6 +428,52 @@ TEST_F(TgtQpTest, TheTableHoldsMaxTgtQpsAndHandles) {
   for (uint32_t i = 1; i < kMaxTgtHolders; ++i)
     ASSERT_TRUE(registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 100 + i).has_value()) << i;
   EXPECT_EQ(registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 999).error(), std::errc::not_enough_memory);
+}
+
+// Owned access slots (host/access_slot_owner.hpp): whether this machine
+// grants them at all (membarrier GLOBAL_EXPEDITED).
+bool owned_access_slots_here() {
+  uint32_t got = 0;
+  std::thread([&] { got = access_slot_owner::owned_plus1(); }).join();
+  return got != 0;
+}
+
+TEST_F(HostRegistryTest, ANestedAccessTakesASharedSlot) {
+  if (!owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
+  const uint32_t target = proc_ + 1;
+  std::thread([&] {
+    const uint32_t outer = registry_->begin_access(proc_, target);
+    const uint32_t inner = registry_->try_begin_access(proc_, target + 1);
+    EXPECT_LT(outer, kOwnedAccessSlots) << "the thread's own slot first";
+    EXPECT_GE(inner, kOwnedAccessSlots) << "a second process while inside the first: a shared slot";
+    EXPECT_LT(inner, kAccessSlotsPerProc);
+    registry_->end_access(proc_, inner);
+    registry_->end_access(proc_, outer);
+    EXPECT_EQ(registry_->begin_access(proc_, target), outer) << "the own slot again once it is free";
+    registry_->end_access(proc_, outer);
+  }).join();
+}
+
+// The fence must wait for an access announced by a plain store in another
+// thread: it returns only after the accessor has left.
+TEST_F(HostRegistryTest, TheFenceWaitsForAnOwnedAnnouncement) {
+  if (!owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
+  const uint32_t target = proc_ + 1;
+  std::atomic<bool> announced{false}, fencing{false}, left{false};
+  std::thread accessor([&] {
+    const uint32_t slot = registry_->begin_access(proc_, target);
+    EXPECT_LT(slot, kOwnedAccessSlots);
+    announced = true;
+    while (!fencing.load()) std::this_thread::yield();
+    for (int i = 0; i < 1000; ++i) std::this_thread::yield();  // the fence is under way by now, or soon
+    left = true;
+    registry_->end_access(proc_, slot);
+  });
+  while (!announced.load()) std::this_thread::yield();
+  fencing = true;
+  registry_->fence_accesses(target);
+  EXPECT_TRUE(left.load()) << "the fence returned while the access was under way";
+  accessor.join();
 }
 
 }  // namespace
