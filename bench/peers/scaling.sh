@@ -4,10 +4,18 @@
 #
 #   bench/peers/scaling.sh [--pairs "1 2 4 8"] [--sizes "64 65536"]
 #                          [--seconds S] [--reps N] [--libdir DIR]
+#                          [--share-cores]
 #
 # For each message size and each pair count N (skipped where the machine has
 # fewer than 2N cores), N pairs run at once, each process pinned to a core of
-# its own (server of pair i on core 2i, client on 2i+1):
+# its own (server of pair i on core 2i, client on 2i+1).
+# --share-cores runs pair counts the machine has too few cores for: the
+# client of pair i on core i mod C and its server on core (i + 1) mod C,
+# so that on 2 cores two pairs put one client on each core, beside the
+# other pair's server. The servers of a one-sided write only wait (softhca's
+# ib_write_bw server sleeps in a socket read; UCX's put_bw server polls its
+# worker), so this measures how far N clients on C cores go, not the bar.
+# Each run:
 #   softhca   ib_write_bw -s SIZE -D S            (BW average, MsgRate)
 #   ucx       ucx_perftest -t ucp_put_bw -s SIZE, UCX_TLS=posix,cma, with an
 #             iteration count that a lone pair finishes in about S seconds
@@ -16,7 +24,7 @@
 # aggregate / (N x one pair) that issue #11 sets a bar on (>= 0.8).
 set -u -o pipefail
 
-pairs="1 2 4 8" sizes="64 65536" seconds=3 reps=1
+pairs="1 2 4 8" sizes="64 65536" seconds=3 reps=1 share_cores=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 libdir=$root/build/lib
 while (($#)); do
@@ -26,6 +34,7 @@ while (($#)); do
     --seconds) seconds=$2; shift ;;
     --reps) reps=$2; shift ;;
     --libdir) libdir=$2; shift ;;
+    --share-cores) share_cores=1 ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -47,6 +56,10 @@ trap cleanup EXIT
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # wait_listen
 
+# server_core I / client_core I: where pair I's processes run.
+server_core() { if ((share_cores)); then echo $((($1 + 1) % cores)); else echo $((2 * $1)); fi; }
+client_core() { if ((share_cores)); then echo $(($1 % cores)); else echo $((2 * $1 + 1)); fi; }
+
 # run_pairs TAG N PORT_BASE SERVER_ENV -- CMD...: N pairs of CMD at once, the
 # client adding 127.0.0.1; each client's output in $tmp/TAG.I.
 run_pairs() {
@@ -54,14 +67,14 @@ run_pairs() {
   shift 5
   local servers=() clients=()
   for ((i = 0; i < n; i++)); do
-    env "$env_" timeout $((seconds * 4 + 60)) taskset -c $((2 * i)) "$@" -p $((base + i)) >"$tmp/$tag.s$i" 2>&1 &
+    env "$env_" timeout $((seconds * 4 + 60)) taskset -c "$(server_core "$i")" "$@" -p $((base + i)) >"$tmp/$tag.s$i" 2>&1 &
     servers+=($!); pids+=($!)
   done
   for ((i = 0; i < n; i++)); do
     wait_listen $((base + i)) "${servers[i]}" || { echo "$tag: server $i did not start" >&2; cat "$tmp/$tag.s$i" >&2; }
   done
   for ((i = 0; i < n; i++)); do
-    env "$env_" timeout $((seconds * 4 + 60)) taskset -c $((2 * i + 1)) "$@" -p $((base + i)) 127.0.0.1 >"$tmp/$tag.$i" 2>&1 &
+    env "$env_" timeout $((seconds * 4 + 60)) taskset -c "$(client_core "$i")" "$@" -p $((base + i)) 127.0.0.1 >"$tmp/$tag.$i" 2>&1 &
     clients+=($!); pids+=($!)
   done
   for i in "${clients[@]}" "${servers[@]}"; do wait "$i" 2>/dev/null; done
@@ -86,7 +99,7 @@ for ((r = 1; r <= reps; r++)); do
     rate=$(awk 'NF == 8 && $1 ~ /^[0-9]+$/ {v = $8} END {print v + 0}' "$tmp/cal.0")
     iters=$(awk -v r="$rate" -v s="$seconds" 'BEGIN {n = int(r * s); print (n < 10000 ? 10000 : n)}')
     for n in $pairs; do
-      ((2 * n <= cores)) || { echo "skipping $n pairs: $cores cores" >&2; continue; }
+      ((2 * n <= cores || share_cores)) || { echo "skipping $n pairs: $cores cores (--share-cores runs them)" >&2; continue; }
       run_pairs sh "$n" 18700 "$sv" -- ib_write_bw -s "$size" -D "$seconds"
       read -r bw got < <(sum '$1 == '"$size"' && NF == 5 {print $4}' "$tmp"/sh.[0-9]*)
       read -r mr _ < <(sum '$1 == '"$size"' && NF == 5 {print $5}' "$tmp"/sh.[0-9]*)
@@ -111,7 +124,7 @@ done
 median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "nan"}'; }
 field() { tr ' ' '\n' | awk -F/ -v f="$1" 'NF == 2 {print $f}'; }
 ratio() { awk -v x="$1" -v y="$2" -v n="$3" 'BEGIN { if (y > 0) printf "%.2f", x / (n * y); else print "nan" }'; }
-echo "machine: $cores cores; ${seconds}s per run; reps $reps; every number is the sum over the pairs"
+echo "machine: $cores cores$( ((share_cores)) && echo ", cores shared (--share-cores)"); ${seconds}s per run; reps $reps; every number is the sum over the pairs"
 printf '%-8s %-8s %-5s %12s %10s %7s\n' size stack pairs MB/s Mmsg/s scale
 for size in $sizes; do
   for stack in softhca ucx; do
