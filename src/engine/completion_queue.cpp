@@ -172,8 +172,7 @@ bool CompletionQueue::pop_locked(host::Cqe& out) {
     const uint64_t position = ring_->tail.load(std::memory_order_relaxed);
     if (!ring_->pop(out)) return false;
     if (purges_.empty()) return true;
-    bool drop = false;
-    for (const Purge& p : purges_) drop |= position < p.until && out.qp_num == p.qpn;
+    const bool drop = purged_locked(position, out.qp_num);
     std::erase_if(purges_, [&](const Purge& p) { return position + 1 >= p.until; });
     if (!drop) return true;
   }
@@ -187,11 +186,15 @@ uint32_t CompletionQueue::count_receives_locked(uint32_t qpn) {
     host::CqSlot& slot = ring_->slot(position);
     if (slot.seq.load(std::memory_order_acquire) != position + 1) continue;
     if (slot.cqe.qp_num != qpn || !(slot.cqe.opcode & IBV_WC_RECV) || (slot.cqe.flags & host::kCqeNoWqe)) continue;
-    bool purged = false;
-    for (const Purge& p : purges_) purged |= p.qpn == qpn && position < p.until;
-    if (!purged) ++count;
+    if (!purged_locked(position, qpn)) ++count;
   }
   return count;
+}
+
+bool CompletionQueue::purged_locked(uint64_t position, uint32_t qpn) const {
+  for (const Purge& p : purges_)
+    if (position < p.until && qpn == p.qpn) return true;
+  return false;
 }
 
 uint32_t CompletionQueue::purge_qp(uint32_t qpn) {
@@ -199,7 +202,19 @@ uint32_t CompletionQueue::purge_qp(uint32_t qpn) {
   const uint32_t receives = count_receives_locked(qpn);
   const uint64_t until = ring_->head.load(std::memory_order_acquire) & ~host::CqRing::kClosed;
   if (until != ring_->tail.load(std::memory_order_relaxed)) purges_.push_back(Purge{qpn, until});
+  compact_locked();
   return receives;
+}
+
+// mlx5 cleans a reset QP's CQEs out of its CQ (cq_clean), so their room is
+// free at once; here the published ones leave the ring, and those a
+// producer is still writing are skipped when polled.
+void CompletionQueue::compact_locked() {
+  if (purges_.empty()) return;
+  const uint64_t published = ring_->remove_published_if(
+      [&](uint64_t position, const host::Cqe& c) { return purged_locked(position, c.qp_num); });
+  // Purges that reached no further than the published part are done.
+  std::erase_if(purges_, [&](const Purge& p) { return p.until <= published; });
 }
 
 uint32_t CompletionQueue::detach_counting_receives(QueuePair* qp) {
@@ -285,13 +300,14 @@ Result<void> CompletionQueue::resize(int cqe) {
       SOFTHCA_WARN("cq resize: a completion reserved by a producer that never published it is dropped");
       continue;
     }
+    if (purged_locked(position, from.cqe.qp_num)) continue;  // a reset QP's: not carried over
     host::CqSlot& to = next->slot(copied);
     to.cqe = from.cqe;
     to.seq.store(copied + 1, std::memory_order_relaxed);
     ++copied;
   }
   next->head.store(copied, std::memory_order_relaxed);
-  for (Purge& p : purges_) p.until = p.until > tail ? p.until - tail : 0;
+  purges_.clear();  // every purge ended below the closed head
   retired_rings_.push_back(ring_block_);
   ring_block_ = RingBlock{offset, bytes};
   ring_ = next;

@@ -46,7 +46,9 @@ class CompletionQueue {
   // Posts a completion generated in this process (send completions, flushes).
   void push(const host::Cqe& cqe);
   // A QP moved to RESET: its completions still in the ring are discarded, as
-  // hardware providers clean the CQ on reset (mlx5 cq_clean, rxe reset).
+  // hardware providers clean the CQ on reset (mlx5 cq_clean, rxe reset), and
+  // the room they took is free at once (but for those a producer is still
+  // writing, which are skipped when polled).
   // Returns how many of them were receive completions (their SRQ WQEs are
   // free again, as mlx5's cq_clean frees them).
   uint32_t purge_qp(uint32_t qpn);
@@ -125,6 +127,10 @@ class CompletionQueue {
     uint32_t qpn;
     uint64_t until;  // ring positions below this were produced before the reset
   };
+  // Whether the completion at `position` is one of a reset QP `qpn` (under poll_lock_).
+  bool purged_locked(uint64_t position, uint32_t qpn) const;
+  // Removes purged completions from the published part of the ring (under poll_lock_).
+  void compact_locked();
   // Biased: the thread that polls alone takes it without a locked instruction.
   BiasedLock<SpinLock> poll_lock_;
   std::vector<Purge> purges_;  // guarded by poll_lock_

@@ -118,6 +118,32 @@ struct CqRing {
     const uint64_t t = tail.load(std::memory_order_relaxed);
     return slot(t).seq.load(std::memory_order_seq_cst) != t + 1;
   }
+
+  // Thread: the owner's consumer. Removes the completions for which
+  // drop(position, cqe) holds from the published part of the ring -- from
+  // the tail to the first slot a producer reserved and has not filled yet,
+  // the part only the consumer touches -- moving the others towards the
+  // head in their order, and advances the tail past the room freed.
+  // Nothing from the first unfilled slot on is read or moved (its producer
+  // may be writing it, and those after it). Every slot keeps the sequence
+  // number of its lap: a slot the tail passes over is free for the next
+  // lap's producer, and the one the tail reaches holds a published
+  // completion. Returns where the published part ended.
+  template <class Drop>
+  uint64_t remove_published_if(Drop drop) {
+    const uint64_t t = tail.load(std::memory_order_relaxed);
+    uint64_t published = t;
+    while (slot(published).seq.load(std::memory_order_acquire) == published + 1) ++published;
+    uint64_t kept_from = published;
+    for (uint64_t position = published; position-- > t;) {
+      const Cqe& c = slot(position).cqe;
+      if (drop(position, c)) continue;
+      --kept_from;
+      if (kept_from != position) slot(kept_from).cqe = c;
+    }
+    if (kept_from != t) tail.store(kept_from, std::memory_order_release);
+    return published;
+  }
 };
 
 // A completion queue as initiators see it: where its ring is, how it is armed.

@@ -299,6 +299,152 @@ TEST(QueueDepth, ResetsRacingAPollerKeepTheCountsExact) {
   EXPECT_EQ(post_recv(pair.b, 99, &rsge, 1), ENOMEM) << "b's receive queue holds more than its depth";
 }
 
+// A reset QP's completions leave its CQ at once, as mlx5 cleans them out
+// (cq_clean): a QP posting a full send queue and being reset, round after
+// round, with nobody polling, never overruns a CQ that holds two rounds;
+// and another QP's completions on the same CQ stay, in their order. (They
+// used to be skipped only when polled, keeping their room until then.)
+TEST(QueueDepth, AResetQpsCompletionsFreeTheirRoomInTheCq) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_wr = 16;
+  QpPair pair(dev, cfg, 31);
+  ASSERT_TRUE(pair.ok());
+  const uint32_t depth = caps_of(pair.a).max_send_wr;
+  ASSERT_EQ(depth, 16u);
+  ASSERT_LT(pair.a_send_cq->cqe, static_cast<int>(3 * depth)) << "the CQ must be too small to hold three rounds";
+  // `c` shares a's send CQ; it writes through its own connection to `d`.
+  ibv_qp* c = create_qp(dev.pd, pair.a_send_cq, pair.a_recv_cq, cfg);
+  ibv_qp* d = create_qp(dev.pd, pair.b_send_cq, pair.b_recv_cq, cfg);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(d, nullptr);
+  ASSERT_EQ(bring_up(c, d->qp_num, dev.gid, cfg), 0);
+  ASSERT_EQ(bring_up(d, c->qp_num, dev.gid, cfg), 0);
+  Buffer buf(dev.pd, 256);
+  ibv_sge sge = buf.sge(0, 8);
+  constexpr uint64_t kRounds = 10;
+  for (uint64_t round = 0; round < kRounds; ++round) {
+    ibv_send_wr kept = write_wr(buf, sge, 1000 + round);
+    ASSERT_EQ(post_send(c, kept), 0) << "round " << round;
+    for (uint32_t i = 0; i < depth; ++i) {
+      ibv_send_wr wr = write_wr(buf, sge, i);
+      ASSERT_EQ(post_send(pair.a, wr), 0) << "round " << round << ", post " << i;
+    }
+    ibv_qp_attr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(pair.a, &reset, IBV_QP_STATE), 0) << "round " << round;
+    ASSERT_EQ(bring_up(pair.a, pair.b->qp_num, dev.gid, cfg), 0) << "round " << round;
+  }
+  EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{0})) << "an async event (CQ_ERR: an overrun?) was raised";
+  const auto wcs = poll_n(pair.a_send_cq, kRounds + 1, Millis{200});
+  ASSERT_EQ(wcs.size(), kRounds) << "only c's completions are left";
+  for (uint64_t round = 0; round < kRounds; ++round) {
+    EXPECT_EQ(wcs[round].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wcs[round].qp_num, c->qp_num);
+    EXPECT_EQ(wcs[round].wr_id, 1000 + round);
+  }
+  // a works after its resets, and its new completions are polled.
+  ibv_send_wr after = write_wr(buf, sge, 77);
+  ASSERT_EQ(post_send(pair.a, after), 0);
+  ibv_wc wc;
+  ASSERT_TRUE(poll_one(pair.a_send_cq, &wc));
+  EXPECT_EQ(wc.wr_id, 77u);
+  EXPECT_EQ(wc.qp_num, pair.a->qp_num);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_EQ(ibv_destroy_qp(c), 0);
+  ASSERT_EQ(ibv_destroy_qp(d), 0);
+}
+
+// The clean-out above races producers: one thread keeps writing on `a`,
+// whose completions it pushes into a CQ that `c` shares, while the main
+// thread fills c's send queue and resets c, and a third thread polls. The
+// clean-out moves completions within the ring while the writer appends
+// behind them; a's completions must all arrive, once each, in order.
+TEST(QueueDepth, ResetCleanOutsRacingAProducerLoseNoOtherCompletion) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_wr = 16;
+  QpPair pair(dev, cfg, 255);
+  ASSERT_TRUE(pair.ok());
+  ibv_qp* c = create_qp(dev.pd, pair.a_send_cq, pair.a_recv_cq, cfg);
+  ibv_qp* d = create_qp(dev.pd, pair.b_send_cq, pair.b_recv_cq, cfg);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(d, nullptr);
+  ASSERT_EQ(bring_up(c, d->qp_num, dev.gid, cfg), 0);
+  ASSERT_EQ(bring_up(d, c->qp_num, dev.gid, cfg), 0);
+  Buffer buf(dev.pd, 256);
+  ibv_sge sge = buf.sge(0, 8);
+  constexpr uint64_t kWrites = 20'000;
+  std::atomic<bool> writer_done{false}, writer_failed{false};
+  std::thread writer([&] {
+    ibv_sge own = buf.sge(64, 8);
+    const auto until = Clock::now() + kDeadline;
+    for (uint64_t i = 0; i < kWrites && Clock::now() < until;) {
+      ibv_send_wr wr = write_wr(buf, own, i);
+      const int rc = post_send(pair.a, wr);
+      if (rc == 0) {
+        ++i;
+      } else if (rc == ENOMEM) {
+        std::this_thread::yield();  // the poller frees slots
+      } else {
+        writer_failed = true;
+        break;
+      }
+    }
+    writer_done = true;
+  });
+  std::atomic<bool> stop{false};
+  uint64_t next_of_a = 0, out_of_order = 0, of_c = 0, bad = 0;
+  std::thread poller([&] {
+    ibv_wc wc[16];
+    while (!stop.load()) {
+      const int got = ibv_poll_cq(pair.a_send_cq, 16, wc);
+      if (got < 0) ++bad;
+      for (int k = 0; k < got; ++k) {
+        if (wc[k].status != IBV_WC_SUCCESS) ++bad;
+        if (wc[k].qp_num == c->qp_num) {
+          ++of_c;
+        } else if (wc[k].wr_id == next_of_a) {
+          ++next_of_a;
+        } else {
+          ++out_of_order;
+        }
+      }
+    }
+  });
+  int rounds = 0;
+  uint64_t c_posted = 0;
+  for (; !writer_done.load(); ++rounds) {
+    for (uint32_t i = 0; i < cfg.max_send_wr; ++i) {
+      ibv_send_wr wr = write_wr(buf, sge, i);
+      if (post_send(c, wr) != 0) break;
+      ++c_posted;
+    }
+    ibv_qp_attr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(c, &reset, IBV_QP_STATE), 0) << "round " << rounds;
+    ASSERT_EQ(bring_up(c, d->qp_num, dev.gid, cfg), 0) << "round " << rounds;
+  }
+  writer.join();
+  const auto until = Clock::now() + kDeadline;
+  while (next_of_a < kWrites && out_of_order == 0 && Clock::now() < until) std::this_thread::yield();
+  stop = true;
+  poller.join();
+  std::printf("%d resets of c while a wrote %llu; %llu of c's %llu completions were polled before a reset\n", rounds,
+              static_cast<unsigned long long>(kWrites), static_cast<unsigned long long>(of_c),
+              static_cast<unsigned long long>(c_posted));
+  EXPECT_FALSE(writer_failed.load());
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(out_of_order, 0u) << "a's completion " << next_of_a << " was lost, repeated or reordered";
+  EXPECT_EQ(next_of_a, kWrites);
+  EXPECT_LE(of_c, c_posted);
+  EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{0})) << "an async event (CQ_ERR: an overrun?) was raised";
+  ASSERT_EQ(ibv_destroy_qp(c), 0);
+  ASSERT_EQ(ibv_destroy_qp(d), 0);
+}
+
 // Flushed WQEs complete, and polling the flush completions frees their slots.
 TEST(QueueDepth, FlushCompletionsFreeTheirSlots) {
   Device dev;
