@@ -122,6 +122,16 @@ bool HostRegistry::process_alive(uint32_t index, uint32_t pid) const {
   return layout_->procs[index].pid.load(std::memory_order_acquire) == pid && process_alive(index);
 }
 
+bool HostRegistry::process_alive(const ProcessIdentity& who) const {
+  return identity_of(who.proc).start_time == who.start_time && process_alive(who.proc, who.pid);
+}
+
+ProcessIdentity HostRegistry::identity_of(uint32_t index) const {
+  const ProcSlot& slot = layout_->procs[index];
+  const uint32_t pid = slot.pid.load(std::memory_order_acquire);  // published after start_time
+  return ProcessIdentity{index, pid, slot.start_time};
+}
+
 void HostRegistry::release_process_objects_locked(uint32_t proc) {
   uint32_t agent = proc + 1;
   layout_->gsi_agent.compare_exchange_strong(agent, 0, std::memory_order_acq_rel);

@@ -66,6 +66,17 @@ struct SharedSpan {
   bool operator==(const SharedSpan&) const = default;
 };
 
+// A process as the registry knows it: its slot, its pid and when it
+// started. Slot and pid alone do not name one process: pids come round
+// again (within minutes where pid_max is 32768 and tests start thousands of
+// processes), and a later process can get both the slot and the pid of one
+// that died.
+struct ProcessIdentity {
+  uint32_t proc = 0;
+  uint32_t pid = 0;
+  uint64_t start_time = 0;
+};
+
 struct ProcSlot {
   std::atomic<uint32_t> pid;   // 0 = free
   uint32_t segment_fd;         // fd of the owner's segment memfd, opened by peers via /proc/PID/fd
@@ -441,6 +452,11 @@ class HostRegistry {
   // Whether process `pid`, seen in slot `index` earlier, still runs. False
   // once the slot was reclaimed, even if a new process has taken it since.
   bool process_alive(uint32_t index, uint32_t pid) const;
+  // Whether the very process `who` still runs in its slot (not a later one
+  // that got the slot and the pid).
+  bool process_alive(const ProcessIdentity& who) const;
+  // Who holds slot `index` now (pid 0: nobody).
+  ProcessIdentity identity_of(uint32_t index) const;
 
   AtomicStripe& atomic_stripe(uint64_t pid, uint64_t addr);
 

@@ -11,7 +11,9 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667472617731ULL;  // "softraw1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: entries carry the owner's start time
+
+ProcessIdentity owner_of(const RawFlowEntry& e) { return ProcessIdentity{e.proc, e.pid, e.start_time}; }
 
 class Locked {
  public:
@@ -45,7 +47,7 @@ Result<RawFlows*> RawFlows::open_in(const std::string& dir) {
 
 RawFlows::~RawFlows() { unmap_shared_file(layout_, sizeof(RawFlowsLayout)); }
 
-Result<void> RawFlows::add(uint32_t proc, uint32_t pid, uint64_t id, const void* payload, std::size_t len,
+Result<void> RawFlows::add(const ProcessIdentity& owner, uint64_t id, const void* payload, std::size_t len,
                            const HostRegistry& registry) {
   if (len > kRawFlowPayloadBytes) return fail(std::errc::invalid_argument);
   Locked guard(&layout_->mutex);
@@ -59,15 +61,16 @@ Result<void> RawFlows::add(uint32_t proc, uint32_t pid, uint64_t id, const void*
   if (free_entry == nullptr) {
     // Full: take back the entries of processes that are gone.
     for (RawFlowEntry& e : layout_->entries) {
-      if (!registry.process_alive(e.proc, e.pid)) {
+      if (!registry.process_alive(owner_of(e))) {
         e.in_use = 0;
         if (free_entry == nullptr) free_entry = &e;
       }
     }
   }
   if (free_entry == nullptr) return fail(std::errc::not_enough_memory);
-  free_entry->proc = proc;
-  free_entry->pid = pid;
+  free_entry->proc = owner.proc;
+  free_entry->pid = owner.pid;
+  free_entry->start_time = owner.start_time;
   free_entry->id = id;
   free_entry->payload_len = static_cast<uint32_t>(len);
   std::memcpy(free_entry->payload, payload, len);
@@ -76,10 +79,11 @@ Result<void> RawFlows::add(uint32_t proc, uint32_t pid, uint64_t id, const void*
   return {};
 }
 
-void RawFlows::remove(uint32_t proc, uint32_t pid, uint64_t id) {
+void RawFlows::remove(const ProcessIdentity& owner, uint64_t id) {
   Locked guard(&layout_->mutex);
   for (RawFlowEntry& e : layout_->entries) {
-    if (e.in_use != 0 && e.proc == proc && e.pid == pid && e.id == id) {
+    if (e.in_use != 0 && e.proc == owner.proc && e.pid == owner.pid && e.start_time == owner.start_time &&
+        e.id == id) {
       e.in_use = 0;
       layout_->generation.fetch_add(1, std::memory_order_seq_cst);
       return;
@@ -92,7 +96,7 @@ void RawFlows::snapshot(std::vector<RawFlowEntry>& out, const HostRegistry& regi
   Locked guard(&layout_->mutex);
   generation = layout_->generation.load(std::memory_order_acquire);
   for (const RawFlowEntry& e : layout_->entries)
-    if (e.in_use != 0 && registry.process_alive(e.proc, e.pid)) out.push_back(e);
+    if (e.in_use != 0 && registry.process_alive(owner_of(e))) out.push_back(e);
 }
 
 }  // namespace softhca::host

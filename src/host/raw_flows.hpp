@@ -20,14 +20,16 @@
 namespace softhca::host {
 
 class HostRegistry;
+struct ProcessIdentity;
 
 inline constexpr uint32_t kMaxRawFlows = 128;
 inline constexpr std::size_t kRawFlowPayloadBytes = 2048;
 
 struct RawFlowEntry {
   uint32_t in_use = 0;
-  uint32_t proc = 0;  // the owner's process slot
-  uint32_t pid = 0;   // and its pid: a slot reused by another process is not the owner
+  uint32_t proc = 0;  // the owner's process slot,
+  uint32_t pid = 0;   // its pid
+  uint64_t start_time = 0;  // and start: a later process in the slot, even with the pid, is not the owner
   uint32_t payload_len = 0;
   uint64_t id = 0;    // unique within the owner
   alignas(8) unsigned char payload[kRawFlowPayloadBytes];
@@ -48,15 +50,15 @@ class RawFlows {
   static Result<RawFlows*> open_in(const std::string& dir);
   ~RawFlows();
 
-  // Adds the flow `id` of process `proc` (pid `pid`); an entry of a process
-  // that `registry` says is gone is taken back first when the table is full.
+  // Adds the flow `id` of process `owner`; an entry of a process that
+  // `registry` says is gone is taken back first when the table is full.
   // ENOMEM when it stays full; EINVAL for a payload that does not fit.
-  Result<void> add(uint32_t proc, uint32_t pid, uint64_t id, const void* payload, std::size_t len,
+  Result<void> add(const ProcessIdentity& owner, uint64_t id, const void* payload, std::size_t len,
                    const HostRegistry& registry);
-  // Removes flow `id` of process `pid` in slot `proc`. The pid matters: a
+  // Removes flow `id` of process `owner`. The whole identity matters: a
   // process that died left its entries, ids counting from 1 as ours do,
-  // under the slot we may have now.
-  void remove(uint32_t proc, uint32_t pid, uint64_t id);
+  // under the slot we may have now, and maybe with our pid.
+  void remove(const ProcessIdentity& owner, uint64_t id);
   // seq_cst, as the bump in add() and remove(): a sender that announced an
   // access (HostRegistry::begin_access) and then reads the generation sees a
   // removal whose fence_accesses did not see its announcement.

@@ -373,7 +373,7 @@ class ShmLink final : public link::Link {
     std::lock_guard guard(flows_lock_);
     host::RawFlows* table = raw_flows_locked();
     if (table == nullptr) return fail(std::errc::not_enough_memory);
-    return table->add(host_.proc(), host_.pid(), id, &stored, sizeof stored, host_.registry());
+    return table->add(host_.registry().identity_of(host_.proc()), id, &stored, sizeof stored, host_.registry());
   }
 
   // Once this returns no frame lands through the flow: a sender that picked
@@ -382,7 +382,7 @@ class ShmLink final : public link::Link {
   void detach_flow(uint64_t id) override {
     {
       std::lock_guard guard(flows_lock_);
-      if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.proc(), host_.pid(), id);
+      if (host::RawFlows* table = raw_flows_locked()) table->remove(host_.registry().identity_of(host_.proc()), id);
     }
     host_.registry().fence_accesses(host_.proc());
   }
