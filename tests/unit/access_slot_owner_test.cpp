@@ -15,20 +15,14 @@
 #include <thread>
 #include <vector>
 
+#include "owned_access_slots.hpp"
 #include "store_buffering_litmus.hpp"
 
 namespace softhca::host {
 namespace {
 
-// Whether this machine grants owned slots at all (membarrier GLOBAL_EXPEDITED).
-bool owned_slots_here() {
-  uint32_t got = 0;
-  std::thread([&] { got = access_slot_owner::owned_plus1(); }).join();
-  return got != 0;
-}
-
 TEST(AccessSlotOwner, AThreadKeepsItsSlotAndGivesItBackAtExit) {
-  if (!owned_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
+  if (!testing::owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
   uint32_t first = 0, again = 0;
   std::thread([&] {
     first = access_slot_owner::owned_plus1();
@@ -48,7 +42,7 @@ TEST(AccessSlotOwner, AThreadKeepsItsSlotAndGivesItBackAtExit) {
 // Threads alive at once: a thread owns the slot its thread pointer hashes
 // to, and of the threads that hash to one index, exactly one owns it.
 TEST(AccessSlotOwner, ThreadsAliveTogetherOwnEachIndexOnce) {
-  if (!owned_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
+  if (!testing::owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
   constexpr int kThreads = 3 * static_cast<int>(kOwnedAccessSlots);
   std::vector<uint32_t> got(kThreads), index(kThreads);
   std::atomic<int> claimed{0};
@@ -81,7 +75,7 @@ TEST(AccessSlotOwner, ThreadsAliveTogetherOwnEachIndexOnce) {
 
 // A forked child has one thread; the parent's other owners are not in it.
 TEST(AccessSlotOwner, AForkedChildStartsAfresh) {
-  if (!owned_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
+  if (!testing::owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "TSan does not follow a fork of a process that runs threads";
 #endif
@@ -117,7 +111,7 @@ TEST(AccessSlotOwner, AForkedChildStartsAfresh) {
 // store-buffering outcome must never show (this process registered when
 // its first thread claimed a slot).
 TEST(AccessSlotOwner, TheFenceForbidsWhatPlainAnnouncementsAllow) {
-  if (!owned_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
+  if (!testing::owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
   const long unfenced = litmus::both_missed(10'000, nullptr);
   const long fenced = litmus::both_missed(10'000, access_slot_owner::fence_owners_everywhere);
   std::printf("store buffering without the fence: %ld of 10000 rounds; with it: %ld of 10000\n", unfenced, fenced);

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/limits.hpp"
-#include "host/access_slot_owner.hpp"
+#include "owned_access_slots.hpp"
 #include "transport/ibta_timers.hpp"
 
 namespace softhca::host {
@@ -430,16 +430,8 @@ TEST_F(TgtQpTest, TheTableHoldsMaxTgtQpsAndHandles) {
   EXPECT_EQ(registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 999).error(), std::errc::not_enough_memory);
 }
 
-// Owned access slots (host/access_slot_owner.hpp): whether this machine
-// grants them at all (membarrier GLOBAL_EXPEDITED).
-bool owned_access_slots_here() {
-  uint32_t got = 0;
-  std::thread([&] { got = access_slot_owner::owned_plus1(); }).join();
-  return got != 0;
-}
-
 TEST_F(HostRegistryTest, ANestedAccessTakesASharedSlot) {
-  if (!owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
+  if (!testing::owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
   const uint32_t target = proc_ + 1;
   std::thread([&] {
     const uint32_t outer = registry_->begin_access(proc_, target);
@@ -457,7 +449,7 @@ TEST_F(HostRegistryTest, ANestedAccessTakesASharedSlot) {
 // The fence must wait for an access announced by a plain store in another
 // thread: it returns only after the accessor has left.
 TEST_F(HostRegistryTest, TheFenceWaitsForAnOwnedAnnouncement) {
-  if (!owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
+  if (!testing::owned_access_slots_here()) GTEST_SKIP() << "membarrier(REGISTER_GLOBAL_EXPEDITED) refused here";
   const uint32_t target = proc_ + 1;
   std::atomic<bool> announced{false}, fencing{false}, left{false};
   std::thread accessor([&] {
