@@ -6,7 +6,7 @@
 #
 # DIR gets:
 #   softhca/lib   softhca's libibverbs.so.1 and librdmacm.so.1 (from BUILD_DIR)
-#   softhca/bin   udp_pingpong and the softhca tool
+#   softhca/bin   udp_pingpong, line_trip and the softhca tool
 #   bin           perftest's ib_* programs, ucx_perftest, ip, ss, taskset,
 #                 unshare, nsenter, setsid
 #   lib           every shared library those need, except glibc's own
@@ -43,6 +43,7 @@ done
 cp -a "$build"/lib/lib{ibverbs,rdmacm}.so* "$dir/softhca/lib/"
 cp -L "$build/bin/udp_pingpong" "$dir/softhca/bin/"
 [[ -x $build/bin/softhca ]] && cp -L "$build/bin/softhca" "$dir/softhca/bin/"
+[[ -x $build/bin/line_trip ]] && cp -L "$build/bin/line_trip" "$dir/softhca/bin/"
 cp -L "$multiarch"/ucx/*.so.0 "$dir/ucx/"
 
 # glibc's libraries stay: the other machine's loader must match its own libc.

@@ -13,6 +13,10 @@
 #   bw_64k       ib_write_bw -s 65536 (MB/s)         vs ucp_put_bw -s 65536
 #   bw_1m        ib_write_bw -s 1048576              vs ucp_put_bw -s 1048576
 #   rate_64      ib_write_bw -s 64 (M msg/s)         vs ucp_put_bw -s 64
+# and, before each repetition, the one-way time of a bare cache line
+# between the same two cores (bench/micro/line_trip, from the build beside
+# --libdir or on PATH): the floor under the latencies, which on a VM moves
+# with the placement of its vCPUs.
 # The bandwidth runs of both make as many transfers (100,000 of 64 KiB,
 # 5,000 of 1 MiB): with a fifth as many, softhca's 64 KiB run lasted 30 ms
 # and its start weighed on the average (0.64-0.94 of UCX in a run where
@@ -41,6 +45,9 @@ for tool in ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat ib_write_bw ucx_p
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
 done
 server_core=${cores%,*} client_core=${cores#*,}
+line_trip=$libdir/../bin/line_trip
+[[ -x $line_trip ]] || line_trip=$(command -v line_trip || true)
+[[ -n $line_trip ]] || echo "no line_trip (cmake --build build --target line_trip): the line's trip is not measured" >&2
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -79,6 +86,8 @@ ubw='NF == 8 && $1 ~ /^[0-9]+$/ {v = $6} END {print v}'   # ucx -f: overall MB/s
 urate='NF == 8 && $1 ~ /^[0-9]+$/ {v = $8 / 1e6} END {print v}'
 declare -A s
 for ((r = 1; r <= reps; r++)); do
+  [[ -n $line_trip ]] &&
+    s[line_ns,trip]+="$("$line_trip" --cores "$server_core,$client_core" --iters 100000 | awk '{for (i = 1; i < NF; i++) if ($(i + 1) == "ns") {print $i; exit}}') "
   s[write_lat,softhca]+="$(pair "$sv" "$lat" -- ib_write_lat -s 2 -n 20000) "
   s[write_lat,ucx]+="$(pair "$ux" "$ulat" -- ucx_perftest -t ucp_put_lat -s 8 -n 200000 -f) "
   s[send_lat,softhca]+="$(pair "$sv" "$lat" -- ib_send_lat -s 2 -n 20000) "
@@ -117,8 +126,11 @@ for k in write_lat send_lat read_lat atomic_lat bw_64k bw_1m rate_64; do
   ratio=$(awk -v x="${a%% *}" -v y="${b%% *}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "nan" }')
   printf '%-11s %-28s %-28s %-11s %s\n' "$k" "$a" "$b" "$ratio" "$(paired "${s[$k,softhca]}" "${s[$k,ucx]}")"
 done
+[[ -n ${s[line_ns,trip]:-} ]] &&
+  echo "a bare cache line between the two cores, one way: $(echo "${s[line_ns,trip]}" | stats) ns"
 echo "units: latency us, bandwidth MB/s (2^20), rate M msg/s"
 echo "samples, in run order (softhca | ucx):"
+[[ -n ${s[line_ns,trip]:-} ]] && printf '  %-11s %s\n' "line trip" "${s[line_ns,trip]}"
 for k in write_lat send_lat read_lat atomic_lat bw_64k bw_1m rate_64; do
   printf '  %-11s %s| %s\n' "$k" "${s[$k,softhca]}" "${s[$k,ucx]}"
 done
