@@ -75,6 +75,7 @@ struct ProcessIdentity {
   uint32_t proc = 0;
   uint32_t pid = 0;
   uint64_t start_time = 0;
+  bool operator==(const ProcessIdentity&) const = default;
 };
 
 struct ProcSlot {

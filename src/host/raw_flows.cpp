@@ -82,8 +82,7 @@ Result<void> RawFlows::add(const ProcessIdentity& owner, uint64_t id, const void
 void RawFlows::remove(const ProcessIdentity& owner, uint64_t id) {
   Locked guard(&layout_->mutex);
   for (RawFlowEntry& e : layout_->entries) {
-    if (e.in_use != 0 && e.proc == owner.proc && e.pid == owner.pid && e.start_time == owner.start_time &&
-        e.id == id) {
+    if (e.in_use != 0 && e.id == id && owner_of(e) == owner) {
       e.in_use = 0;
       layout_->generation.fetch_add(1, std::memory_order_seq_cst);
       return;
