@@ -104,6 +104,15 @@ class Channel {
   // message the general way, which gives every other outcome. Only a link
   // that runs the responder in the requester's thread can say true.
   virtual bool copy_direct(DirectCopy&) { return false; }
+  // copy_direct for an RDMA WRITE, with its four operands as arguments: where
+  // its `length` bytes from `local` landed in this process's view of the
+  // target, or nullptr (nothing happened). The latency tests' operation, on
+  // their critical path (from the peer's signal to this store), so it takes
+  // no DirectCopy to fill and no dispatch on the kind.
+  virtual void* write_direct(const void* /*local*/, uint64_t /*length*/, uint64_t /*remote_addr*/,
+                             uint32_t /*rkey*/) {
+    return nullptr;
+  }
   // copy_direct for a SEND or SEND_WITH_IMM (a function of its own: the
   // SEND's checks and the one-sided operations' share nothing but the
   // target, and one entry for both cost the SEND a dispatch on the kind).

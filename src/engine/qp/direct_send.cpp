@@ -127,19 +127,52 @@ bool QueuePair::post_direct_locked(const ibv_send_wr& wr) {
     last_direct_addr_.store(op.remote_addr, std::memory_order_relaxed);
     last_direct_landed_.store(op.landed, std::memory_order_relaxed);
   }
+  complete_direct_locked(wr, op.length);
+  return true;
+}
+
+// post_direct_locked for the shape of a latency test's WRITE (one SGE,
+// inline or not), asking the same conditions without the DirectCopy and the
+// dispatches on the opcode that the other kinds need: the instructions
+// between the peer's signal and this WRITE's store are its latency
+// (docs/performance.md).
+bool QueuePair::post_write_direct_locked(const ibv_send_wr& wr) {
+  if ((init_.type != IBV_QPT_RC && init_.type != IBV_QPT_UC) || !channel_ || sq_sent_ != sq_head_ ||
+      sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
+      shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS)
+    return false;
+  const ibv_sge& sge = wr.sg_list[0];
+  if (sge.length == 0) return false;
+  const void* local;
+  if (wr.send_flags & IBV_SEND_INLINE) {
+    local = reinterpret_cast<const void*>(sge.addr);  // validate_send checked its length against max_inline_data
+  } else {
+    local = direct_local_grant_.find_current(node_.registry(), sge.lkey, 0, sge.addr, sge.length);
+    if (local == nullptr && (local = direct_local_range(sge, 0)) == nullptr) return false;
+  }
+  void* landed = channel_->write_direct(local, sge.length, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey);
+  if (landed == nullptr) return false;
+  last_direct_addr_.store(wr.wr.rdma.remote_addr, std::memory_order_relaxed);
+  last_direct_landed_.store(landed, std::memory_order_relaxed);
+  complete_direct_locked(wr, sge.length);
+  return true;
+}
+
+// The WQE of a WR done on the spot, completed as the general path completes
+// a WQE that the responder acknowledged.
+void QueuePair::complete_direct_locked(const ibv_send_wr& wr, uint64_t length) {
   SendWqe* wqe = sq_slot(sq_head_);
   wqe->wr_id = wr.wr_id;
   wqe->opcode = wr.opcode;
   wqe->send_flags = wr.send_flags;
   wqe->num_sge = 0;
   wqe->inline_len = 0;
-  wqe->length = op.length;
+  wqe->length = length;
   wqe->retry = transport::RetryState::start(attrs_.rnr_retry, attrs_.retry_cnt);
   wqe->ah = nullptr;
   wqe->mw = nullptr;
   ++sq_head_;
   complete_send_locked(*wqe, IBV_WC_SUCCESS);
-  return true;
 }
 
 }  // namespace softhca::engine

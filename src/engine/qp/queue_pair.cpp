@@ -489,7 +489,9 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
       err = ENOMEM;
       break;
     }
-    if (!post_direct_locked(*wr)) enqueue_send_locked(*wr);
+    const bool direct = wr->opcode == IBV_WR_RDMA_WRITE && wr->num_sge == 1 ? post_write_direct_locked(*wr)
+                                                                          : post_direct_locked(*wr);
+    if (!direct) enqueue_send_locked(*wr);
   }
   if (err) *bad_wr = wr;
   // No clock read on the way of every post: progress reads it only where a

@@ -161,6 +161,10 @@ class QueuePair {
   // completes it at once (link::Channel::copy_direct). False: nothing happened, the WR
   // goes the general way.
   bool post_direct_locked(const ibv_send_wr& wr);
+  // post_direct_locked for an RDMA WRITE of one SGE (link::Channel::write_direct).
+  bool post_write_direct_locked(const ibv_send_wr& wr);
+  // Completes the WQE of `wr`, done on the spot, as acknowledged.
+  void complete_direct_locked(const ibv_send_wr& wr, uint64_t length);
   // A WRITE or atomic to the address the last direct one went to (a
   // ping-pong's) prefetches the line it landed on for writing, before the
   // send lock and the checks: the line's trip from the core that waits on

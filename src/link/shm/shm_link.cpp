@@ -71,12 +71,13 @@ class ShmChannel final : public link::Channel {
   }
 
   bool copy_direct(link::DirectCopy& op) override;
+  void* write_direct(const void* local, uint64_t length, uint64_t remote_addr, uint32_t rkey) override;
   bool send_direct(const link::DirectCopy& op) override;
 
  private:
-  [[gnu::always_inline]] bool direct_reaches(const link::DirectCopy& op) const;
+  [[gnu::always_inline]] bool direct_reaches(uint64_t length) const;
   [[gnu::always_inline]] bool direct_target_receives() const;
-  char* remote_range(const link::DirectCopy& op, uint32_t needed);
+  char* remote_range(uint32_t rkey, uint64_t remote_addr, uint64_t length, uint32_t needed);
   char* receive_range(const host::RecvSge& sge, uint64_t take, uint32_t receive_pd, host::PeerBackings::View& window);
 
  private:
@@ -100,9 +101,9 @@ class ShmChannel final : public link::Channel {
 // Both direct paths first need a peer reached before and still the same
 // incarnation (deliver() resolves and checks it), and a length the general
 // path would copy in one piece.
-inline bool ShmChannel::direct_reaches(const link::DirectCopy& op) const {
+inline bool ShmChannel::direct_reaches(uint64_t length) const {
   return target_.qp != nullptr && target_.base != nullptr && peer_incarnation_ != 0 &&
-         target_.incarnation == peer_incarnation_ && op.length != 0 && op.length <= kFenceChunk;
+         target_.incarnation == peer_incarnation_ && length != 0 && length <= kFenceChunk;
 }
 
 // Then, under the access announcement, a target that transport::accept
@@ -152,19 +153,19 @@ inline void copy_ends(unsigned char* to, const unsigned char* from, uint64_t len
 // what the key grants, and the range in the owner's file
 // (ShmResponderPort::local_views). Where they hold, the key's grant is
 // worked out for the operations after this one.
-char* ShmChannel::remote_range(const link::DirectCopy& op, uint32_t needed) {
+char* ShmChannel::remote_range(uint32_t rkey, uint64_t remote_addr, uint64_t length, uint32_t needed) {
   remote_grant_ = link::KeyGrant{};
-  if (!host_.registry().lookup_mr_cached(op.rkey, remote_key_) || remote_key_.record.proc != target_.proc)
+  if (!host_.registry().lookup_mr_cached(rkey, remote_key_) || remote_key_.record.proc != target_.proc)
     return nullptr;
   const host::MrRecord& mr = remote_key_.record;
   const transport::MemoryKey key = link::registered_key(mr);
   const uint32_t pd_id = target_.qp->pd_id;
   if (transport::is_on_demand(key) ||
-      !transport::remote_key_allows(key, pd_id, target_.qpn, needed, op.remote_addr, op.length))
+      !transport::remote_key_allows(key, pd_id, target_.qpn, needed, remote_addr, length))
     return nullptr;
-  const auto owner_addr = reinterpret_cast<uint64_t>(transport::owner_address(key, op.remote_addr));
+  const auto owner_addr = reinterpret_cast<uint64_t>(transport::owner_address(key, remote_addr));
   host::PeerBackings::View window{target_.backing, target_.backing_length};
-  char* at = host_.in_backing(target_.proc, mr.shared, owner_addr, op.length, window);
+  char* at = host_.in_backing(target_.proc, mr.shared, owner_addr, length, window);
   if (at == nullptr) return nullptr;
   target_.backing = window.base;
   target_.backing_length = window.length;
@@ -204,32 +205,33 @@ char* ShmChannel::receive_range(const host::RecvSge& sge, uint64_t take, uint32_
 bool ShmChannel::copy_direct(link::DirectCopy& op) {
   using Kind = link::DirectCopy::Kind;
   if (op.kind == Kind::kSend || op.kind == Kind::kSendWithImm) return false;  // send_direct's
+  if (op.kind == Kind::kWrite) {
+    op.landed = write_direct(op.local, op.length, op.remote_addr, op.rkey);
+    return op.landed != nullptr;
+  }
   const bool atomic = op.kind == Kind::kFetchAdd || op.kind == Kind::kCompareSwap;
-  // RC, or a UC WRITE (UC has nothing else a responder answers); a peer
-  // reached before, the same incarnation, another process's QP (a TGT QP is
-  // the host's and never RC or UC).
-  if ((qp_type_ != IBV_QPT_RC && !(qp_type_ == IBV_QPT_UC && op.kind == Kind::kWrite)) || !direct_reaches(op) ||
+  // RC (UC has nothing but WRITEs a responder answers); a peer reached
+  // before, the same incarnation, another process's QP (a TGT QP is the
+  // host's and never RC or UC).
+  if (qp_type_ != IBV_QPT_RC || !direct_reaches(op.length) ||
       (atomic && (op.length != 8 || (op.remote_addr & 7) != 0)))
     return false;
   MemoryAccess access(host_, target_.proc);
   if (!direct_target_receives()) return false;
   const host::SharedQp& qp = *target_.qp;
-  const uint32_t needed = op.kind == Kind::kWrite  ? IBV_ACCESS_REMOTE_WRITE
-                          : op.kind == Kind::kRead ? IBV_ACCESS_REMOTE_READ
-                                                   : IBV_ACCESS_REMOTE_ATOMIC;
-  // transport::accept / respond: the QP's access flags, a READ's or atomic's
-  // responder resources.
+  const uint32_t needed = op.kind == Kind::kRead ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_ATOMIC;
+  // transport::accept / respond: the QP's access flags, the responder
+  // resources of a READ or an atomic.
   if ((qp.access.load(std::memory_order_acquire) & needed) != needed ||
-      (op.kind != Kind::kWrite && qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0))
+      qp.max_dest_rd_atomic.load(std::memory_order_relaxed) == 0)
     return false;
   // The key as the last operation found it, while its slot has not changed.
   char* at = remote_grant_.find_current(host_.registry(), op.rkey, needed, op.remote_addr, op.length);
-  if (at == nullptr && (at = remote_range(op, needed)) == nullptr) return false;
+  if (at == nullptr && (at = remote_range(op.rkey, op.remote_addr, op.length, needed)) == nullptr) return false;
   op.landed = at;
   switch (op.kind) {
     case Kind::kWrite:
-      copy_write(at, op.local, op.length);
-      break;
+      return false;  // write_direct's (above)
     case Kind::kRead:
       std::memcpy(op.local, at, op.length);
       break;
@@ -257,6 +259,22 @@ bool ShmChannel::copy_direct(link::DirectCopy& op) {
   return true;  // an ACK: no counter (transport::count_sent_answer)
 }
 
+// copy_direct's WRITE: RC or UC, the same checks as for a READ or atomic
+// but for the access asked, and no responder resources (a WRITE uses none).
+void* ShmChannel::write_direct(const void* local, uint64_t length, uint64_t remote_addr, uint32_t rkey) {
+  if ((qp_type_ != IBV_QPT_RC && qp_type_ != IBV_QPT_UC) || !direct_reaches(length)) return nullptr;
+  MemoryAccess access(host_, target_.proc);
+  if (!direct_target_receives() ||
+      (target_.qp->access.load(std::memory_order_acquire) & IBV_ACCESS_REMOTE_WRITE) == 0)
+    return nullptr;
+  // The key as the last operation found it, while its slot has not changed.
+  char* at = remote_grant_.find_current(host_.registry(), rkey, IBV_ACCESS_REMOTE_WRITE, remote_addr, length);
+  if (at == nullptr && (at = remote_range(rkey, remote_addr, length, IBV_ACCESS_REMOTE_WRITE)) == nullptr)
+    return nullptr;
+  copy_write(at, local, length);
+  return at;
+}
+
 // A SEND as deliver() would run it when it succeeds: the receive WQE at the
 // queue's tail is read without being taken, its SGEs checked as
 // scatter_next checks them, and only then taken (tail moved from where it
@@ -267,7 +285,7 @@ bool ShmChannel::copy_direct(link::DirectCopy& op) {
 // SRQ and a queue without a WQE (RNR; for UC, a dropped message) go the
 // general way.
 bool ShmChannel::send_direct(const link::DirectCopy& op) {
-  if ((qp_type_ != IBV_QPT_RC && qp_type_ != IBV_QPT_UC) || !direct_reaches(op)) return false;
+  if ((qp_type_ != IBV_QPT_RC && qp_type_ != IBV_QPT_UC) || !direct_reaches(op.length)) return false;
   MemoryAccess access(host_, target_.proc);
   if (!direct_target_receives()) return false;
   const host::SharedQp& qp = *target_.qp;
