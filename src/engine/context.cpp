@@ -31,7 +31,7 @@ Result<Context*> Context::open() {
     delete ctx;
     return fail(static_cast<std::errc>(err));
   }
-  auto file = ContextFile::create(ctx->cmd_fd_, ctx->node_->proc(), ctx->node_->host().pid(),
+  auto file = ContextFile::create(ctx->cmd_fd_, ctx->node_->registry().identity_of(ctx->node_->proc()),
                                   ctx->node_->registry().file_identity());
   if (!file) {
     delete ctx;
@@ -65,7 +65,7 @@ Result<Context*> Context::import(int fd) {
   // or another mount namespace's /dev/shm, has a registry of its own).
   const uint64_t registry = (*node)->registry().file_identity();
   if (registry == 0 || (*file)->registry() != registry ||
-      !(*node)->registry().process_alive((*file)->creator_proc(), (*file)->creator_pid())) {
+      !(*node)->registry().process_alive((*file)->creator())) {
     (*file)->release();
     delete *file;
     Node::release();
@@ -203,13 +203,13 @@ void Context::destroy_adopted(DeviceMemory* dm) {
 }
 
 void Context::add_users(ExportKind kind, uint32_t handle, int delta) {
-  file_->add_users(kind, handle, node_->proc(), node_->host().pid(), delta);
+  file_->add_users(kind, handle, node_->registry().identity_of(node_->proc()), delta);
 }
 
 uint32_t Context::users_elsewhere(ExportKind kind, uint32_t handle) {
   host::HostRegistry& registry = node_->registry();
   return file_->users_elsewhere(kind, handle, node_->proc(),
-                                [&](uint32_t proc, uint32_t pid) { return registry.process_alive(proc, pid); });
+                                [&](const host::ProcessIdentity& who) { return registry.process_alive(who); });
 }
 
 void Context::raise_async_event(const AsyncEvent& event) {

@@ -15,7 +15,7 @@ namespace softhca::engine {
 namespace {
 
 constexpr uint64_t kMagic = 0x5346484341435458ull;  // "SFHCACTX"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the creator's and the users' start times
 constexpr uint64_t kPage = 4096;
 constexpr uint32_t kDmPages = static_cast<uint32_t>(ContextFile::kDeviceMemoryBytes / kPage);
 // A withdrawn entry: lookups walk past it, publish may reuse it.
@@ -33,14 +33,15 @@ struct Entry {
   uint64_t offset;
 };
 
-// How many objects of process (proc, pid) use object (kind, handle). A
-// record whose count fell to 0 may be reused; kind 0 was never used (a
-// lookup's probe stops there).
+// How many objects of process (proc, pid, start_time) use object (kind,
+// handle). A record whose count fell to 0 may be reused; kind 0 was never
+// used (a lookup's probe stops there).
 struct UserRecord {
   uint32_t kind;
   uint32_t handle;
   uint32_t proc;
   uint32_t pid;
+  uint64_t start_time;
   uint32_t count;
 };
 
@@ -58,6 +59,7 @@ struct ContextFile::Layout {
   std::atomic<uint32_t> holders;
   uint32_t creator_proc;
   uint32_t creator_pid;
+  uint64_t creator_start_time;
   uint64_t registry;  // HostRegistry::file_identity of the creator's registry
   std::atomic<uint32_t> next_handle;
   uint64_t dm_used[kDmPages / 64];  // one bit per page of device memory
@@ -78,15 +80,16 @@ ContextFile::Layout* map_file(int fd) {
 
 }  // namespace
 
-Result<ContextFile*> ContextFile::create(int fd, uint32_t proc, uint32_t pid, uint64_t registry) {
+Result<ContextFile*> ContextFile::create(int fd, const host::ProcessIdentity& creator, uint64_t registry) {
   if (::ftruncate(fd, static_cast<off_t>(kFileSize)) != 0) return fail(static_cast<std::errc>(errno));
   Layout* layout = map_file(fd);
   if (layout == nullptr) return fail(static_cast<std::errc>(errno));
   // A new memfd reads as zeros: every entry free, no device memory taken.
   host::init_robust_mutex(&layout->mutex);
   layout->holders.store(1, std::memory_order_relaxed);
-  layout->creator_proc = proc;
-  layout->creator_pid = pid;
+  layout->creator_proc = creator.proc;
+  layout->creator_pid = creator.pid;
+  layout->creator_start_time = creator.start_time;
   layout->registry = registry;
   layout->next_handle.store(1, std::memory_order_relaxed);
   layout->version = kVersion;
@@ -121,8 +124,9 @@ Result<ContextFile*> ContextFile::attach(int fd) {
 
 ContextFile::~ContextFile() { ::munmap(layout_, kFileSize); }
 
-uint32_t ContextFile::creator_proc() const { return layout_->creator_proc; }
-uint32_t ContextFile::creator_pid() const { return layout_->creator_pid; }
+host::ProcessIdentity ContextFile::creator() const {
+  return host::ProcessIdentity{layout_->creator_proc, layout_->creator_pid, layout_->creator_start_time};
+}
 uint64_t ContextFile::registry() const { return layout_->registry; }
 
 void ContextFile::hold() { layout_->holders.fetch_add(1, std::memory_order_acq_rel); }
@@ -198,15 +202,15 @@ std::optional<ExportRecord> ContextFile::find(ExportKind kind, uint32_t handle) 
   return out;
 }
 
-void ContextFile::add_users(ExportKind kind, uint32_t handle, uint32_t proc, uint32_t pid, int delta) {
+void ContextFile::add_users(ExportKind kind, uint32_t handle, const host::ProcessIdentity& who, int delta) {
   lock();
   UserRecord* found = nullptr;
   UserRecord* spare = nullptr;
-  const uint32_t start = (bucket(kind, handle) + proc * 40503u) % kMaxUserRecords;
+  const uint32_t start = (bucket(kind, handle) + who.proc * 40503u) % kMaxUserRecords;
   for (uint32_t i = 0, at = start; i < kMaxUserRecords; ++i, at = (at + 1) % kMaxUserRecords) {
     UserRecord& r = layout_->users[at];
-    if (r.kind == static_cast<uint32_t>(kind) && r.handle == handle && r.proc == proc && r.pid == pid &&
-        r.count != 0) {
+    if (r.kind == static_cast<uint32_t>(kind) && r.handle == handle && r.proc == who.proc && r.pid == who.pid &&
+        r.start_time == who.start_time && r.count != 0) {
       found = &r;
       break;
     }
@@ -214,7 +218,7 @@ void ContextFile::add_users(ExportKind kind, uint32_t handle, uint32_t proc, uin
     if (r.kind == 0) break;
   }
   if (found == nullptr && delta > 0 && spare != nullptr) {
-    *spare = UserRecord{static_cast<uint32_t>(kind), handle, proc, pid, 0};
+    *spare = UserRecord{static_cast<uint32_t>(kind), handle, who.proc, who.pid, who.start_time, 0};
     found = spare;
   }
   // (With every record taken, a user goes uncounted: its PD could then be
@@ -225,12 +229,12 @@ void ContextFile::add_users(ExportKind kind, uint32_t handle, uint32_t proc, uin
 }
 
 uint32_t ContextFile::users_elsewhere(ExportKind kind, uint32_t handle, uint32_t self,
-                                      const std::function<bool(uint32_t, uint32_t)>& alive) {
+                                      const std::function<bool(const host::ProcessIdentity&)>& alive) {
   lock();
   uint32_t n = 0;
   for (UserRecord& r : layout_->users) {
     if (r.count == 0 || r.kind != static_cast<uint32_t>(kind) || r.handle != handle || r.proc == self) continue;
-    if (alive(r.proc, r.pid)) {
+    if (alive(host::ProcessIdentity{r.proc, r.pid, r.start_time})) {
       n += r.count;
     } else {
       r.count = 0;  // its objects died with it

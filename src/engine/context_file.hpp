@@ -19,6 +19,8 @@
 #include <functional>
 #include <optional>
 
+#include "host/host_registry.hpp"
+
 #include "common/result.hpp"
 
 namespace softhca::engine {
@@ -47,9 +49,8 @@ class ContextFile {
   static constexpr uint64_t kDeviceMemoryBytes = 1 << 20;
 
   // Lays the table out in `fd` (a new, empty memfd) for the context that
-  // process `proc` (pid `pid`) of host registry `registry` (its
-  // file_identity) opens.
-  static Result<ContextFile*> create(int fd, uint32_t proc, uint32_t pid, uint64_t registry);
+  // process `creator` of host registry `registry` (its file_identity) opens.
+  static Result<ContextFile*> create(int fd, const host::ProcessIdentity& creator, uint64_t registry);
   // Maps the table of another process's context; no_such_device_or_address
   // when `fd` is no context's file, or the context is closed everywhere.
   static Result<ContextFile*> attach(int fd);
@@ -57,9 +58,10 @@ class ContextFile {
   ContextFile(const ContextFile&) = delete;
   ContextFile& operator=(const ContextFile&) = delete;
 
-  // The process that opened the context (for the importer's checks).
-  uint32_t creator_proc() const;
-  uint32_t creator_pid() const;
+  // The process that opened the context (for the importer's checks): its
+  // slot, pid and start time, so that a later process that got both the
+  // slot and the pid is not taken for it.
+  host::ProcessIdentity creator() const;
   uint64_t registry() const;
 
   // One engine context (in any process) holds the file; the last release
@@ -71,14 +73,13 @@ class ContextFile {
   bool publish(const ExportRecord& record);
   void withdraw(ExportKind kind, uint32_t handle);
   std::optional<ExportRecord> find(ExportKind kind, uint32_t handle) const;
-  // The objects of process `proc` (pid `pid`) that use PD or DM `handle`
-  // change by `delta`.
-  void add_users(ExportKind kind, uint32_t handle, uint32_t proc, uint32_t pid, int delta);
-  // The users of PD or DM `handle` in processes other than `self` that
-  // `alive(proc, pid)` says still run: a dead process's objects are gone
-  // with it (its counts are dropped here).
+  // The objects of process `who` that use PD or DM `handle` change by `delta`.
+  void add_users(ExportKind kind, uint32_t handle, const host::ProcessIdentity& who, int delta);
+  // The users of PD or DM `handle` in processes other than slot `self` that
+  // `alive(who)` says still run: a dead process's objects are gone with it
+  // (its counts are dropped here).
   uint32_t users_elsewhere(ExportKind kind, uint32_t handle, uint32_t self,
-                           const std::function<bool(uint32_t, uint32_t)>& alive);
+                           const std::function<bool(const host::ProcessIdentity&)>& alive);
   // A handle no process of the context has given yet (device memory has
   // no number of its own).
   uint32_t next_handle();

@@ -507,12 +507,9 @@ void ShmResponderPort::established() {
 // NAK. Its segment stays mapped here, but the host registry reclaims its MRs
 // whenever another process registers, so without this check a dead peer would
 // show up as RNR forever (rnr_retry 7) or as a spurious REM_ACCESS_ERR. Only
-// asked on those slow paths (it reads /proc). By pid: once the dead peer's
-// registry slot is reclaimed, a new process may hold the same slot.
-bool ShmResponderPort::gone() {
-  // A TGT QP is the host's: it is there while any handle to it is.
-  if (target_.proc == host::kHostOwned) return false;
-  return target_.proc != host_.proc() && !host_.registry().process_alive(target_.proc, target_.pid);
-}
+// asked on those slow paths (it reads /proc). By the owner's whole
+// identity: once the dead peer's registry slot is reclaimed, a new process
+// may hold the same slot, and after the pids wrap, the same pid.
+bool ShmResponderPort::gone() { return owner_gone(host_.registry(), target_, host_.proc()); }
 
 }  // namespace softhca::shm

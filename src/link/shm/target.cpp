@@ -24,7 +24,9 @@ bool resolve(host::Attachment& host, uint32_t qpn, TargetQp& out) {
   }
   char* base = host.segment_base(proc);
   if (base == nullptr) return false;
-  out = TargetQp{reinterpret_cast<host::SharedQp*>(base + offset), slot, incarnation, base, host.pid_of(proc), proc, qpn};
+  const host::ProcessIdentity owner = host.registry().identity_of(proc);
+  out = TargetQp{reinterpret_cast<host::SharedQp*>(base + offset), slot, incarnation, base, owner.pid, proc, qpn};
+  out.start_time = owner.start_time;
   return out.pid != 0;
 }
 

@@ -21,6 +21,10 @@ struct TargetQp {
   uint32_t pid = 0;      // 0 for a TGT QP, whose record is the host's
   uint32_t proc = 0;     // host::kHostOwned for a TGT QP
   uint32_t qpn = 0;
+  // The owner's start time (host::ProcessIdentity): with proc and pid, the
+  // very process that owns the QP, not a later one that got its registry
+  // slot and, the pids having wrapped, its pid.
+  uint64_t start_time = 0;
   // The owner's backing file as mapped here (Attachment::backing_view),
   // kept with the target so that an operation does not look it up: the
   // owner's file does not change while its QP lives.
@@ -40,6 +44,14 @@ bool resolve(host::Attachment& host, uint32_t qpn, TargetQp& out);
 inline bool still_there(const TargetQp& target) {
   return target.slot->qpn.load(std::memory_order_seq_cst) == target.qpn &&
          target.slot->incarnation.load(std::memory_order_acquire) == target.incarnation;
+}
+
+// Whether the owner of `target` (another process's QP) is gone: it died,
+// or its registry slot went to a later process, even one with its pid. A
+// TGT QP is the host's and is there while any handle to it is.
+inline bool owner_gone(const host::HostRegistry& registry, const TargetQp& target, uint32_t self) {
+  if (target.proc == host::kHostOwned || target.proc == self) return false;
+  return !registry.process_alive(host::ProcessIdentity{target.proc, target.pid, target.start_time});
 }
 
 // Whose share of the port's counters the target's answers add to: its
