@@ -107,10 +107,15 @@ struct TgtHolder {
   std::atomic<uint32_t> proc_plus1;  // 0 = empty
   std::atomic<uint32_t> pid;
   std::atomic<uint32_t> qp_id;
+  // The holder's process's start time (ProcSlot::start_time): a later
+  // process with its slot and pid does not hold its handles.
+  std::atomic<uint64_t> start_time;
 };
 // A plain copy of a TgtHolder.
 struct TgtHandle {
   uint32_t proc, pid, qp_id;
+  uint64_t start_time;
+  ProcessIdentity process() const { return ProcessIdentity{proc, pid, start_time}; }
 };
 
 // A TGT QP, in the host registry. The attributes (the engine's QpAttributes,

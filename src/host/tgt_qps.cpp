@@ -10,7 +10,7 @@ namespace {
 
 TgtHandle handle_of(const TgtHolder& h) {
   return TgtHandle{h.proc_plus1.load(std::memory_order_relaxed) - 1, h.pid.load(std::memory_order_relaxed),
-                   h.qp_id.load(std::memory_order_relaxed)};
+                   h.qp_id.load(std::memory_order_relaxed), h.start_time.load(std::memory_order_relaxed)};
 }
 
 bool holds(const TgtHolder& h, uint32_t proc, uint32_t qp_id) {
@@ -21,12 +21,14 @@ void clear(TgtHolder& h) {
   h.proc_plus1.store(0, std::memory_order_release);
   h.pid.store(0, std::memory_order_relaxed);
   h.qp_id.store(0, std::memory_order_relaxed);
+  h.start_time.store(0, std::memory_order_relaxed);
 }
 
-bool add_holder(TgtQpRecord& record, uint32_t proc, uint32_t pid, uint32_t qp_id) {
+bool add_holder(TgtQpRecord& record, uint32_t proc, uint32_t pid, uint64_t start_time, uint32_t qp_id) {
   for (auto& h : record.holders) {
     if (h.proc_plus1.load(std::memory_order_relaxed) != 0) continue;
     h.pid.store(pid, std::memory_order_relaxed);
+    h.start_time.store(start_time, std::memory_order_relaxed);
     h.qp_id.store(qp_id, std::memory_order_relaxed);
     h.proc_plus1.store(proc + 1, std::memory_order_release);
     return true;
@@ -68,7 +70,7 @@ Result<HostRegistry::NewTgtQp> HostRegistry::create_tgt_qp(uint32_t proc, uint32
     std::memset(record.attributes, 0, sizeof record.attributes);
     for (auto& h : record.holders) clear(h);
     record.server_plus1.store(0, std::memory_order_relaxed);
-    add_holder(record, proc, pid, qp_id);
+    add_holder(record, proc, pid, layout_->procs[proc].start_time, qp_id);
     record.qpn.store(*qpn, std::memory_order_release);
     unlock();
     return NewTgtQp{*qpn, &record};
@@ -102,7 +104,7 @@ Result<TgtQpRecord*> HostRegistry::open_tgt_qp(uint32_t qpn, uint32_t xrcd_id, u
     unlock();
     return fail(std::errc::invalid_argument);
   }
-  const bool added = add_holder(*record, proc, pid, qp_id);
+  const bool added = add_holder(*record, proc, pid, layout_->procs[proc].start_time, qp_id);
   unlock();
   if (!added) return fail(std::errc::not_enough_memory);
   return record;
@@ -149,7 +151,7 @@ bool HostRegistry::close_tgt_qp(uint32_t qpn, uint32_t proc, uint32_t qp_id, Tgt
     if (p == 0) continue;
     // Ours, or one of a process that died (its slot is reclaimed only when
     // another process registers): neither keeps the QP alive.
-    if (holds(h, proc, qp_id) || !process_alive(p - 1, h.pid.load(std::memory_order_relaxed))) {
+    if (holds(h, proc, qp_id) || !process_alive(handle_of(h).process())) {
       was_server = was_server || record->server_plus1.load(std::memory_order_relaxed) == i + 1;
       clear(h);
     }
@@ -197,7 +199,7 @@ std::optional<TgtHandle> HostRegistry::elect_tgt_server(uint32_t qpn) {
     if (server != 0 && server <= kMaxTgtHolders) {
       const TgtHandle h = handle_of(record->holders[server - 1]);
       served = record->holders[server - 1].proc_plus1.load(std::memory_order_relaxed) != 0 &&
-               process_alive(h.proc, h.pid);
+               process_alive(h.process());
     }
     if (!served) {
       // The first live handle serves; the dead ones go.
@@ -205,7 +207,7 @@ std::optional<TgtHandle> HostRegistry::elect_tgt_server(uint32_t qpn) {
         TgtHolder& h = record->holders[i];
         if (h.proc_plus1.load(std::memory_order_relaxed) == 0) continue;
         const TgtHandle candidate = handle_of(h);
-        if (!process_alive(candidate.proc, candidate.pid)) {
+        if (!process_alive(candidate.process())) {
           clear(h);
         } else if (!elected) {
           record->server_plus1.store(i + 1, std::memory_order_release);

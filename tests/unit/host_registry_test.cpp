@@ -397,6 +397,32 @@ TEST_F(TgtQpTest, DeadHandlesNeitherServeNorKeepTheQp) {
   EXPECT_EQ(registry_->find_qp(qpn), nullptr);
 }
 
+// A handle left by a process that died in our registry slot with our pid
+// (pids come round): not ours, and dead -- it neither serves nor survives
+// an election, though its slot and pid name a live process.
+TEST_F(TgtQpTest, AHandleOfAnEarlierProcessWithOurSlotAndPidIsDead) {
+  const uint32_t qpn = make_tgt();
+  TgtQpRecord* record = registry_->tgt_qp(qpn);
+  ASSERT_NE(record, nullptr);
+  ASSERT_TRUE(registry_->open_tgt_qp(qpn, kDomain, proc_, pid(), 7).has_value());
+  bool aged = false;
+  for (TgtHolder& h : record->holders) {
+    if (h.proc_plus1.load() != proc_ + 1 || h.qp_id.load() != 7) continue;
+    ASSERT_EQ(h.start_time.load(), registry_->identity_of(proc_).start_time);
+    h.start_time.store(h.start_time.load() - 1);  // as if an earlier process had opened it
+    aged = true;
+  }
+  ASSERT_TRUE(aged);
+  registry_->with_tgt_qp(*record, [&](TgtQpRecord& r) { return registry_->serve_tgt_locked(r, proc_, 7); });
+  ASSERT_EQ(registry_->tgt_server(qpn)->qp_id, 7u);
+  auto elected = registry_->elect_tgt_server(qpn);
+  ASSERT_TRUE(elected.has_value()) << "the earlier process's handle was taken for a live one";
+  EXPECT_EQ(elected->qp_id, 1u);
+  TgtHandle holders[kMaxTgtHolders];
+  EXPECT_EQ(registry_->tgt_holders(*record, holders), 1u);
+  EXPECT_TRUE(registry_->close_tgt_qp(qpn, proc_, 1));
+}
+
 TEST_F(TgtQpTest, ADeadProcessesLastHandleIsReclaimedWithIt) {
   uint32_t dead_pid = 0;
   const uint32_t dead = dead_process(dead_pid);
