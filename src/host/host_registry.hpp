@@ -391,20 +391,9 @@ class HostRegistry {
   // may use is taken. For a thread that already holds one (a second process
   // to reach), which must not wait for slots that threads like it hold.
   uint32_t try_begin_access(uint32_t self, uint32_t target) {
+    if (const uint32_t owned = try_begin_owned_access(self, target); owned != kNoAccessSlot) [[likely]]
+      return owned;
     ProcAccesses& mine = layout_->accesses[self];
-    // The thread's own slot (host/access_slot_owner.hpp), unless it is in
-    // use: a thread inside one process's memory reaching a second one.
-    if (const uint32_t owned = access_slot_owner::owned_plus1(); owned != 0) [[likely]] {
-      std::atomic<uint64_t>& slot = mine.slots[owned - 1];
-      const uint64_t v = slot.load(std::memory_order_relaxed);
-      if ((v & 0xFFFFFFFFu) == 0) [[likely]] {
-        slot.store((((v >> 32) + 1) << 32) | (target + 1), std::memory_order_relaxed);
-        // Only the compiler's order between this store and our later reads
-        // of the key table: fence_accesses' membarrier orders the CPU.
-        asymmetric_fence::light_barrier();
-        return owned - 1;
-      }
-    }
     const uint32_t hint = access_hint();
     constexpr uint32_t kShared = kAccessSlotsPerProc - kOwnedAccessSlots;
     for (uint32_t n = 0; n < kShared; ++n) {
@@ -420,6 +409,24 @@ class HostRegistry {
     return kNoAccessSlot;
   }
   static constexpr uint32_t kNoAccessSlot = ~0u;
+  // try_begin_access in the thread's own slot only (host/access_slot_owner.hpp):
+  // kNoAccessSlot when the thread owns none, or its slot is in use (a thread
+  // inside one process's memory reaching a second one). No loop and no
+  // call, always inlined: for the WRITE lane (link/shm/write_lane.hpp).
+  [[gnu::always_inline]] uint32_t try_begin_owned_access(uint32_t self, uint32_t target) {
+    const uint32_t owned = access_slot_owner::owned_plus1();
+    if (owned == 0) [[unlikely]]
+      return kNoAccessSlot;
+    std::atomic<uint64_t>& slot = layout_->accesses[self].slots[owned - 1];
+    const uint64_t v = slot.load(std::memory_order_relaxed);
+    if ((v & 0xFFFFFFFFu) != 0) [[unlikely]]
+      return kNoAccessSlot;
+    slot.store((((v >> 32) + 1) << 32) | (target + 1), std::memory_order_relaxed);
+    // Only the compiler's order between this store and our later reads of
+    // the key table: fence_accesses' membarrier orders the CPU.
+    asymmetric_fence::light_barrier();
+    return owned - 1;
+  }
   void end_access(uint32_t self, uint32_t slot) {
     std::atomic<uint64_t>& s = layout_->accesses[self].slots[slot];
     s.store(s.load(std::memory_order_relaxed) & ~uint64_t{0xFFFFFFFFu}, std::memory_order_release);

@@ -24,6 +24,9 @@
 namespace softhca::host {
 class Attachment;
 }
+namespace softhca::shm {
+struct WriteLane;
+}
 
 namespace softhca::link {
 
@@ -47,6 +50,10 @@ struct ChannelConfig {
   // the channel there; the engine takes them under its own lock
   // (QueuePair::take_answers). It may run after the channel is gone.
   std::function<void()> on_answers;
+  // The QP's WRITE lane (link/shm/write_lane.hpp), which a channel of the
+  // shm link arms after a direct WRITE and disarms when its target changes
+  // or it is destroyed; nullptr: none. Under the QP's send lock.
+  shm::WriteLane* write_lane = nullptr;
 };
 
 // What the requester side needs once the QP reaches RTS.

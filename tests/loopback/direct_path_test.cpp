@@ -195,6 +195,60 @@ TEST_P(AccessRevoked, NextOperationGetsRemoteAccessError) {
 
 INSTANTIATE_TEST_SUITE_P(WriteAndRead, AccessRevoked, testing::Values(IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ));
 
+// The WRITE lane (link/shm/write_lane.hpp) stands for the peer its QP
+// reached: reset and connected to another peer, the QP's next WRITE goes to
+// that one, which judges the key in its own PD (another PD here:
+// REM_ACCESS_ERR), and nothing lands in the first peer's memory, which the
+// key would still open.
+TEST(DirectPath, AQpConnectedAgainWritesToItsNewPeer) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_pd* other_pd = ibv_alloc_pd(dev.ctx);
+  ASSERT_NE(other_pd, nullptr);
+  ibv_cq* a_cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ibv_cq* peer_cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_TRUE(a_cq != nullptr && peer_cq != nullptr);
+  const QpConfig cfg;
+  ibv_qp* a = create_qp(dev.pd, a_cq, a_cq, cfg);
+  ibv_qp* b = create_qp(dev.pd, peer_cq, peer_cq, cfg);
+  ibv_qp* c = create_qp(other_pd, peer_cq, peer_cq, cfg);
+  ASSERT_TRUE(a != nullptr && b != nullptr && c != nullptr);
+  ASSERT_EQ(bring_up(a, b->qp_num, dev.gid, cfg), 0);
+  ASSERT_EQ(bring_up(b, a->qp_num, dev.gid, cfg), 0);
+  {
+    Pages local(dev.pd, 4096), remote(dev.pd, 4096);
+    ASSERT_TRUE(local.ok() && remote.ok());
+    ibv_sge sge = local.sge(0, 8);
+    ibv_wc wc{};
+    for (uint64_t id = 1; id <= 3; ++id) {  // the first arms the lane, the others take it
+      fill_pattern(local.span(0, 8), static_cast<uint8_t>(id));
+      ibv_send_wr wr = rdma_wr(id, IBV_WR_RDMA_WRITE, &sge, remote.addr(), remote.rkey());
+      ASSERT_EQ(post_send(a, wr), 0);
+      ASSERT_TRUE(poll_one(a_cq, &wc));
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+      ASSERT_EQ(first_mismatch(remote.span(0, 8), std::vector<uint8_t>(local.data(), local.data() + 8)), -1);
+    }
+    ibv_qp_attr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(a, &reset, IBV_QP_STATE), 0);
+    ASSERT_EQ(bring_up(a, c->qp_num, dev.gid, cfg), 0);
+    ASSERT_EQ(bring_up(c, a->qp_num, dev.gid, cfg), 0);
+    const std::vector<uint8_t> before(remote.data(), remote.data() + remote.size());
+    fill_pattern(local.span(0, 8), 9);
+    ibv_send_wr wr = rdma_wr(4, IBV_WR_RDMA_WRITE, &sge, remote.addr(), remote.rkey());
+    ASSERT_EQ(post_send(a, wr), 0);
+    ASSERT_TRUE(poll_one(a_cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
+    EXPECT_EQ(first_mismatch(remote.span(0, remote.size()), before), -1) << "the WRITE went to the first peer";
+  }
+  EXPECT_EQ(ibv_destroy_qp(a), 0);
+  EXPECT_EQ(ibv_destroy_qp(b), 0);
+  EXPECT_EQ(ibv_destroy_qp(c), 0);
+  EXPECT_EQ(ibv_destroy_cq(a_cq), 0);
+  EXPECT_EQ(ibv_destroy_cq(peer_cq), 0);
+  EXPECT_EQ(ibv_dealloc_pd(other_pd), 0);
+}
+
 // The target MR is deregistered between two WRITEs: the second gets
 // REM_ACCESS_ERR and its bytes land nowhere.
 TEST(DirectPath, WriteAfterDeregistrationIsRefused) {

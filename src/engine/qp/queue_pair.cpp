@@ -467,6 +467,28 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
   ++sq_head_;
 }
 
+// post_write_direct_locked's conditions, asked in its order, with the
+// target's and the key's through the lane; any that does not hold leaves
+// the WR to post_send's general loop, untouched.
+[[gnu::always_inline]] inline bool QueuePair::post_on_write_lane_locked(const ibv_send_wr& wr) {
+  if (wr.opcode != IBV_WR_RDMA_WRITE || wr.num_sge != 1 || validate_send(wr) != 0 ||
+      shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS || sq_sent_ != sq_head_ ||
+      sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
+      sq_head_ - sq_retired_.load(std::memory_order_acquire) >= init_.max_send_wr)
+    return false;
+  const ibv_sge& sge = wr.sg_list[0];
+  const void* local = reinterpret_cast<const void*>(sge.addr);  // inline: validate_send checked its length
+  if ((wr.send_flags & IBV_SEND_INLINE) == 0 &&
+      (local = direct_local_grant_.find_current(node_.registry(), sge.lkey, 0, sge.addr, sge.length)) == nullptr)
+    return false;
+  void* landed = write_lane_.write(local, sge.length, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey);
+  if (landed == nullptr) return false;
+  last_direct_addr_.store(wr.wr.rdma.remote_addr, std::memory_order_relaxed);
+  last_direct_landed_.store(landed, std::memory_order_relaxed);
+  complete_direct_locked(wr, sge.length);
+  return true;
+}
+
 int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   if (!init_.rss_spread.empty()) {  // an RSS QP only receives
     *bad_wr = wr;
@@ -474,6 +496,11 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   }
   prefetch_for_direct(*wr);
   std::lock_guard guard(sq_lock_);
+  // One WRITE as the last direct one went: the lane (link/shm/write_lane.hpp).
+  if (write_lane_.armed && wr->next == nullptr && post_on_write_lane_locked(*wr)) [[likely]] {
+    if (sq_sent_ != sq_head_) progress_locked(0);  // as below (the state is RTS)
+    return 0;
+  }
   const uint32_t st = shared_->state.load(std::memory_order_acquire);
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) {
     SOFTHCA_DEBUG("post_send on qp 0x%x in state %s: move it to RTS first", qpn_,
@@ -809,6 +836,7 @@ void QueuePair::open_channel_locked() {
   config.rq_psn = attrs_.rq_psn;
   config.max_dest_rd_atomic = attrs_.max_dest_rd_atomic;
   config.qp_counters = &shared_->counters;
+  config.write_lane = &write_lane_;
   Node* node = &node_;
   const uint32_t id = id_;
   config.on_answers = [node, id] { node->qps().with(id, [](QueuePair& qp) { qp.take_answers(); }); };

@@ -14,8 +14,10 @@
 #include "link/link.hpp"
 #include "link/key_grant.hpp"
 #include "link/registered_key.hpp"
+#include "link/shm/copy_write.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
+#include "link/shm/write_lane.hpp"
 #include "transport/answer_counters.hpp"
 #include "transport/memory_key.hpp"
 #include "wire/ud_grh.hpp"
@@ -25,11 +27,13 @@ namespace {
 
 class ShmChannel final : public link::Channel {
  public:
-  ShmChannel(host::Attachment& host, uint32_t qp_type, uint32_t dest_qpn)
+  ShmChannel(host::Attachment& host, uint32_t qp_type, uint32_t dest_qpn, WriteLane* lane)
       : host_(host),
         qp_type_(qp_type),
         reliable_(qp_type == IBV_QPT_RC || qp_type == IBV_QPT_XRC_SEND),
-        dest_qpn_(dest_qpn) {
+        dest_qpn_(dest_qpn),
+        lane_(lane) {
+    disarm_lane();
     // Bind to the peer that has the QPN now; if there is none yet, to the
     // one found at the first send.
     if (resolve(host_, dest_qpn_, target_)) {
@@ -39,7 +43,12 @@ class ShmChannel final : public link::Channel {
     }
   }
 
+  ~ShmChannel() override { disarm_lane(); }
+
   transport::Response deliver(const transport::Request& request, uint32_t) override {
+    // The general path may find the target again: the lane stands for
+    // the one the last direct WRITE reached.
+    disarm_lane();
     // The QP we hold may have been destroyed since (its QPN then names
     // another QP, or none): resolve again, once.
     for (bool again = true;; again = false) {
@@ -76,6 +85,11 @@ class ShmChannel final : public link::Channel {
 
  private:
   [[gnu::always_inline]] bool direct_reaches(uint64_t length) const;
+  void disarm_lane() {
+    if (lane_ != nullptr) lane_->armed = false;
+  }
+  // After a direct WRITE under remote_grant_: the lane, for the next ones.
+  void arm_lane();
   [[gnu::always_inline]] bool direct_target_receives() const;
   char* remote_range(uint32_t rkey, uint64_t remote_addr, uint64_t length, uint32_t needed);
   char* receive_range(const host::RecvSge& sge, uint64_t take, uint32_t receive_pd, host::PeerBackings::View& window);
@@ -85,6 +99,7 @@ class ShmChannel final : public link::Channel {
   const uint32_t qp_type_;  // the requester's
   const bool reliable_;
   const uint32_t dest_qpn_;
+  WriteLane* const lane_;  // the QP's (ChannelConfig::write_lane), or nullptr
   TargetQp target_;
   uint64_t peer_incarnation_ = 0;
   transport::MessageInProgress scratch_;  // the responder's, for each message (under the QP's send lock)
@@ -106,46 +121,9 @@ inline bool ShmChannel::direct_reaches(uint64_t length) const {
          target_.incarnation == peer_incarnation_ && length != 0 && length <= kFenceChunk;
 }
 
-// Then, under the access announcement, a target that transport::accept
-// would let in: still there, of the requester's transport, in a receiving
-// state, its first message seen (COMM_EST is the general path's to raise),
-// and an owner that runs (ShmResponderPort::local_views).
-inline bool ShmChannel::direct_target_receives() const {
-  if (!still_there(target_)) return false;
-  const host::SharedQp& qp = *target_.qp;
-  return qp.qp_type == qp_type_ && transport::receives_in_state(qp.state.load(std::memory_order_acquire)) &&
-         qp.comm_established.load(std::memory_order_relaxed) != 0 &&
-         reinterpret_cast<const host::SegmentHeader*>(target_.base)->owner_running();
-}
-
-// A WRITE or SEND of a few bytes (a latency test's, a flag, a counter) is on
-// the critical path of a ping-pong: up to 16 bytes are moved here as two
-// overlapping loads and stores, the last byte in the second store as in
-// libc's copy, rather than through a call into libc.
-template <typename Word>
-inline void copy_ends(unsigned char* to, const unsigned char* from, uint64_t length) {
-  Word head, tail;
-  std::memcpy(&head, from, sizeof head);
-  std::memcpy(&tail, from + length - sizeof tail, sizeof tail);
-  std::memcpy(to, &head, sizeof head);
-  std::memcpy(to + length - sizeof tail, &tail, sizeof tail);
-}
-
-[[gnu::always_inline]] inline void copy_write(void* to, const void* from, uint64_t length) {
-  auto* d = static_cast<unsigned char*>(to);
-  const auto* s = static_cast<const unsigned char*>(from);
-  if (length > 16) {
-    std::memcpy(d, s, length);
-  } else if (length >= 8) {
-    copy_ends<uint64_t>(d, s, length);
-  } else if (length >= 4) {
-    copy_ends<uint32_t>(d, s, length);
-  } else if (length >= 2) {
-    copy_ends<uint16_t>(d, s, length);
-  } else {
-    *d = *s;  // length is never 0 here (direct_reaches; send_direct's pieces)
-  }
-}
+// Then, under the access announcement, a target that receives
+// (shm::target_receives).
+inline bool ShmChannel::direct_target_receives() const { return target_receives(target_, qp_type_); }
 
 // remote_range's checks as the direct path asks them (under the access
 // announcement): the key, of the QP's process (another's goes through the
@@ -272,7 +250,22 @@ void* ShmChannel::write_direct(const void* local, uint64_t length, uint64_t remo
   if (at == nullptr && (at = remote_range(rkey, remote_addr, length, IBV_ACCESS_REMOTE_WRITE)) == nullptr)
     return nullptr;
   copy_write(at, local, length);
+  arm_lane();
   return at;
+}
+
+// The lane asks what write_direct asked, of copies of what it read: the
+// target (direct_reaches held: a peer reached before, this incarnation,
+// not a TGT QP) and the key's grant, which the WRITE just used.
+void ShmChannel::arm_lane() {
+  if (lane_ == nullptr || (qp_type_ != IBV_QPT_RC && qp_type_ != IBV_QPT_UC)) return;
+  lane_->qp_type = qp_type_;
+  lane_->self = host_.proc();
+  lane_->registry = &host_.registry();
+  lane_->target = target_;
+  lane_->grant = remote_grant_;
+  lane_->longest = kFenceChunk;
+  lane_->armed = remote_grant_.key != 0 && (remote_grant_.access & IBV_ACCESS_REMOTE_WRITE) != 0;
 }
 
 // A SEND as deliver() would run it when it succeeds: the receive WQE at the
@@ -355,7 +348,7 @@ class ShmLink final : public link::Link {
   explicit ShmLink(host::Attachment& host) : host_(host) {}
 
   std::unique_ptr<link::Channel> open_channel(const link::ChannelConfig& config) override {
-    return std::make_unique<ShmChannel>(host_, config.qp_type, config.dest_qpn);
+    return std::make_unique<ShmChannel>(host_, config.qp_type, config.dest_qpn, config.write_lane);
   }
 
   void send_datagram(const link::Datagram& to, const transport::Request& request) override {

@@ -7,6 +7,7 @@
 
 #include "host/attachment.hpp"
 #include "host/shared_queues.hpp"
+#include "transport/responder.hpp"
 
 namespace softhca::shm {
 
@@ -44,6 +45,20 @@ bool resolve(host::Attachment& host, uint32_t qpn, TargetQp& out);
 inline bool still_there(const TargetQp& target) {
   return target.slot->qpn.load(std::memory_order_seq_cst) == target.qpn &&
          target.slot->incarnation.load(std::memory_order_acquire) == target.incarnation;
+}
+
+// Under an access announcement to its process, whether `target` (another
+// process's QP, not a TGT QP) takes a message of a requester of type
+// `qp_type` on the direct paths, as transport::accept would let it in: still
+// there, of the requester's transport, in a receiving state, its first
+// message seen (COMM_EST is the general path's to raise), and an owner that
+// runs (ShmResponderPort::local_views).
+[[gnu::always_inline]] inline bool target_receives(const TargetQp& target, uint32_t qp_type) {
+  if (!still_there(target)) return false;
+  const host::SharedQp& qp = *target.qp;
+  return qp.qp_type == qp_type && transport::receives_in_state(qp.state.load(std::memory_order_acquire)) &&
+         qp.comm_established.load(std::memory_order_relaxed) != 0 &&
+         reinterpret_cast<const host::SegmentHeader*>(target.base)->owner_running();
 }
 
 // Whether the owner of `target` (another process's QP) is gone: it died,

@@ -1,0 +1,67 @@
+// A connected QP's RDMA WRITE to its peer on this host, as the last direct
+// WRITE found the way: the target it reached and the grant of the key it
+// used, kept by the QP and used from the top of ibv_post_send.
+//
+// An RDMA WRITE latency test's time is the instructions between its peer's
+// signal and its own store (docs/performance.md). The direct WRITE
+// (ShmChannel::write_direct) asks its checks through the QP's general post,
+// the link interface and the channel, which serve every operation and
+// every link; the lane asks the same ones for the one operation, with
+// what they read already found: the target QP's shared record, slot and
+// segment (shm::TargetQp) and the key's grant (link::KeyGrant), both kept
+// from that last WRITE. Under the access announcement to the target's
+// process, as there, each is judged again at every WRITE: the target still
+// the same incarnation and receiving (shm::target_receives), its QP
+// granting remote write, the key's registry slot at the version of the
+// grant. Whatever does not hold makes the lane answer nullptr with nothing
+// done, and the WRITE goes the general way, which gives every outcome.
+//
+// Armed by the shm channel (ShmChannel::write_direct) after a direct WRITE
+// succeeded, disarmed when the channel resolves its target again or is
+// destroyed; written and read under the QP's send lock only.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+#include "host/host_registry.hpp"
+#include "link/key_grant.hpp"
+#include "link/shm/copy_write.hpp"
+#include "link/shm/target.hpp"
+
+namespace softhca::shm {
+
+struct WriteLane {
+  bool armed = false;
+  uint32_t qp_type = 0;  // the requester's
+  uint32_t self = 0;     // this process's registry slot
+  host::HostRegistry* registry = nullptr;
+  TargetQp target;
+  link::KeyGrant grant;  // the rkey's, for IBV_ACCESS_REMOTE_WRITE
+  uint64_t longest = 0;  // the longest WRITE the channel makes in one piece
+
+  // The WRITE of `length` bytes from `local` (this process's, checked),
+  // done: where they landed in this process's view of the target, or
+  // nullptr when anything differs from what the lane was armed with
+  // (nothing happened). Always inlined: it is the WRITE's critical path.
+  [[gnu::always_inline]] void* write(const void* local, uint64_t length, uint64_t remote_addr, uint32_t rkey) const {
+    if (length == 0 || length > longest) return nullptr;
+    char* at = grant.find(rkey, IBV_ACCESS_REMOTE_WRITE, remote_addr, length);
+    if (at == nullptr) return nullptr;
+    // The thread's own announcement slot; a thread without one (or inside
+    // another process's memory already) goes the general way, which waits
+    // for a slot where it must.
+    const uint32_t slot = registry->try_begin_owned_access(self, target.proc);
+    if (slot == host::HostRegistry::kNoAccessSlot) return nullptr;
+    const bool reaches = target_receives(target, qp_type) &&
+                         (target.qp->access.load(std::memory_order_acquire) & IBV_ACCESS_REMOTE_WRITE) != 0 &&
+                         registry->mr_version(rkey) == grant.seq;
+    if (reaches) [[likely]]
+      copy_write(at, local, length);
+    registry->end_access(self, slot);
+    return reaches ? at : nullptr;
+  }
+};
+
+}  // namespace softhca::shm
