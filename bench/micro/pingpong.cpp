@@ -12,9 +12,13 @@
 //     signaled SEND posted and its completion polled.
 //
 //   pingpong [--op write|send] [--iters N] [--batch N] [--size BYTES] [--cores A,B]
+//            [--signal-every N]
 //   (on softhca: LD_LIBRARY_PATH=build/lib, or softhca run --no-devices --)
 //
 // --cores pins the forked responder to core A and the initiator to core B.
+// --signal-every N (WRITE only): only every Nth WRITE is signaled and its
+// completion polled (perftest's --cq-mod), to tell what the completion's
+// push and poll add to the round trip from what the WRITE itself costs.
 #include <infiniband/verbs.h>
 #include <sched.h>
 #include <sys/wait.h>
@@ -48,11 +52,13 @@ struct Options {
   uint32_t size = 2;
   int core_responder = -1;
   int core_initiator = -1;
+  long signal_every = 1;
 };
 
 [[noreturn]] void usage(int status) {
   std::fprintf(status == 0 ? stdout : stderr,
                "usage: pingpong [--op write|send] [--iters N] [--batch N] [--size BYTES] [--cores A,B]\n"
+               "                [--signal-every N]\n"
                "  the one-way latency of an inline RDMA WRITE (default) or SEND ping-pong between\n"
                "  two processes, median and fastest of batches of --batch round trips\n"
                "  (default 1000000 in 10000); --cores pins the responder to A, the initiator to B\n");
@@ -81,13 +87,17 @@ Options parse(int argc, char** argv) {
       o.batch = std::atol(value);
     } else if (arg == "--size") {
       o.size = static_cast<uint32_t>(std::atol(value));
+    } else if (arg == "--signal-every") {
+      o.signal_every = std::atol(value);
     } else if (arg == "--cores") {
       if (std::sscanf(value, "%d,%d", &o.core_responder, &o.core_initiator) != 2) usage(2);
     } else {
       usage(2);
     }
   }
-  if (o.iters <= 0 || o.batch <= 0 || o.batch > o.iters || o.size == 0 || o.size > 64) usage(2);
+  if (o.iters <= 0 || o.batch <= 0 || o.batch > o.iters || o.size == 0 || o.size > 64 || o.signal_every <= 0 ||
+      o.signal_every > 64 || (o.signal_every > 1 && o.op != Op::kWrite))
+    usage(2);
   return o;
 }
 
@@ -111,7 +121,8 @@ uint64_t now_ns() {
 // second.
 class Player {
  public:
-  Player(Side& side, const Endpoint& peer, const Options& o) : side_(side), op_(o.op), size_(o.size) {
+  Player(Side& side, const Endpoint& peer, const Options& o)
+      : side_(side), op_(o.op), size_(o.size), signal_every_(o.signal_every) {
     auto* buffer = static_cast<unsigned char*>(side.buffer);
     watched_ = buffer + size_ - 1;
     source_ = buffer + bench::kBuffer / 2;
@@ -146,9 +157,11 @@ class Player {
 
   void post(unsigned char value) {
     source_[size_ - 1] = value;
+    const bool signaled = ++posted_ % signal_every_ == 0;
+    wr_.send_flags = signaled ? IBV_SEND_SIGNALED | IBV_SEND_INLINE : IBV_SEND_INLINE;
     ibv_send_wr* bad = nullptr;
     if (ibv_post_send(side_.qp, &wr_, &bad) != 0) die("ibv_post_send");
-    await(side_.cq, "send");
+    if (signaled) await(side_.cq, "send");
   }
 
  private:
@@ -171,6 +184,8 @@ class Player {
   Side& side_;
   Op op_;
   uint32_t size_;
+  long signal_every_;
+  long posted_ = 0;
   unsigned char* watched_ = nullptr;
   unsigned char* source_ = nullptr;
   ibv_sge sge_{};
