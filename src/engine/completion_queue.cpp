@@ -44,6 +44,7 @@ Result<CompletionQueue*> CompletionQueue::create(Context& context, int cqe, Comp
   cq->shared_ = node.segment().at<host::SharedCq>(cq->shared_offset_);
   cq->shared_->owner_proc = node.proc();
   cq->shared_->stamp_completions = timestamps ? 1 : 0;
+  cq->shared_->has_channel = channel != nullptr ? 1 : 0;
   // The serial before the id: once in the table, the CQ is the progress
   // thread's to find (Node::on_event reads the serial there).
   cq->serial_ = node.next_serial();
@@ -256,7 +257,7 @@ void CompletionQueue::arm(bool solicited_only) {
   shared_->armed.store(solicited_only ? host::SharedCq::kArmSolicited : host::SharedCq::kArmNext,
                        std::memory_order_seq_cst);
   // seq_cst, as the poll's reads of the ring after it (CqRing::pop): see
-  // host::SharedCq::push_counted.
+  // host::SharedCq::push_to_ring.
   // The thread will sleep until the event: packets it would have received
   // in poll() are the link thread's again.
   context_.node().udp_link().pollers_rest();
@@ -319,7 +320,10 @@ Result<void> CompletionQueue::resize(int cqe) {
 
 void CompletionQueue::free_retired_rings_locked() {
   // Producers leave push() within moments (they never block), unless one
-  // died inside it: then the rings stay until the CQ is destroyed.
+  // died inside it: then the rings stay until the CQ is destroyed. Those of
+  // this process that pushed under an access announcement are waited for
+  // by the announcement.
+  context_.node().registry().fence_accesses(context_.node().proc());
   const uint64_t deadline = monotonic_ns() + 1'000'000;
   while (!shared_->quiescent()) {
     if (monotonic_ns() > deadline) return;
@@ -335,7 +339,19 @@ void CompletionQueue::signal_channel() {
 }
 
 void CompletionQueue::push(const host::Cqe& cqe) {
-  switch (shared_->push(context_.node().segment().base(), cqe)) {
+  Node& node = context_.node();
+  host::HostRegistry& registry = node.registry();
+  const uint32_t self = node.proc();
+  host::SharedCq::Push pushed;
+  // Under the thread's own announcement when it has one free: two locked
+  // instructions fewer than counting in `pushers` (free_retired_rings_locked).
+  if (const uint32_t slot = registry.try_begin_owned_access(self, self); slot != host::HostRegistry::kNoAccessSlot) {
+    pushed = shared_->push_announced(node.segment().base(), cqe);
+    registry.end_access(self, slot);
+  } else {
+    pushed = shared_->push(node.segment().base(), cqe);
+  }
+  switch (pushed) {
     case host::SharedCq::Push::kOk:
       break;
     case host::SharedCq::Push::kOkNotify:

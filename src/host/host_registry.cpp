@@ -18,13 +18,14 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 12;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
+constexpr uint32_t kVersion = 13;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
                                   // 6: shared registered memory; 7: counters by writer, QP
                                   // destruction fenced by the access slots; 8: QP slots
                                   // carry the incarnation; 9: memory windows in the MR
                                   // table (kind, parent, qpn, windows); 10: an MR's shared
                                   // span (whole pages only); 11: TGT QPs owned by the host;
-                                  // 12: TGT QP holders carry their start time
+                                  // 12: TGT QP holders carry their start time; 13: CQ producers
+                                  // under an access announcement are not counted (SharedCq)
 
 uint64_t now_ns() {
   timespec ts;

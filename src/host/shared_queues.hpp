@@ -11,6 +11,10 @@
 //    ring's offset. A producer counts itself in `pushers` before it reads the
 //    offset, so once the owner sees `pushers` at zero after that store, no
 //    producer can reach the old ring and it is freed (seq_cst on both sides).
+//    A producer that holds an access announcement to the owner's process is
+//    not counted: the owner fences the announcements (as ibv_dereg_mr does)
+//    before it frees. Without a completion channel a push publishes with a
+//    release store and reads no arm.
 //  - RQ: the owner fills slot `head`, then release-stores head + 1; a consumer
 //    acquire-loads head, copies slot `tail` and claims it by CAS on `tail`
 //    (the copy is valid if the CAS succeeds: the owner only rewrites a slot
@@ -108,7 +112,7 @@ struct CqRing {
   bool pop(Cqe& out) {
     const uint64_t t = tail.load(std::memory_order_relaxed);
     CqSlot& s = slot(t);
-    // seq_cst (a plain load on x86): after an arm, see SharedCq::push_counted.
+    // seq_cst (a plain load on x86): after an arm, see SharedCq::push_to_ring.
     if (s.seq.load(std::memory_order_seq_cst) != t + 1) return false;
     out = s.cqe;
     tail.store(t + 1, std::memory_order_release);
@@ -154,6 +158,10 @@ struct SharedCq {
   uint32_t owner_proc;        // registry proc slot of the owner
   std::atomic<uint64_t> ring_offset;           // the current CqRing in the owner's segment
   uint32_t stamp_completions;                  // 1: producers write Cqe::timestamp
+  // 1: the CQ has a completion channel. Without one no event can be raised,
+  // so producers need not read `armed` after they publish (nor order the
+  // two with a locked instruction).
+  uint32_t has_channel;
   alignas(64) std::atomic<uint32_t> armed;     // 0, kArmNext or kArmSolicited
   std::atomic<uint32_t> overrun;               // set once: the CQ is in error
   std::atomic<uint32_t> pushers;               // producers inside push() now
@@ -168,17 +176,22 @@ struct SharedCq {
     // Counted in `pushers` while it may hold a pointer into a ring, so that
     // a resize knows when a replaced ring is no longer reachable.
     pushers.fetch_add(1, std::memory_order_seq_cst);
-    const Push result = push_counted(base, cqe);
+    const Push result = push_to_ring(base, cqe);
     pushers.fetch_sub(1, std::memory_order_release);
     return result;
   }
+  // push() for a producer that holds an access announcement to the owner's
+  // process (HostRegistry::begin_access): instead of `pushers`, a resize
+  // waits for that announcement to end (HostRegistry::fence_accesses), as
+  // ibv_dereg_mr waits for a copy into the range it releases.
+  Push push_announced(char* base, const Cqe& cqe) { return push_to_ring(base, cqe); }
 
   // Thread: the owner, after publishing a new ring_offset. True when no
   // producer can still be inside a ring that was current before.
   bool quiescent() const { return pushers.load(std::memory_order_seq_cst) == 0; }
 
  private:
-  Push push_counted(char* base, const Cqe& cqe) {
+  Push push_to_ring(char* base, const Cqe& cqe) {
     for (;;) {
       if (overrun.load(std::memory_order_relaxed)) return Push::kOverrun;
       auto* ring = reinterpret_cast<CqRing*>(base + ring_offset.load(std::memory_order_seq_cst));
@@ -213,6 +226,10 @@ struct SharedCq {
       CqSlot& slot = ring->slot(h);
       slot.cqe = cqe;
       if (stamp_completions != 0) slot.cqe.timestamp = completion_clock_ns();
+      if (has_channel == 0) {  // nothing to notify: the store alone publishes
+        slot.seq.store(h + 1, std::memory_order_release);
+        return Push::kOk;
+      }
       // seq_cst, as are the load of `armed` after it, the owner's arm
       // (CompletionQueue::arm) and its reads of the ring (CqRing::pop): a
       // store then a load of another word, on both sides. With release/acquire the load could pass the store (x86 lets
@@ -226,7 +243,7 @@ struct SharedCq {
   // An armed CQ fires once for the next completion (or for the next solicited
   // or error completion when armed for solicited only).
   Push notify_after(const Cqe& cqe) {
-    uint32_t arm = armed.load(std::memory_order_seq_cst);  // see push_counted
+    uint32_t arm = armed.load(std::memory_order_seq_cst);  // see push_to_ring
     while (arm != 0) {
       const bool fires = arm == kArmNext || cqe.solicited || cqe.status != 0;
       if (!fires) break;

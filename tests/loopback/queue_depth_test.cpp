@@ -902,5 +902,65 @@ TEST(CqResize, WhileCompletionsKeepArriving) {
   EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{0})) << "an async event (CQ_ERR?) was raised";
 }
 
+// Resize the send CQ while another thread of the process posts signaled
+// WRITEs on a QP completing into it and polls them. Those completions are
+// pushed under the thread's access announcement, not counted as producers:
+// the resize frees a replaced ring only after fencing the announcements. A
+// producer left inside a freed ring would write into whatever the segment
+// put there next (often the next ring): completions lost, repeated or out
+// of order.
+TEST(CqResize, WhileItsOwnQpsCompleteWrites) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  QpConfig cfg;
+  cfg.max_send_wr = 64;
+  QpPair pair(dev, cfg, 512);
+  ASSERT_TRUE(pair.ok());
+  constexpr uint64_t kWrites = 5000;
+  Buffer buf(dev.pd, 4096);
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> completed{0};
+  std::string failure;  // the sender's, read after join
+  std::thread sender([&] {
+    ibv_sge sge = buf.sge(0, 8);
+    uint64_t posted = 0;
+    ibv_wc wc[16];
+    const auto until = Clock::now() + Millis{30000};
+    while (completed.load(std::memory_order_relaxed) < kWrites && Clock::now() < until) {
+      while (posted < kWrites && posted - completed.load(std::memory_order_relaxed) < 64) {
+        ibv_send_wr wr = write_wr(buf, sge, posted, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+        if (post_send(pair.a, wr) != 0) {
+          failure = "post_send failed at " + std::to_string(posted);
+          done = true;
+          return;
+        }
+        ++posted;
+      }
+      const int got = ibv_poll_cq(pair.a_send_cq, 16, wc);
+      for (int k = 0; k < got; ++k) {
+        const uint64_t expected = completed.load(std::memory_order_relaxed);
+        if (wc[k].status != IBV_WC_SUCCESS || wc[k].wr_id != expected) {
+          failure = "completion " + std::to_string(expected) + ": " + wc_str(wc[k]);
+          done = true;
+          return;
+        }
+        completed.store(expected + 1, std::memory_order_relaxed);
+      }
+      if (got < 0) {
+        failure = "ibv_poll_cq failed";
+        break;
+      }
+    }
+    done = true;
+  });
+  int resizes = 0;
+  while (!done.load()) ASSERT_EQ(ibv_resize_cq(pair.a_send_cq, (resizes++ & 1) ? 300 : 600), 0);
+  sender.join();
+  EXPECT_EQ(failure, "");
+  EXPECT_EQ(completed.load(), kWrites) << "completions lost";
+  EXPECT_GT(resizes, 10);
+  EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{0})) << "an async event (CQ_ERR?) was raised";
+}
+
 }  // namespace
 }  // namespace loopback

@@ -5,10 +5,14 @@
 #include <infiniband/verbs.h>
 #include <stdlib.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "engine/completion_queue.hpp"
 #include "engine/context.hpp"
+#include "engine/node.hpp"
 
 namespace softhca::engine {
 namespace {
@@ -48,6 +52,57 @@ TEST(CqResize, AReservedButUnpublishedSlotIsDroppedNotCopiedStale) {
     cq->push(completion(201));
     ASSERT_EQ(cq->poll(8, wc), 1);
     EXPECT_EQ(wc[0].wr_id, 201u);
+    delete cq;
+    (*context)->release();
+  }
+  ::unsetenv("SOFTHCA_RUNTIME_DIR");
+  EXPECT_EQ(std::system((std::string("rm -rf ") + dir).c_str()), 0);
+}
+
+// A producer of the owner's process pushes under its access announcement
+// to the process (CompletionQueue::push), not counted in `pushers`: while
+// one may hold a pointer into the replaced ring, the resize must not free
+// that ring. The announcement here stands for such a producer, stopped
+// between reading the ring's offset and publishing its slot.
+TEST(CqResize, WaitsForAnAnnouncedProducerBeforeFreeingTheOldRing) {
+  char dir[] = "/dev/shm/softhca-unit-cq-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_EQ(::setenv("SOFTHCA_RUNTIME_DIR", dir, 1), 0);
+  {
+    auto context = Context::open();
+    ASSERT_TRUE(context.has_value());
+    Node& node = (*context)->node();
+    auto created = CompletionQueue::create(**context, 3, nullptr);
+    ASSERT_TRUE(created.has_value());
+    CompletionQueue* cq = *created;
+    std::atomic<bool> announced{false}, let_go{false}, ended{false};
+    std::thread producer([&] {
+      const uint32_t slot = node.registry().begin_access(node.proc(), node.proc());
+      announced = true;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!let_go && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      ended = true;  // before the announcement ends: a resize that saw it end sees this
+      node.registry().end_access(node.proc(), slot);
+    });
+    while (!announced) std::this_thread::yield();
+    std::atomic<bool> resized{false}, ended_before_resized{false};
+    std::thread resizer([&] {
+      EXPECT_TRUE(cq->resize(16).has_value());
+      ended_before_resized = ended.load();
+      resized = true;
+    });
+    // The resize may not finish while the announcement stands; give it time
+    // to show that it would (it is waited for, not raced: see below).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (!resized && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    let_go = true;
+    producer.join();
+    resizer.join();
+    EXPECT_TRUE(ended_before_resized.load()) << "the resize freed the old ring under an announced producer";
+    cq->push(completion(7));  // the new ring works
+    ibv_wc wc[2];
+    ASSERT_EQ(cq->poll(2, wc), 1);
+    EXPECT_EQ(wc[0].wr_id, 7u);
     delete cq;
     (*context)->release();
   }

@@ -26,8 +26,10 @@ std::unique_ptr<T, FreeDeleter> make_zeroed(size_t bytes) {
 
 // A CQ as it sits in a segment: the header at offset 0, its ring at 4096.
 struct TestCq {
-  explicit TestCq(uint32_t capacity) : segment(make_zeroed<char>(4096 + CqRing::bytes_for(capacity))) {
+  explicit TestCq(uint32_t capacity, bool has_channel = true)
+      : segment(make_zeroed<char>(4096 + CqRing::bytes_for(capacity))) {
     ring()->capacity = capacity;
+    header()->has_channel = has_channel ? 1 : 0;
     header()->ring_offset.store(4096);
   }
   SharedCq* header() { return reinterpret_cast<SharedCq*>(segment.get()); }
@@ -117,6 +119,23 @@ TEST(SharedCq, SolicitedArmIgnoresUnsolicitedSuccess) {
   cq.header()->armed.store(SharedCq::kArmSolicited);
   // An error completion fires a solicited-only arm too.
   EXPECT_EQ(cq.push(cqe_with(3, IBV_WC_WR_FLUSH_ERR)), SharedCq::Push::kOkNotify);
+}
+
+// Without a completion channel no event can be raised: an armed CQ (the
+// verbs let a program arm one) neither fires nor disarms, and what is
+// pushed is polled as usual.
+TEST(SharedCq, WithoutAChannelAPushNeverAsksForAnEvent) {
+  TestCq cq(8, /*has_channel=*/false);
+  cq.header()->armed.store(SharedCq::kArmNext);
+  EXPECT_EQ(cq.push(cqe_with(1)), SharedCq::Push::kOk);
+  EXPECT_EQ(cq.header()->push_announced(cq.segment.get(), cqe_with(2, IBV_WC_WR_FLUSH_ERR)), SharedCq::Push::kOk);
+  EXPECT_EQ(cq.header()->armed.load(), SharedCq::kArmNext);
+  Cqe out;
+  ASSERT_TRUE(cq.pop(out));
+  EXPECT_EQ(out.wr_id, 1u);
+  ASSERT_TRUE(cq.pop(out));
+  EXPECT_EQ(out.wr_id, 2u);
+  EXPECT_FALSE(cq.pop(out));
 }
 
 TEST(SharedCq, ProducersFollowTheRingOffsetAfterAResize) {

@@ -380,17 +380,17 @@ transport::CopyStatus ShmResponderPort::atomic(void* word, transport::AtomicOp o
 }
 
 void ShmResponderPort::complete_receive(const transport::ReceiveCompletion& c) {
-  push_receive_to(host_, target_, *data_, xrc_srq_, c, nullptr);
+  push_receive_to(host_, target_, *data_, xrc_srq_, c, nullptr, false);
 }
 
 void ShmResponderPort::complete_direct_receive(host::Attachment& host, const TargetQp& target,
                                                const transport::ReceiveCompletion& c, const uint64_t* position) {
-  push_receive_to(host, target, target, nullptr, c, position);
+  push_receive_to(host, target, target, nullptr, c, position, true);
 }
 
 void ShmResponderPort::push_receive_to(host::Attachment& host, const TargetQp& target, const TargetQp& owner,
                                        const host::SharedQp* xrc_srq, const transport::ReceiveCompletion& c,
-                                       const uint64_t* position) {
+                                       const uint64_t* position, bool announced) {
   // ... and no CQ: a completion without its SRQ has nowhere to go.
   if (target.qp->qp_type == IBV_QPT_XRC_RECV && xrc_srq == nullptr) return;
   if (c.status == IBV_WC_SUCCESS) {
@@ -427,7 +427,7 @@ void ShmResponderPort::push_receive_to(host::Attachment& host, const TargetQp& t
   }
   // The CQ lives with the receive queue: an XRC SRQ's in the SRQ's process.
   auto* cq = reinterpret_cast<host::SharedCq*>(owner.base + cq_offset);
-  switch (cq->push(owner.base, cqe)) {
+  switch (announced ? cq->push_announced(owner.base, cqe) : cq->push(owner.base, cqe)) {
     case host::SharedCq::Push::kOk:
       return;
     case host::SharedCq::Push::kOkNotify:

@@ -47,6 +47,8 @@ class ShmResponderPort final : public transport::ResponderPort {
   // the QP's own receive queue (not an SRQ's) gives its `position`: the
   // completion says where (host::kCqeRecvPosition), so that the owner frees
   // the slot without reading the queue's tail, a line the takers write.
+  // Called under an access announcement to `target`'s process, which the
+  // push into its CQ counts on (host::SharedCq::push_announced).
   static void complete_direct_receive(host::Attachment& host, const TargetQp& target,
                                       const transport::ReceiveCompletion& completion, const uint64_t* position);
   void fail_qp(ibv_event_type event) override;
@@ -59,10 +61,11 @@ class ShmResponderPort final : public transport::ResponderPort {
  private:
   // The completion, into the CQ of `target`'s receive queue in `owner`'s
   // segment: the QP's own process, or for an XRC_RECV QP the process of
-  // `xrc_srq` (the SRQ the message named, nullptr if none).
+  // `xrc_srq` (the SRQ the message named, nullptr if none). `announced`:
+  // the caller holds an access announcement to `owner`'s process.
   static void push_receive_to(host::Attachment& host, const TargetQp& target, const TargetQp& owner,
                               const host::SharedQp* xrc_srq, const transport::ReceiveCompletion& completion,
-                              const uint64_t* position);
+                              const uint64_t* position, bool announced);
   // The keys validated so far, as validated.
   class KeysInUse {
    public:
