@@ -152,9 +152,7 @@ bool QueuePair::post_write_direct_locked(const ibv_send_wr& wr) {
   }
   void* landed = channel_->write_direct(local, sge.length, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey);
   if (landed == nullptr) return false;
-  last_direct_addr_.store(wr.wr.rdma.remote_addr, std::memory_order_relaxed);
-  last_direct_landed_.store(landed, std::memory_order_relaxed);
-  complete_direct_locked(wr, sge.length);
+  complete_direct_write_locked(wr, landed);
   return true;
 }
 

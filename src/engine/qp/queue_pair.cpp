@@ -483,9 +483,7 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
     return false;
   void* landed = write_lane_.write(local, sge.length, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey);
   if (landed == nullptr) return false;
-  last_direct_addr_.store(wr.wr.rdma.remote_addr, std::memory_order_relaxed);
-  last_direct_landed_.store(landed, std::memory_order_relaxed);
-  complete_direct_locked(wr, sge.length);
+  complete_direct_write_locked(wr, landed);
   return true;
 }
 

@@ -170,6 +170,14 @@ class QueuePair {
   bool post_on_write_lane_locked(const ibv_send_wr& wr);
   // Completes the WQE of `wr`, done on the spot, as acknowledged.
   void complete_direct_locked(const ibv_send_wr& wr, uint64_t length);
+  // complete_direct_locked for a direct RDMA WRITE that landed at `landed`
+  // (this process's view of the target), remembered for the next WRITE's
+  // prefetch.
+  void complete_direct_write_locked(const ibv_send_wr& wr, void* landed) {
+    last_direct_addr_.store(wr.wr.rdma.remote_addr, std::memory_order_relaxed);
+    last_direct_landed_.store(landed, std::memory_order_relaxed);
+    complete_direct_locked(wr, wr.sg_list[0].length);
+  }
   // A WRITE or atomic to the address the last direct one went to (a
   // ping-pong's) prefetches the line it landed on for writing, before the
   // send lock and the checks: the line's trip from the core that waits on

@@ -242,9 +242,7 @@ bool ShmChannel::copy_direct(link::DirectCopy& op) {
 void* ShmChannel::write_direct(const void* local, uint64_t length, uint64_t remote_addr, uint32_t rkey) {
   if ((qp_type_ != IBV_QPT_RC && qp_type_ != IBV_QPT_UC) || !direct_reaches(length)) return nullptr;
   MemoryAccess access(host_, target_.proc);
-  if (!direct_target_receives() ||
-      (target_.qp->access.load(std::memory_order_acquire) & IBV_ACCESS_REMOTE_WRITE) == 0)
-    return nullptr;
+  if (!target_takes_writes(target_, qp_type_)) return nullptr;
   // The key as the last operation found it, while its slot has not changed.
   char* at = remote_grant_.find_current(host_.registry(), rkey, IBV_ACCESS_REMOTE_WRITE, remote_addr, length);
   if (at == nullptr && (at = remote_range(rkey, remote_addr, length, IBV_ACCESS_REMOTE_WRITE)) == nullptr)

@@ -3,6 +3,8 @@
 // it works on it.
 #pragma once
 
+#include <infiniband/verbs.h>
+
 #include <cstdint>
 
 #include "host/attachment.hpp"
@@ -59,6 +61,13 @@ inline bool still_there(const TargetQp& target) {
   return qp.qp_type == qp_type && transport::receives_in_state(qp.state.load(std::memory_order_acquire)) &&
          qp.comm_established.load(std::memory_order_relaxed) != 0 &&
          reinterpret_cast<const host::SegmentHeader*>(target.base)->owner_running();
+}
+
+// target_receives, for an RDMA WRITE: the QP also grants remote write.
+// The direct WRITE and the WRITE lane ask exactly this.
+[[gnu::always_inline]] inline bool target_takes_writes(const TargetQp& target, uint32_t qp_type) {
+  return target_receives(target, qp_type) &&
+         (target.qp->access.load(std::memory_order_acquire) & IBV_ACCESS_REMOTE_WRITE) != 0;
 }
 
 // Whether the owner of `target` (another process's QP) is gone: it died,

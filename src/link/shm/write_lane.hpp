@@ -11,8 +11,8 @@
 // segment (shm::TargetQp) and the key's grant (link::KeyGrant), both kept
 // from that last WRITE. Under the access announcement to the target's
 // process, as there, each is judged again at every WRITE: the target still
-// the same incarnation and receiving (shm::target_receives), its QP
-// granting remote write, the key's registry slot at the version of the
+// the same incarnation, receiving and granting remote write
+// (shm::target_takes_writes), the key's registry slot at the version of the
 // grant. Whatever does not hold makes the lane answer nullptr with nothing
 // done, and the WRITE goes the general way, which gives every outcome.
 //
@@ -54,9 +54,7 @@ struct WriteLane {
     // for a slot where it must.
     const uint32_t slot = registry->try_begin_owned_access(self, target.proc);
     if (slot == host::HostRegistry::kNoAccessSlot) return nullptr;
-    const bool reaches = target_receives(target, qp_type) &&
-                         (target.qp->access.load(std::memory_order_acquire) & IBV_ACCESS_REMOTE_WRITE) != 0 &&
-                         registry->mr_version(rkey) == grant.seq;
+    const bool reaches = target_takes_writes(target, qp_type) && registry->mr_version(rkey) == grant.seq;
     if (reaches) [[likely]]
       copy_write(at, local, length);
     registry->end_access(self, slot);
