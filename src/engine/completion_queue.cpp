@@ -228,14 +228,11 @@ int CompletionQueue::poll(int n, ibv_wc* wc) {
   if (n < 0) return -1;
   Node& node = context_.node();
   if (node.has_waiting()) node.run_timers(monotonic_ns());
-  // Packets that arrived for this process are processed by the polling
-  // thread itself when the CQ is empty: a busy-polling application would
-  // otherwise leave the udp link's thread waiting for a core.
-  if (ring_->empty()) node.udp_link().poll();
-  std::lock_guard guard(poll_lock_);
+  std::unique_lock guard(poll_lock_);
+  if (ring_->empty() && (!receive_while_empty(guard) || ring_->empty())) return 0;
+  if (n == 0) return 0;
   int got = 0;
   host::Cqe cqe;
-  if (n == 0 || ring_->empty()) return 0;
   while (got < n && pop_locked(cqe)) {
     retire_locked(cqe);
     to_wc(cqe, wc[got++]);
@@ -246,10 +243,24 @@ int CompletionQueue::poll(int n, ibv_wc* wc) {
 bool CompletionQueue::poll_one(host::Cqe& out) {
   Node& node = context_.node();
   if (node.has_waiting()) node.run_timers(monotonic_ns());
-  if (ring_->empty()) node.udp_link().poll();
-  std::lock_guard guard(poll_lock_);
+  std::unique_lock guard(poll_lock_);
+  if (ring_->empty() && !receive_while_empty(guard)) return false;
   if (!pop_locked(out)) return false;
   retire_locked(out);
+  return true;
+}
+
+// Packets that arrived for this process are processed by the polling
+// thread itself when the CQ is empty: a busy-polling application would
+// otherwise leave the udp link's thread waiting for a core. Asked under the
+// poll lock (a resize in another thread replaces, then frees, the ring),
+// received outside it: receiving completes into CQs, this one included.
+// True with the lock taken again when the link looked for packets; false,
+// the lock left off, when it had nothing to look at.
+bool CompletionQueue::receive_while_empty(std::unique_lock<BiasedLock<SpinLock>>& guard) {
+  guard.unlock();
+  if (!context_.node().udp_link().poll()) return false;
+  guard.lock();
   return true;
 }
 

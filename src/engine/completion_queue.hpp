@@ -115,6 +115,10 @@ class CompletionQueue {
   // the offset before the switch); freed once no producer is inside push().
   std::vector<RingBlock> retired_rings_;  // guarded by poll_lock_
   void free_retired_rings_locked();
+  // The udp link's packets, received by a poller that found the ring empty
+  // with `guard` (the poll lock) off. True when the link looked, the lock
+  // taken again; false, the lock left off, when it had nothing to look at.
+  bool receive_while_empty(std::unique_lock<BiasedLock<SpinLock>>& guard);
   void detach_locked(QueuePair* qp);
   bool pop_locked(host::Cqe& out);
   // Frees the queue slot of a polled completion's WQE (QueuePair::retire_*).

@@ -178,8 +178,9 @@ class Link {
   virtual void send_datagram(const Datagram& to, const transport::Request& request) = 0;
   // Processes, in the calling thread, what has arrived and is due (a link
   // with a thread of its own would otherwise wait for a core while the
-  // application busy-polls). Cheap when there is nothing.
-  virtual void poll() {}
+  // application busy-polls). Cheap when there is nothing. False when it
+  // had nothing to look at (the link idle): nothing can have completed.
+  virtual bool poll() { return false; }
   // An application thread is about to sleep until a completion event (it
   // armed a CQ): whatever poll() took over, the link's own thread does again.
   virtual void pollers_rest() {}

@@ -418,7 +418,9 @@ TEST(QueueDepth, ResetCleanOutsRacingAProducerLoseNoOtherCompletion) {
     writer_done = true;
   });
   std::atomic<bool> stop{false};
-  uint64_t next_of_a = 0, out_of_order = 0, of_c = 0, bad = 0;
+  // The main thread watches the first two while the poller counts them.
+  std::atomic<uint64_t> next_of_a{0}, out_of_order{0};
+  uint64_t of_c = 0, bad = 0;
   std::thread poller([&] {
     ibv_wc wc[16];
     while (!stop.load()) {
@@ -428,7 +430,7 @@ TEST(QueueDepth, ResetCleanOutsRacingAProducerLoseNoOtherCompletion) {
         if (wc[k].status != IBV_WC_SUCCESS) ++bad;
         if (wc[k].qp_num == c->qp_num) {
           ++of_c;
-        } else if (wc[k].wr_id == next_of_a) {
+        } else if (wc[k].wr_id == next_of_a.load()) {
           ++next_of_a;
         } else {
           ++out_of_order;
@@ -466,8 +468,8 @@ TEST(QueueDepth, ResetCleanOutsRacingAProducerLoseNoOtherCompletion) {
               static_cast<unsigned long long>(c_posted));
   EXPECT_FALSE(writer_failed.load());
   EXPECT_EQ(bad, 0u);
-  EXPECT_EQ(out_of_order, 0u) << "a's completion " << next_of_a << " was lost, repeated or reordered";
-  EXPECT_EQ(next_of_a, kWrites);
+  EXPECT_EQ(out_of_order.load(), 0u) << "a's completion " << next_of_a.load() << " was lost, repeated or reordered";
+  EXPECT_EQ(next_of_a.load(), kWrites);
   EXPECT_LE(of_c, c_posted);
   EXPECT_FALSE(fd_readable(dev.ctx->async_fd, Millis{0})) << "an async event (CQ_ERR: an overrun?) was raised";
 }

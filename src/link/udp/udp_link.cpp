@@ -205,8 +205,8 @@ class UdpLink final : public link::Link {
   void receive_management(link::ManagementReceiver receiver) override;
   void join_group(const uint8_t* mgid, uint32_t ifindex) override { change_membership(mgid, ifindex, +1); }
   void leave_group(const uint8_t* mgid, uint32_t ifindex) override { change_membership(mgid, ifindex, -1); }
-  void poll() override {
-    if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return;
+  bool poll() override {
+    if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return false;
     // A poller's receive is a system call. Without a connected QP over this
     // link (only UD QPs, or the connection manager, started it), it is
     // worth one only while packets come: after kIdlePollsBeforeRest empty
@@ -215,7 +215,7 @@ class UdpLink final : public link::Link {
     // talking only to peers of its own host paid a recvmmsg per empty poll
     // of every CQ: UCX over softhca spent most of its time there.)
     if (open_channels_.load(std::memory_order_relaxed) == 0) {
-      if (idle_polls_.load(std::memory_order_relaxed) >= kIdlePollsBeforeRest) return;
+      if (idle_polls_.load(std::memory_order_relaxed) >= kIdlePollsBeforeRest) return false;
     } else {
       // Connected QPs: a poller that keeps at it may have the sockets to
       // itself (PollerHandover): it is polling while it receives, and
@@ -224,9 +224,10 @@ class UdpLink final : public link::Link {
       receive_all();
       handover_->receiving(false);
       handover_->polled(monotonic_ns(), this_thread_id());
-      return;
+      return true;
     }
     receive_all();
+    return true;
   }
   void pollers_rest() override {
     if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return;
