@@ -132,12 +132,57 @@ void poll_empty(benchmark::State& state) {
   }
 }
 
+// One turn of ib_send_lat's loop, both ends in this process (two contexts,
+// QPs connected to each other): a receive posted, an inline signaled SEND
+// posted into it, the SEND's completion and the receive's polled. No line
+// crosses to another core, so this is the instructions a SEND ping-pong
+// adds on each side between one message's arrival and the next one's.
+void send_recv(benchmark::State& state) {
+  static Side sender, receiver;
+  static bool connected = false;
+  if (!connected) {
+    sender.connect(receiver.endpoint());
+    receiver.connect(sender.endpoint());
+    connected = true;
+  }
+  const auto bytes = static_cast<uint32_t>(state.range(0));
+  ibv_sge send_sge{reinterpret_cast<uint64_t>(sender.buffer), bytes, sender.mr->lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  wr.sg_list = &send_sge;
+  wr.num_sge = 1;
+  ibv_sge recv_sge{reinterpret_cast<uint64_t>(receiver.buffer), bench::kBuffer, receiver.mr->lkey};
+  ibv_recv_wr rwr{};
+  rwr.sg_list = &recv_sge;
+  rwr.num_sge = 1;
+  ibv_wc wc{};
+  for (auto _ : state) {
+    ibv_recv_wr* bad_recv = nullptr;
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_recv(receiver.qp, &rwr, &bad_recv) != 0 || ibv_post_send(sender.qp, &wr, &bad) != 0) {
+      state.SkipWithError("ibv_post_recv or ibv_post_send failed");
+      return;
+    }
+    for (ibv_cq* cq : {sender.cq, receiver.cq}) {
+      int got = 0;
+      while ((got = ibv_poll_cq(cq, 1, &wc)) == 0) {
+      }
+      if (got < 0 || wc.status != IBV_WC_SUCCESS) {
+        state.SkipWithError("completion with an error");
+        return;
+      }
+    }
+  }
+}
+
 BENCHMARK(rdma_write_inline)->Arg(2)->Arg(64);
 BENCHMARK(rdma_write_inline_unsignaled)->Arg(2);
 BENCHMARK(rdma_write)->Arg(2)->Arg(64)->Arg(4096);
 BENCHMARK(rdma_read)->Arg(2);
 BENCHMARK(fetch_add);
 BENCHMARK(poll_empty);
+BENCHMARK(send_recv)->Arg(2);
 
 }  // namespace
 

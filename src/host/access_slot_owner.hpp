@@ -48,7 +48,7 @@ uint32_t claim(uintptr_t thread, uint32_t index);
 
 // The index + 1 of this thread's slot, or 0 when it has none (its index
 // belongs to another live thread, or no membarrier here).
-inline uint32_t owned_plus1() {
+[[gnu::always_inline]] inline uint32_t owned_plus1() {
   const uintptr_t me = current_thread();
   const uint32_t index = index_of(me);
   // Only this thread ever stores its own pointer here.

@@ -26,6 +26,7 @@ class Attachment;
 }
 namespace softhca::shm {
 struct WriteLane;
+struct SendLane;
 }
 
 namespace softhca::link {
@@ -54,6 +55,9 @@ struct ChannelConfig {
   // shm link arms after a direct WRITE and disarms when its target changes
   // or it is destroyed; nullptr: none. Under the QP's send lock.
   shm::WriteLane* write_lane = nullptr;
+  // The QP's SEND lane (link/shm/send_lane.hpp), armed after a direct SEND,
+  // as the WRITE lane is after a direct WRITE.
+  shm::SendLane* send_lane = nullptr;
 };
 
 // What the requester side needs once the QP reaches RTS.

@@ -487,6 +487,26 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
   return true;
 }
 
+// post_direct_locked's conditions for a SEND of one SGE, asked in its
+// order, with the target's, its receive queue's and the receive key's
+// through the lane; any that does not hold leaves the WR to post_send's
+// general loop, untouched.
+[[gnu::always_inline]] inline bool QueuePair::post_on_send_lane_locked(const ibv_send_wr& wr) {
+  if (wr.opcode != IBV_WR_SEND || wr.num_sge != 1 || validate_send(wr) != 0 ||
+      shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS || sq_sent_ != sq_head_ ||
+      sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
+      sq_head_ - sq_retired_.load(std::memory_order_acquire) >= init_.max_send_wr)
+    return false;
+  const ibv_sge& sge = wr.sg_list[0];
+  const void* local = reinterpret_cast<const void*>(sge.addr);  // inline: validate_send checked its length
+  if ((wr.send_flags & IBV_SEND_INLINE) == 0 &&
+      (local = direct_local_grant_.find_current(node_.registry(), sge.lkey, 0, sge.addr, sge.length)) == nullptr)
+    return false;
+  if (!send_lane_.send(local, sge.length, (wr.send_flags & IBV_SEND_SOLICITED) != 0)) return false;
+  complete_direct_locked(wr, sge.length);
+  return true;
+}
+
 int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   if (!init_.rss_spread.empty()) {  // an RSS QP only receives
     *bad_wr = wr;
@@ -494,8 +514,10 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   }
   prefetch_for_direct(*wr);
   std::lock_guard guard(sq_lock_);
-  // One WRITE as the last direct one went: the lane (link/shm/write_lane.hpp).
-  if (write_lane_.armed && wr->next == nullptr && post_on_write_lane_locked(*wr)) [[likely]] {
+  // One WRITE or SEND as the last direct one went: its lane
+  // (link/shm/write_lane.hpp, send_lane.hpp).
+  if (wr->next == nullptr && ((write_lane_.armed && post_on_write_lane_locked(*wr)) ||
+                              (send_lane_.armed && post_on_send_lane_locked(*wr)))) [[likely]] {
     if (sq_sent_ != sq_head_) progress_locked(0);  // as below (the state is RTS)
     return 0;
   }
@@ -835,6 +857,7 @@ void QueuePair::open_channel_locked() {
   config.max_dest_rd_atomic = attrs_.max_dest_rd_atomic;
   config.qp_counters = &shared_->counters;
   config.write_lane = &write_lane_;
+  config.send_lane = &send_lane_;
   Node* node = &node_;
   const uint32_t id = id_;
   config.on_answers = [node, id] { node->qps().with(id, [](QueuePair& qp) { qp.take_answers(); }); };

@@ -33,6 +33,7 @@
 #include "host/shared_queues.hpp"
 #include "link/key_grant.hpp"
 #include "link/link.hpp"
+#include "link/shm/send_lane.hpp"
 #include "link/shm/write_lane.hpp"
 #include "transport/completer.hpp"
 
@@ -168,6 +169,8 @@ class QueuePair {
   // conditions, of what the last direct WRITE found (queue_pair.cpp,
   // inlined into post_send).
   bool post_on_write_lane_locked(const ibv_send_wr& wr);
+  // post_direct_locked's SEND on the SEND lane, when it is armed.
+  bool post_on_send_lane_locked(const ibv_send_wr& wr);
   // Completes the WQE of `wr`, done on the spot, as acknowledged.
   void complete_direct_locked(const ibv_send_wr& wr, uint64_t length);
   // complete_direct_locked for a direct RDMA WRITE that landed at `landed`
@@ -299,6 +302,7 @@ class QueuePair {
   // The WRITE lane (link/shm/write_lane.hpp), which a shm channel arms
   // and disarms (under sq_lock_). Declared before channel_: it outlives it.
   shm::WriteLane write_lane_;
+  shm::SendLane send_lane_;  // link/shm/send_lane.hpp, the same way
   // RC/UC: the path to the peer QP, opened at RTR, dropped at RESET (under sq_lock_).
   std::unique_ptr<link::Channel> channel_;
   host::MrLookupCache direct_local_key_;  // post_direct_locked's last lkey (under sq_lock_)

@@ -15,6 +15,7 @@
 #include "link/key_grant.hpp"
 #include "link/registered_key.hpp"
 #include "link/shm/copy_write.hpp"
+#include "link/shm/send_lane.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
 #include "link/shm/write_lane.hpp"
@@ -27,13 +28,15 @@ namespace {
 
 class ShmChannel final : public link::Channel {
  public:
-  ShmChannel(host::Attachment& host, uint32_t qp_type, uint32_t dest_qpn, WriteLane* lane)
+  ShmChannel(host::Attachment& host, uint32_t qp_type, uint32_t dest_qpn, WriteLane* write_lane,
+             SendLane* send_lane)
       : host_(host),
         qp_type_(qp_type),
         reliable_(qp_type == IBV_QPT_RC || qp_type == IBV_QPT_XRC_SEND),
         dest_qpn_(dest_qpn),
-        lane_(lane) {
-    disarm_lane();
+        lane_(write_lane),
+        send_lane_(send_lane) {
+    disarm_lanes();
     // Bind to the peer that has the QPN now; if there is none yet, to the
     // one found at the first send.
     if (resolve(host_, dest_qpn_, target_)) {
@@ -43,12 +46,12 @@ class ShmChannel final : public link::Channel {
     }
   }
 
-  ~ShmChannel() override { disarm_lane(); }
+  ~ShmChannel() override { disarm_lanes(); }
 
   transport::Response deliver(const transport::Request& request, uint32_t) override {
-    // The general path may find the target again: the lane stands for
-    // the one the last direct WRITE reached.
-    disarm_lane();
+    // The general path may find the target again: the lanes stand for
+    // the one the last direct WRITE or SEND reached.
+    disarm_lanes();
     // The QP we hold may have been destroyed since (its QPN then names
     // another QP, or none): resolve again, once.
     for (bool again = true;; again = false) {
@@ -85,11 +88,15 @@ class ShmChannel final : public link::Channel {
 
  private:
   [[gnu::always_inline]] bool direct_reaches(uint64_t length) const;
-  void disarm_lane() {
+  void disarm_lanes() {
     if (lane_ != nullptr) lane_->armed = false;
+    if (send_lane_ != nullptr) send_lane_->armed = false;
   }
   // After a direct WRITE under remote_grant_: the lane, for the next ones.
   void arm_lane();
+  // After a direct SEND into the target QP's own receive queue `rq`, under
+  // receive_grant_: the SEND lane, for the next ones of QP `src_qpn`.
+  void arm_send_lane(host::SharedRq* rq, uint32_t src_qpn);
   [[gnu::always_inline]] bool direct_target_receives() const;
   char* remote_range(uint32_t rkey, uint64_t remote_addr, uint64_t length, uint32_t needed);
   char* receive_range(const host::RecvSge& sge, uint64_t take, uint32_t receive_pd, host::PeerBackings::View& window);
@@ -100,6 +107,7 @@ class ShmChannel final : public link::Channel {
   const bool reliable_;
   const uint32_t dest_qpn_;
   WriteLane* const lane_;  // the QP's (ChannelConfig::write_lane), or nullptr
+  SendLane* const send_lane_;  // the QP's (ChannelConfig::send_lane), or nullptr
   TargetQp target_;
   uint64_t peer_incarnation_ = 0;
   transport::MessageInProgress scratch_;  // the responder's, for each message (under the QP's send lock)
@@ -338,7 +346,25 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
       transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, op.length, message);
   // From its own queue the owner frees the slot without reading the tail.
   ShmResponderPort::complete_direct_receive(host_, target_, completion, srq ? nullptr : &tail);
+  if (!srq && op.kind == link::DirectCopy::Kind::kSend) arm_send_lane(rq, op.src_qpn);
   return true;
+}
+
+// The SEND lane asks what send_direct asked, of copies of what it read: the
+// target (direct_reaches held), its own receive queue (which stays while
+// the target is this incarnation) and the grant of the receive key the
+// SEND just used; the completions name the requester's QPN, `src_qpn`.
+void ShmChannel::arm_send_lane(host::SharedRq* rq, uint32_t src_qpn) {
+  if (send_lane_ == nullptr) return;
+  send_lane_->qp_type = qp_type_;
+  send_lane_->src_qpn = src_qpn;
+  send_lane_->self = host_.proc();
+  send_lane_->host = &host_;
+  send_lane_->target = target_;
+  send_lane_->rq = rq;
+  send_lane_->grant = receive_grant_;
+  send_lane_->longest = kFenceChunk;
+  send_lane_->armed = receive_grant_.key != 0 && (receive_grant_.access & IBV_ACCESS_LOCAL_WRITE) != 0;
 }
 
 class ShmLink final : public link::Link {
@@ -346,7 +372,8 @@ class ShmLink final : public link::Link {
   explicit ShmLink(host::Attachment& host) : host_(host) {}
 
   std::unique_ptr<link::Channel> open_channel(const link::ChannelConfig& config) override {
-    return std::make_unique<ShmChannel>(host_, config.qp_type, config.dest_qpn, config.write_lane);
+    return std::make_unique<ShmChannel>(host_, config.qp_type, config.dest_qpn, config.write_lane,
+                                        config.send_lane);
   }
 
   void send_datagram(const link::Datagram& to, const transport::Request& request) override {

@@ -44,7 +44,7 @@ bool resolve(host::Attachment& host, uint32_t qpn, TargetQp& out);
 // waits out that fence (QueuePair's destructor), so either this sees the QPN
 // released or the destroyer waits until this access ends before the QP's
 // memory can be reused.
-inline bool still_there(const TargetQp& target) {
+[[gnu::always_inline]] inline bool still_there(const TargetQp& target) {
   return target.slot->qpn.load(std::memory_order_seq_cst) == target.qpn &&
          target.slot->incarnation.load(std::memory_order_acquire) == target.incarnation;
 }
