@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "common/counters.hpp"
 #include "host/attachment.hpp"
 #include "host/host_registry.hpp"
 #include "host/shared_queues.hpp"
@@ -50,6 +51,7 @@ struct SendLane {
   // The target QP's own receive queue (a QP's queue never moves while the
   // QP is the incarnation `target` names; an SRQ is never laned).
   host::SharedRq* rq = nullptr;
+  host::SharedCq* cq = nullptr;  // ... and the CQ of that queue (which the QP holds while it lives)
   link::KeyGrant grant;  // the last receive SGE's key, LOCAL_WRITE, in the receive queue's PD
   uint64_t longest = 0;  // the longest SEND the channel makes in one piece
 
@@ -70,7 +72,7 @@ struct SendLane {
   }
 
  private:
-  [[gnu::always_inline]] bool take_and_complete(const host::HostRegistry& registry, const void* local,
+  [[gnu::always_inline]] bool take_and_complete(host::HostRegistry& registry, const void* local,
                                                 uint64_t length, bool solicited) const {
     if (!target_receives(target, qp_type)) return false;
     uint64_t tail = rq->tail.load(std::memory_order_acquire);
@@ -88,14 +90,23 @@ struct SendLane {
     if (!rq->tail.compare_exchange_strong(tail, tail + 1, std::memory_order_acq_rel, std::memory_order_acquire))
       return false;
     copy_write(at, local, length);
+    // ShmResponderPort::complete_direct_receive, inline: the CQ entry
+    // (where the owner frees the slot without reading the tail), the push,
+    // the counters and, rarely, an event for the owner. The counters come
+    // after the push: two locked instructions less before the store the
+    // peer waits for, and statistics need no order with the completion.
     transport::ReceivedMessage message;
     message.op = transport::Operation::kSend;
     message.src_qpn = src_qpn;
     message.solicited = solicited;
     message.imm_data = 0;
-    // From its own queue the owner frees the slot without reading the tail.
-    ShmResponderPort::complete_direct_receive(
-        *host, target, transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, length, message), &tail);
+    const host::Cqe cqe = ShmResponderPort::receive_cqe(
+        target, transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, length, message), &tail);
+    const host::SharedCq::Push pushed = cq->push_announced(target.base, cqe);
+    target.qp->counters.add(Counter::kRdmaRecvs);
+    registry.process_counters(target.proc).add(Counter::kRdmaRecvs);
+    if (pushed != host::SharedCq::Push::kOk) [[unlikely]]
+      ShmResponderPort::notify_receive_cq(*host, target, *cq, pushed);
     return true;
   }
 };

@@ -362,6 +362,7 @@ void ShmChannel::arm_send_lane(host::SharedRq* rq, uint32_t src_qpn) {
   send_lane_->host = &host_;
   send_lane_->target = target_;
   send_lane_->rq = rq;
+  send_lane_->cq = reinterpret_cast<host::SharedCq*>(target_.base + target_.qp->recv_cq_offset);
   send_lane_->grant = receive_grant_;
   send_lane_->longest = kFenceChunk;
   send_lane_->armed = receive_grant_.key != 0 && (receive_grant_.access & IBV_ACCESS_LOCAL_WRITE) != 0;

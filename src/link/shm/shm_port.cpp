@@ -397,28 +397,7 @@ void ShmResponderPort::push_receive_to(host::Attachment& host, const TargetQp& t
     target.qp->counters.add(Counter::kRdmaRecvs);
     host.registry().process_counters(owner.proc).add(Counter::kRdmaRecvs);
   }
-  host::Cqe cqe{};
-  cqe.wr_id = c.wr_id;
-  cqe.status = c.status;
-  cqe.opcode = c.opcode;
-  cqe.byte_len = c.byte_len;
-  cqe.imm_data = c.imm_data;
-  cqe.qp_num = target.qpn;
-  cqe.src_qp = c.src_qp;
-  cqe.wc_flags = c.wc_flags;
-  cqe.sl = c.sl;
-  cqe.solicited = c.solicited ? 1 : 0;
-  if (c.no_wqe) cqe.flags |= host::kCqeNoWqe;
-  if (position != nullptr) {
-    cqe.flags |= host::kCqeRecvPosition;
-    cqe.vendor_err = static_cast<uint32_t>(*position);
-  }
-  if (c.tm_info) {
-    cqe.flags |= host::kCqeTmInfo;
-    cqe.src_qp = static_cast<uint32_t>(c.tm_tag >> 32);
-    cqe.vendor_err = static_cast<uint32_t>(c.tm_tag);
-    cqe.imm_data = c.tm_priv;
-  }
+  host::Cqe cqe = receive_cqe(target, c, position);
   uint64_t cq_offset = target.qp->recv_cq_offset;
   if (xrc_srq != nullptr) {
     cq_offset = xrc_srq->recv_cq_offset;
@@ -427,16 +406,21 @@ void ShmResponderPort::push_receive_to(host::Attachment& host, const TargetQp& t
   }
   // The CQ lives with the receive queue: an XRC SRQ's in the SRQ's process.
   auto* cq = reinterpret_cast<host::SharedCq*>(owner.base + cq_offset);
-  switch (announced ? cq->push_announced(owner.base, cqe) : cq->push(owner.base, cqe)) {
+  notify_receive_cq(host, owner, *cq, announced ? cq->push_announced(owner.base, cqe) : cq->push(owner.base, cqe));
+}
+
+void ShmResponderPort::notify_receive_cq(host::Attachment& host, const TargetQp& owner, const host::SharedCq& cq,
+                                         host::SharedCq::Push pushed) {
+  switch (pushed) {
     case host::SharedCq::Push::kOk:
       return;
     case host::SharedCq::Push::kOkNotify:
       host.notify(owner.proc, owner.pid,
-                  host::Event{static_cast<uint32_t>(host::EventKind::kCqNotify), cq->owner_cq_id, 0, cq->owner_serial});
+                  host::Event{static_cast<uint32_t>(host::EventKind::kCqNotify), cq.owner_cq_id, 0, cq.owner_serial});
       return;
     case host::SharedCq::Push::kOverrun:
       host.notify(owner.proc, owner.pid,
-                  host::Event{static_cast<uint32_t>(host::EventKind::kCqError), cq->owner_cq_id, 0, cq->owner_serial});
+                  host::Event{static_cast<uint32_t>(host::EventKind::kCqError), cq.owner_cq_id, 0, cq.owner_serial});
       return;
   }
 }

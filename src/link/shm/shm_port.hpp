@@ -51,6 +51,41 @@ class ShmResponderPort final : public transport::ResponderPort {
   // push into its CQ counts on (host::SharedCq::push_announced).
   static void complete_direct_receive(host::Attachment& host, const TargetQp& target,
                                       const transport::ReceiveCompletion& completion, const uint64_t* position);
+  // The CQ entry of a receive completion of `target` (an RC, UC or
+  // XRC_RECV QP), `position` as complete_direct_receive's. The one
+  // translation of a ReceiveCompletion into a Cqe, for push_receive_to and
+  // the SEND lane (send_lane.hpp).
+  [[gnu::always_inline]] static host::Cqe receive_cqe(const TargetQp& target, const transport::ReceiveCompletion& c,
+                                                      const uint64_t* position) {
+    host::Cqe cqe{};
+    cqe.wr_id = c.wr_id;
+    cqe.status = c.status;
+    cqe.opcode = c.opcode;
+    cqe.byte_len = c.byte_len;
+    cqe.imm_data = c.imm_data;
+    cqe.qp_num = target.qpn;
+    cqe.src_qp = c.src_qp;
+    cqe.wc_flags = c.wc_flags;
+    cqe.sl = c.sl;
+    cqe.solicited = c.solicited ? 1 : 0;
+    if (c.no_wqe) cqe.flags |= host::kCqeNoWqe;
+    if (position != nullptr) {
+      cqe.flags |= host::kCqeRecvPosition;
+      cqe.vendor_err = static_cast<uint32_t>(*position);
+    }
+    if (c.tm_info) {
+      cqe.flags |= host::kCqeTmInfo;
+      cqe.src_qp = static_cast<uint32_t>(c.tm_tag >> 32);
+      cqe.vendor_err = static_cast<uint32_t>(c.tm_tag);
+      cqe.imm_data = c.tm_priv;
+    }
+    return cqe;
+  }
+  // What a push into `cq`, the CQ of a receive queue in `owner`'s segment,
+  // asks of the owner: a completion event, or the CQ's error event after
+  // an overrun (nothing for Push::kOk).
+  static void notify_receive_cq(host::Attachment& host, const TargetQp& owner, const host::SharedCq& cq,
+                                host::SharedCq::Push pushed);
   void fail_qp(ibv_event_type event) override;
   void established() override;
   bool gone() override;
