@@ -3,15 +3,19 @@
 // runs. perftest reports in steps of 10 ns (13 TSC cycles with -C on the
 // 2-core VM), coarser than the changes the one-host path is tuned by; this
 // counts whole batches with the monotonic clock and reports the median and
-// the fastest batch.
+// the fastest batch, and it times every round trip (the TSC) for their
+// median, which is what perftest's t_typical and ucx_perftest's p50 are:
+// on a VM whose round trips spread, the two differ by a sixth.
 //
 //   --op write (ib_write_lat's loop): an inline, signaled RDMA WRITE, its
 //     completion polled, then the byte the other side writes watched;
 //   --op send (ib_send_lat's): 512 receives kept posted on a CQ of their own;
 //     the receive completion polled, the receive posted again, an inline
-//     signaled SEND posted and its completion polled.
+//     signaled SEND posted and its completion polled;
+//   --op raw: no verbs, the floor under both: a byte stored into the other
+//     side's page of a shared mapping, the byte in one's own page watched.
 //
-//   pingpong [--op write|send] [--iters N] [--batch N] [--size BYTES] [--cores A,B]
+//   pingpong [--op write|send|raw] [--iters N] [--batch N] [--size BYTES] [--cores A,B]
 //            [--signal-every N]
 //   (on softhca: LD_LIBRARY_PATH=build/lib, or softhca run --no-devices --)
 //
@@ -21,6 +25,7 @@
 // push and poll add to the round trip from what the WRITE itself costs.
 #include <infiniband/verbs.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,13 +40,17 @@
 
 #include "verbs_side.hpp"
 
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
 namespace {
 
 using bench::die;
 using bench::Endpoint;
 using bench::Side;
 
-enum class Op { kWrite, kSend };
+enum class Op { kWrite, kSend, kRaw };
 
 constexpr int kReceivesPosted = 512;  // perftest's rx_depth for SEND tests
 
@@ -57,11 +66,12 @@ struct Options {
 
 [[noreturn]] void usage(int status) {
   std::fprintf(status == 0 ? stdout : stderr,
-               "usage: pingpong [--op write|send] [--iters N] [--batch N] [--size BYTES] [--cores A,B]\n"
+               "usage: pingpong [--op write|send|raw] [--iters N] [--batch N] [--size BYTES] [--cores A,B]\n"
                "                [--signal-every N]\n"
                "  the one-way latency of an inline RDMA WRITE (default) or SEND ping-pong between\n"
-               "  two processes, median and fastest of batches of --batch round trips\n"
-               "  (default 1000000 in 10000); --cores pins the responder to A, the initiator to B\n");
+               "  two processes (raw: a byte in shared memory, no verbs), median and fastest of\n"
+               "  batches of --batch round trips (default 1000000 in 10000), and the median round\n"
+               "  trip; --cores pins the responder to A, the initiator to B\n");
   std::exit(status);
 }
 
@@ -78,6 +88,8 @@ Options parse(int argc, char** argv) {
         o.op = Op::kWrite;
       } else if (op == "send") {
         o.op = Op::kSend;
+      } else if (op == "raw") {
+        o.op = Op::kRaw;
       } else {
         usage(2);
       }
@@ -114,6 +126,34 @@ uint64_t now_ns() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
+
+// A stamp per round trip: the TSC where there is one (a few ns, no call),
+// else the monotonic clock. Turned into ns by the run's own ratio of the two.
+uint64_t stamp() {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return now_ns();
+#endif
+}
+
+// The raw ping-pong's two bytes, each on a page of its own (as perftest's
+// buffers are): side 0 watches `bytes[0]` and stores into `bytes[kPage]`.
+class RawPlayer {
+ public:
+  static constexpr size_t kPage = 4096;
+  RawPlayer(unsigned char* shared, int side)
+      : watched_(shared + (side == 0 ? 0 : kPage)), peer_(shared + (side == 0 ? kPage : 0)) {}
+  void wait_for(unsigned char value) {
+    while (*static_cast<volatile unsigned char*>(watched_) != value) {
+    }
+  }
+  void post(unsigned char value) { *static_cast<volatile unsigned char*>(peer_) = value; }
+
+ private:
+  unsigned char* watched_;
+  unsigned char* peer_;
+};
 
 // The ping-pong's two halves. WRITE: the peer writes into the first
 // kBuffer / 2 bytes of our buffer (we watch its last byte); we write from the
@@ -203,13 +243,76 @@ bench::Shape shape_for(const Options& o) {
   return shape;
 }
 
-}  // namespace
+// The responder's side: answers each value with the same value.
+template <class Player>
+void respond(Player& player, long iters) {
+  for (long i = 1; i <= iters; ++i) {
+    player.wait_for(static_cast<unsigned char>(i));
+    player.post(static_cast<unsigned char>(i));
+  }
+}
 
-int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+struct Result {
+  std::vector<double> batch_one_way;  // ns, the mean of each batch, sorted
+  double trip_one_way = 0;            // ns, half the median round trip
+};
+
+// The initiator's side: batches of round trips, each batch timed with the
+// monotonic clock and each round trip stamped.
+template <class Player>
+Result measure(Player& player, const Options& o) {
+  Result r;
+  const long batches = o.iters / o.batch;
+  std::vector<uint64_t> trips(static_cast<size_t>(batches * o.batch));
+  long i = 1;
+  size_t t = 0;
+  const uint64_t first_ns = now_ns(), first_stamp = stamp();
+  uint64_t last_stamp = first_stamp;
+  for (long b = 0; b < batches; ++b) {
+    const uint64_t start = now_ns();
+    for (long n = 0; n < o.batch; ++n, ++i) {
+      player.post(static_cast<unsigned char>(i));
+      player.wait_for(static_cast<unsigned char>(i));
+      const uint64_t now = stamp();
+      trips[t++] = now - last_stamp;
+      last_stamp = now;
+    }
+    r.batch_one_way.push_back(static_cast<double>(now_ns() - start) / (2.0 * static_cast<double>(o.batch)));
+  }
+  const double ns_per_stamp =
+      static_cast<double>(now_ns() - first_ns) / static_cast<double>(std::max<uint64_t>(stamp() - first_stamp, 1));
+  for (; i <= o.iters; ++i) {  // the responder's remaining round trips
+    player.post(static_cast<unsigned char>(i));
+    player.wait_for(static_cast<unsigned char>(i));
+  }
+  std::sort(r.batch_one_way.begin(), r.batch_one_way.end());
+  std::nth_element(trips.begin(), trips.begin() + static_cast<long>(trips.size() / 2), trips.end());
+  r.trip_one_way = static_cast<double>(trips[trips.size() / 2]) * ns_per_stamp / 2.0;
+  return r;
+}
+
+// --op raw: the two sides share one mapping made before the fork.
+Result run_raw(const Options& o, pid_t& child) {
+  void* shared = mmap(nullptr, 2 * RawPlayer::kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) die("mmap");
+  child = fork();
+  if (child < 0) die("fork");
+  if (child == 0) {
+    pin(o.core_responder);
+    RawPlayer player(static_cast<unsigned char*>(shared), 1);
+    respond(player, o.iters);
+    _exit(0);
+  }
+  pin(o.core_initiator);
+  RawPlayer player(static_cast<unsigned char*>(shared), 0);
+  return measure(player, o);
+}
+
+// --op write / send: each side its own context, connected over a pipe.
+Result run_verbs(const Options& o, pid_t& child) {
   int to_child[2], to_parent[2];
   if (pipe(to_child) != 0 || pipe(to_parent) != 0) die("pipe");
-  const pid_t child = fork();
+  child = fork();
   if (child < 0) die("fork");
   if (child == 0) {
     close(to_child[1]);
@@ -221,10 +324,7 @@ int main(int argc, char** argv) {
     side.connect(peer);
     Player player(side, peer, o);  // (its receives posted before the initiator can send)
     if (write(to_parent[1], &mine, sizeof mine) != sizeof mine) _exit(3);
-    for (long i = 1; i <= o.iters; ++i) {
-      player.wait_for(static_cast<unsigned char>(i));
-      player.post(static_cast<unsigned char>(i));
-    }
+    respond(player, o.iters);
     _exit(0);
   }
   close(to_child[0]);
@@ -237,28 +337,24 @@ int main(int argc, char** argv) {
   if (read(to_parent[0], &peer, sizeof peer) != sizeof peer) die("read from the responder");
   side.connect(peer);
   Player player(side, peer, o);
-  std::vector<double> one_way;  // ns, per batch
-  const long batches = o.iters / o.batch;
-  long i = 1;
-  for (long b = 0; b < batches; ++b) {
-    const uint64_t start = now_ns();
-    for (long n = 0; n < o.batch; ++n, ++i) {
-      player.post(static_cast<unsigned char>(i));
-      player.wait_for(static_cast<unsigned char>(i));
-    }
-    one_way.push_back(static_cast<double>(now_ns() - start) / (2.0 * static_cast<double>(o.batch)));
-  }
-  for (; i <= o.iters; ++i) {  // the responder's remaining round trips
-    player.post(static_cast<unsigned char>(i));
-    player.wait_for(static_cast<unsigned char>(i));
-  }
+  return measure(player, o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  pid_t child = -1;
+  const Result r = o.op == Op::kRaw ? run_raw(o, child) : run_verbs(o, child);
   int status = 0;
   if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::fprintf(stderr, "pingpong: the responder failed\n");
     return 1;
   }
-  std::sort(one_way.begin(), one_way.end());
-  std::printf("one-way %s latency, %u bytes, %ld round trips: median %.1f ns, fastest batch %.1f ns\n",
-              o.op == Op::kWrite ? "write" : "send", o.size, o.iters, one_way[one_way.size() / 2], one_way.front());
+  const char* what = o.op == Op::kWrite ? "write" : o.op == Op::kSend ? "send" : "raw";
+  std::printf("one-way %s latency, %u bytes, %ld round trips: median %.1f ns, fastest batch %.1f ns, "
+              "median round trip / 2 %.1f ns\n",
+              what, o.size, o.iters, r.batch_one_way[r.batch_one_way.size() / 2], r.batch_one_way.front(),
+              r.trip_one_way);
   return 0;
 }
