@@ -53,10 +53,11 @@ void arm(QpPair& pair, Pages& local, Pages& into) {
 }  // namespace
 
 // Receives the lane does not take (a first SGE shorter than the message, an
-// empty first SGE, another MR's key) and SENDs it does not make (with
-// immediate data) land as the general path lands them, with its completion;
-// a plain SEND after each is laned again and lands too.
-TEST(SendLane, OtherShapesGoTheGeneralWay) {
+// empty first SGE, another MR's key) land as the general path lands them,
+// with its completion, and so do SENDs it does make with what they carry
+// (immediate data, the solicited flag); a plain SEND after each is laned
+// again and lands too.
+TEST(SendLane, EveryShapeLandsAsTheGeneralPathLandsIt) {
   Device dev;
   ASSERT_TRUE(dev.ok());
   QpPair pair(dev, QpConfig{});
@@ -291,4 +292,62 @@ TEST(SendLane, AQpConnectedAgainSendsToItsNewPeer) {
   }
   EXPECT_EQ(ibv_destroy_qp(c), 0);
   EXPECT_EQ(ibv_destroy_cq(c_cq), 0);
+}
+
+// Two senders whose receivers share an SRQ, each with its lane armed, take
+// the SRQ's WQEs in turn, lap after lap: each SEND lands in the WQE it
+// took, with the receiving QP's completion, and every polled completion
+// frees its slot (a slot never freed would refuse a post, ENOMEM; one freed
+// twice would let the SRQ take more than it holds).
+TEST(SendLane, SendersToOneSrqTakeItsWqesInTurn) {
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  constexpr uint32_t kDepth = 16;
+  ibv_srq_init_attr srq_init{};
+  srq_init.attr.max_wr = kDepth;
+  srq_init.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(dev.pd, &srq_init);
+  ASSERT_NE(srq, nullptr);
+  ibv_cq* send_cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ibv_cq* recv_cq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
+  ASSERT_TRUE(send_cq != nullptr && recv_cq != nullptr);
+  const QpConfig cfg;
+  ibv_qp* senders[2] = {create_qp(dev.pd, send_cq, send_cq, cfg), create_qp(dev.pd, send_cq, send_cq, cfg)};
+  ibv_qp* receivers[2] = {create_qp(dev.pd, send_cq, recv_cq, cfg, srq), create_qp(dev.pd, send_cq, recv_cq, cfg, srq)};
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(senders[s] != nullptr && receivers[s] != nullptr);
+    ASSERT_EQ(bring_up(senders[s], receivers[s]->qp_num, dev.gid, cfg), 0);
+    ASSERT_EQ(bring_up(receivers[s], senders[s]->qp_num, dev.gid, cfg), 0);
+  }
+  {
+    Pages local(dev.pd, 4096), remote(dev.pd, kDepth * 256);
+    ASSERT_TRUE(local.ok() && remote.ok());
+    uint64_t id = 0;
+    for (int lap = 0; lap < 4; ++lap) {
+      SCOPED_TRACE(lap);
+      std::memset(remote.data(), 0, remote.size());
+      const uint64_t first = id;
+      for (uint32_t w = 0; w < kDepth; ++w) ASSERT_EQ(post_srq_recv(srq, first + w, remote.sge(256 * w, kLen)), 0);
+      for (uint32_t w = 0; w < kDepth; ++w, ++id) {
+        const int s = static_cast<int>(w % 2);
+        fill_pattern(local.span(kLen * w % 4096, kLen), id);
+        ibv_sge sge = local.sge(kLen * w % 4096, kLen);
+        ASSERT_EQ(send_and_complete(senders[s], send_cq, &sge, id).status, IBV_WC_SUCCESS);
+        ibv_wc rwc{};
+        ASSERT_TRUE(poll_one(recv_cq, &rwc));
+        EXPECT_EQ(rwc.status, IBV_WC_SUCCESS) << wc_str(rwc);
+        EXPECT_EQ(rwc.wr_id, id) << "the SRQ's WQEs are taken in order";
+        EXPECT_EQ(rwc.qp_num, receivers[s]->qp_num);
+        EXPECT_EQ(rwc.src_qp, senders[s]->qp_num);
+        EXPECT_EQ(first_mismatch(remote.span(256 * w, kLen), local.span(kLen * w % 4096, kLen)), -1) << w;
+      }
+    }
+  }
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(ibv_destroy_qp(senders[s]), 0);
+    EXPECT_EQ(ibv_destroy_qp(receivers[s]), 0);
+  }
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_destroy_cq(send_cq), 0);
+  EXPECT_EQ(ibv_destroy_cq(recv_cq), 0);
 }

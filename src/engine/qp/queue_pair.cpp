@@ -492,7 +492,7 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
 // through the lane; any that does not hold leaves the WR to post_send's
 // general loop, untouched.
 [[gnu::always_inline]] inline bool QueuePair::post_on_send_lane_locked(const ibv_send_wr& wr) {
-  if (wr.opcode != IBV_WR_SEND || wr.num_sge != 1 || validate_send(wr) != 0 ||
+  if ((wr.opcode != IBV_WR_SEND && wr.opcode != IBV_WR_SEND_WITH_IMM) || wr.num_sge != 1 || validate_send(wr) != 0 ||
       shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS || sq_sent_ != sq_head_ ||
       sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
       sq_head_ - sq_retired_.load(std::memory_order_acquire) >= init_.max_send_wr)
@@ -502,7 +502,9 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
   if ((wr.send_flags & IBV_SEND_INLINE) == 0 &&
       (local = direct_local_grant_.find_current(node_.registry(), sge.lkey, 0, sge.addr, sge.length)) == nullptr)
     return false;
-  if (!send_lane_.send(local, sge.length, (wr.send_flags & IBV_SEND_SOLICITED) != 0)) return false;
+  if (!send_lane_.send(local, sge.length, (wr.send_flags & IBV_SEND_SOLICITED) != 0, wr.opcode == IBV_WR_SEND_WITH_IMM,
+                       wr.imm_data))
+    return false;
   complete_direct_locked(wr, sge.length);
   return true;
 }

@@ -1,26 +1,30 @@
 // A connected QP's SEND to its peer on this host, as the last direct SEND
-// found the way: the target QP it reached, that QP's own receive queue, and
-// the grant of the receive WQE's key, kept by the QP and used from the top
-// of ibv_post_send -- the WRITE lane's counterpart (write_lane.hpp).
+// found the way: the target QP it reached, the receive queue it took a WQE
+// from (the QP's own or its SRQ's), and the grant of the receive WQE's
+// key, kept by the QP and used from the top of ibv_post_send -- the WRITE
+// lane's counterpart (write_lane.hpp).
 //
 // A SEND latency test's time is, on each side, the instructions between the
 // peer's completion arriving and this side's completion landing at the
 // peer (docs/performance.md). The direct SEND (ShmChannel::send_direct)
 // gets there through the QP's general direct post, a DirectCopy, the
 // channel's virtual call and a scatter loop over up to kMaxSge SGEs; the
-// lane asks the same questions for the common shape only: a SEND (no
-// immediate) of one range, into a receive WQE whose first SGE takes it
-// whole, under the key the last direct SEND's receive SGE used. Under the
+// lane asks the same questions for the common shape only: a SEND (with or
+// without immediate data) of one range, into a receive WQE whose first SGE
+// takes it whole, under the key the last direct SEND's receive SGE used.
+// Under the
 // access announcement to the target's process, as there, each is judged
 // again at every SEND: the target still the same incarnation and receiving
 // (shm::target_receives), the WQE at the queue's tail posted (its mark),
 // the receive key's registry slot at the version of the grant. Whatever
 // does not hold makes the lane answer false with nothing done, and the
 // SEND goes the general way, which gives every outcome (RNR, a length
-// error, an SRQ, another key, a scatter over several SGEs).
+// error, an SRQ armed with a limit, another key, a scatter over several
+// SGEs).
 //
 // Armed by the shm channel (ShmChannel::send_direct) after a direct SEND
-// into the target QP's own receive queue succeeded, disarmed when the
+// succeeded (into a QP's own queue, or an SRQ without tag matching),
+// disarmed when the
 // channel resolves its target again or is destroyed; written and read under
 // the QP's send lock only.
 #pragma once
@@ -48,9 +52,11 @@ struct SendLane {
   uint32_t self = 0;     // this process's registry slot
   host::Attachment* host = nullptr;
   TargetQp target;
-  // The target QP's own receive queue (a QP's queue never moves while the
-  // QP is the incarnation `target` names; an SRQ is never laned).
+  // The target QP's receive queue: its own, or its SRQ's (`srq`; not a tag
+  // matching one). Neither moves while the QP is the incarnation `target`
+  // names, and an SRQ outlives the QPs that use it.
   host::SharedRq* rq = nullptr;
+  bool srq = false;
   host::SharedCq* cq = nullptr;  // ... and the CQ of that queue (which the QP holds while it lives)
   link::KeyGrant grant;  // the last receive SGE's key, LOCAL_WRITE, in the receive queue's PD
   uint64_t longest = 0;  // the longest SEND the channel makes in one piece
@@ -60,21 +66,25 @@ struct SendLane {
   // completion pushed. False when anything differs from what the lane was
   // armed with (nothing happened). Always inlined: it is the SEND's
   // critical path.
-  [[gnu::always_inline]] bool send(const void* local, uint64_t length, bool solicited) const {
+  [[gnu::always_inline]] bool send(const void* local, uint64_t length, bool solicited, bool with_imm,
+                                   uint32_t imm_data) const {
     if (length == 0 || length > longest) return false;
     host::HostRegistry& registry = host->registry();
     // The thread's own announcement slot, as the WRITE lane's.
     const uint32_t slot = registry.try_begin_owned_access(self, target.proc);
     if (slot == host::HostRegistry::kNoAccessSlot) return false;
-    const bool done = take_and_complete(registry, local, length, solicited);
+    const bool done = take_and_complete(registry, local, length, solicited, with_imm, imm_data);
     registry.end_access(self, slot);
     return done;
   }
 
  private:
   [[gnu::always_inline]] bool take_and_complete(host::HostRegistry& registry, const void* local,
-                                                uint64_t length, bool solicited) const {
+                                                uint64_t length, bool solicited, bool with_imm,
+                                                uint32_t imm_data) const {
     if (!target_receives(target, qp_type)) return false;
+    // An SRQ armed with a limit: the general way raises its event.
+    if (srq && rq->limit.load(std::memory_order_acquire) != 0) return false;
     uint64_t tail = rq->tail.load(std::memory_order_acquire);
     const host::RecvWqe* wqe = rq->posted_at(tail);
     if (wqe == nullptr) return false;  // none posted (RNR), or its mark not stored yet
@@ -91,17 +101,19 @@ struct SendLane {
       return false;
     copy_write(at, local, length);
     // ShmResponderPort::complete_direct_receive, inline: the CQ entry
-    // (where the owner frees the slot without reading the tail), the push,
+    // (from its own queue the owner frees the slot without reading the
+    // tail), the push,
     // the counters and, rarely, an event for the owner. The counters come
     // after the push: two locked instructions less before the store the
     // peer waits for, and statistics need no order with the completion.
     transport::ReceivedMessage message;
-    message.op = transport::Operation::kSend;
+    message.op = with_imm ? transport::Operation::kSendWithImm : transport::Operation::kSend;
     message.src_qpn = src_qpn;
     message.solicited = solicited;
-    message.imm_data = 0;
+    message.imm_data = imm_data;
     const host::Cqe cqe = ShmResponderPort::receive_cqe(
-        target, transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, length, message), &tail);
+        target, transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, length, message),
+        srq ? nullptr : &tail);
     const host::SharedCq::Push pushed = cq->push_announced(target.base, cqe);
     target.qp->counters.add(Counter::kRdmaRecvs);
     registry.process_counters(target.proc).add(Counter::kRdmaRecvs);

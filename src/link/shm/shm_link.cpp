@@ -94,9 +94,10 @@ class ShmChannel final : public link::Channel {
   }
   // After a direct WRITE under remote_grant_: the lane, for the next ones.
   void arm_lane();
-  // After a direct SEND into the target QP's own receive queue `rq`, under
-  // receive_grant_: the SEND lane, for the next ones of QP `src_qpn`.
-  void arm_send_lane(host::SharedRq* rq, uint32_t src_qpn);
+  // After a direct SEND into receive queue `rq` (the target QP's own, or
+  // its SRQ's), under receive_grant_: the SEND lane, for the next ones of
+  // QP `src_qpn`.
+  void arm_send_lane(host::SharedRq* rq, bool srq, uint32_t src_qpn);
   [[gnu::always_inline]] bool direct_target_receives() const;
   char* remote_range(uint32_t rkey, uint64_t remote_addr, uint64_t length, uint32_t needed);
   char* receive_range(const host::RecvSge& sge, uint64_t take, uint32_t receive_pd, host::PeerBackings::View& window);
@@ -346,15 +347,17 @@ bool ShmChannel::send_direct(const link::DirectCopy& op) {
       transport::receive_completion(wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, op.length, message);
   // From its own queue the owner frees the slot without reading the tail.
   ShmResponderPort::complete_direct_receive(host_, target_, completion, srq ? nullptr : &tail);
-  if (!srq && op.kind == link::DirectCopy::Kind::kSend) arm_send_lane(rq, op.src_qpn);
+  arm_send_lane(rq, srq, op.src_qpn);
   return true;
 }
 
 // The SEND lane asks what send_direct asked, of copies of what it read: the
-// target (direct_reaches held), its own receive queue (which stays while
-// the target is this incarnation) and the grant of the receive key the
-// SEND just used; the completions name the requester's QPN, `src_qpn`.
-void ShmChannel::arm_send_lane(host::SharedRq* rq, uint32_t src_qpn) {
+// target (direct_reaches held), its receive queue (which stays while the
+// target is this incarnation; an SRQ's has no tag list, which it never
+// gains, and is asked for its limit at every SEND) and the grant of the
+// receive key the SEND just used; the completions name the requester's
+// QPN, `src_qpn`.
+void ShmChannel::arm_send_lane(host::SharedRq* rq, bool srq, uint32_t src_qpn) {
   if (send_lane_ == nullptr) return;
   send_lane_->qp_type = qp_type_;
   send_lane_->src_qpn = src_qpn;
@@ -362,6 +365,7 @@ void ShmChannel::arm_send_lane(host::SharedRq* rq, uint32_t src_qpn) {
   send_lane_->host = &host_;
   send_lane_->target = target_;
   send_lane_->rq = rq;
+  send_lane_->srq = srq;
   send_lane_->cq = reinterpret_cast<host::SharedCq*>(target_.base + target_.qp->recv_cq_offset);
   send_lane_->grant = receive_grant_;
   send_lane_->longest = kFenceChunk;
