@@ -13,7 +13,9 @@
 //     the receive completion polled, the receive posted again, an inline
 //     signaled SEND posted and its completion polled;
 //   --op raw: no verbs, the floor under both: a byte stored into the other
-//     side's page of a shared mapping, the byte in one's own page watched.
+//     side's page of a shared mapping, the byte in one's own page watched
+//     (with --pause, by a loop with a PAUSE in it: UCX's perftest watches
+//     between progress calls, perftest in a bare loop).
 //
 //   pingpong [--op write|send|raw] [--iters N] [--batch N] [--size BYTES] [--cores A,B]
 //            [--signal-every N]
@@ -62,12 +64,13 @@ struct Options {
   int core_responder = -1;
   int core_initiator = -1;
   long signal_every = 1;
+  bool pause = false;  // --op raw: a PAUSE in the watching loop
 };
 
 [[noreturn]] void usage(int status) {
   std::fprintf(status == 0 ? stdout : stderr,
                "usage: pingpong [--op write|send|raw] [--iters N] [--batch N] [--size BYTES] [--cores A,B]\n"
-               "                [--signal-every N]\n"
+               "                [--signal-every N] [--pause]\n"
                "  the one-way latency of an inline RDMA WRITE (default) or SEND ping-pong between\n"
                "  two processes (raw: a byte in shared memory, no verbs), median and fastest of\n"
                "  batches of --batch round trips (default 1000000 in 10000), and the median round\n"
@@ -80,6 +83,10 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") usage(0);
+    if (arg == "--pause") {
+      o.pause = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(2);
     const char* value = argv[++i];
     if (arg == "--op") {
@@ -142,10 +149,13 @@ uint64_t stamp() {
 class RawPlayer {
  public:
   static constexpr size_t kPage = 4096;
-  RawPlayer(unsigned char* shared, int side)
-      : watched_(shared + (side == 0 ? 0 : kPage)), peer_(shared + (side == 0 ? kPage : 0)) {}
+  RawPlayer(unsigned char* shared, int side, bool pause)
+      : watched_(shared + (side == 0 ? 0 : kPage)), peer_(shared + (side == 0 ? kPage : 0)), pause_(pause) {}
   void wait_for(unsigned char value) {
     while (*static_cast<volatile unsigned char*>(watched_) != value) {
+#if defined(__x86_64__)
+      if (pause_) _mm_pause();
+#endif
     }
   }
   void post(unsigned char value) { *static_cast<volatile unsigned char*>(peer_) = value; }
@@ -153,6 +163,7 @@ class RawPlayer {
  private:
   unsigned char* watched_;
   unsigned char* peer_;
+  bool pause_;
 };
 
 // The ping-pong's two halves. WRITE: the peer writes into the first
@@ -299,12 +310,12 @@ Result run_raw(const Options& o, pid_t& child) {
   if (child < 0) die("fork");
   if (child == 0) {
     pin(o.core_responder);
-    RawPlayer player(static_cast<unsigned char*>(shared), 1);
+    RawPlayer player(static_cast<unsigned char*>(shared), 1, o.pause);
     respond(player, o.iters);
     _exit(0);
   }
   pin(o.core_initiator);
-  RawPlayer player(static_cast<unsigned char*>(shared), 0);
+  RawPlayer player(static_cast<unsigned char*>(shared), 0, o.pause);
   return measure(player, o);
 }
 
@@ -351,7 +362,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pingpong: the responder failed\n");
     return 1;
   }
-  const char* what = o.op == Op::kWrite ? "write" : o.op == Op::kSend ? "send" : "raw";
+  const char* what = o.op == Op::kWrite ? "write" : o.op == Op::kSend ? "send" : o.pause ? "raw (PAUSE)" : "raw";
   std::printf("one-way %s latency, %u bytes, %ld round trips: median %.1f ns, fastest batch %.1f ns, "
               "median round trip / 2 %.1f ns\n",
               what, o.size, o.iters, r.batch_one_way[r.batch_one_way.size() / 2], r.batch_one_way.front(),
