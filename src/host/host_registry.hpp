@@ -412,7 +412,7 @@ class HostRegistry {
   // try_begin_access in the thread's own slot only (host/access_slot_owner.hpp):
   // kNoAccessSlot when the thread owns none, or its slot is in use (a thread
   // inside one process's memory reaching a second one). No loop and no
-  // call, always inlined: for the WRITE lane (link/shm/write_lane.hpp).
+  // call, always inlined: for the lanes (link/shm/memory_lane.hpp, send_lane.hpp).
   [[gnu::always_inline]] uint32_t try_begin_owned_access(uint32_t self, uint32_t target) {
     const uint32_t owned = access_slot_owner::owned_plus1();
     if (owned == 0) [[unlikely]]

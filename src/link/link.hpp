@@ -25,7 +25,7 @@ namespace softhca::host {
 class Attachment;
 }
 namespace softhca::shm {
-struct WriteLane;
+struct MemoryLane;
 struct SendLane;
 }
 
@@ -51,12 +51,12 @@ struct ChannelConfig {
   // the channel there; the engine takes them under its own lock
   // (QueuePair::take_answers). It may run after the channel is gone.
   std::function<void()> on_answers;
-  // The QP's WRITE lane (link/shm/write_lane.hpp), which a channel of the
+  // The QP's memory lane (link/shm/memory_lane.hpp), which a channel of the
   // shm link arms after a direct WRITE and disarms when its target changes
   // or it is destroyed; nullptr: none. Under the QP's send lock.
-  shm::WriteLane* write_lane = nullptr;
+  shm::MemoryLane* memory_lane = nullptr;
   // The QP's SEND lane (link/shm/send_lane.hpp), armed after a direct SEND,
-  // as the WRITE lane is after a direct WRITE.
+  // as the memory lane is after a direct WRITE or READ.
   shm::SendLane* send_lane = nullptr;
 };
 

@@ -157,7 +157,7 @@ TEST_P(AccessRevoked, NextOperationGetsRemoteAccessError) {
 
 INSTANTIATE_TEST_SUITE_P(WriteAndRead, AccessRevoked, testing::Values(IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ));
 
-// The WRITE lane (link/shm/write_lane.hpp) stands for the peer its QP
+// The WRITE lane (link/shm/memory_lane.hpp) stands for the peer its QP
 // reached: reset and connected to another peer, the QP's next WRITE goes to
 // that one, which judges the key in its own PD (another PD here:
 // REM_ACCESS_ERR), and nothing lands in the first peer's memory, which the

@@ -470,7 +470,7 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
 // post_write_direct_locked's conditions, asked in its order, with the
 // target's and the key's through the lane; any that does not hold leaves
 // the WR to post_send's general loop, untouched.
-[[gnu::always_inline]] inline bool QueuePair::post_on_write_lane_locked(const ibv_send_wr& wr) {
+[[gnu::always_inline]] inline bool QueuePair::post_write_on_lane_locked(const ibv_send_wr& wr) {
   if (wr.opcode != IBV_WR_RDMA_WRITE || wr.num_sge != 1 || validate_send(wr) != 0 ||
       shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS || sq_sent_ != sq_head_ ||
       sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
@@ -481,9 +481,25 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
   if ((wr.send_flags & IBV_SEND_INLINE) == 0 &&
       (local = direct_local_grant_.find_current(node_.registry(), sge.lkey, 0, sge.addr, sge.length)) == nullptr)
     return false;
-  void* landed = write_lane_.write(local, sge.length, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey);
+  void* landed = memory_lane_.write(local, sge.length, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey);
   if (landed == nullptr) return false;
   complete_direct_write_locked(wr, landed);
+  return true;
+}
+
+// post_direct_locked's conditions for a READ of one SGE, asked in its
+// order, with the target's and the key's through the memory lane; any that
+// does not hold leaves the WR to post_send's general loop, untouched.
+[[gnu::always_inline]] inline bool QueuePair::post_read_on_lane_locked(const ibv_send_wr& wr) {
+  if (wr.opcode != IBV_WR_RDMA_READ || wr.num_sge != 1 || validate_send(wr) != 0 ||
+      shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS || sq_sent_ != sq_head_ ||
+      sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
+      sq_head_ - sq_retired_.load(std::memory_order_acquire) >= init_.max_send_wr)
+    return false;
+  const ibv_sge& sge = wr.sg_list[0];
+  void* local = direct_local_grant_.find_current(node_.registry(), sge.lkey, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length);
+  if (local == nullptr || !memory_lane_.read(local, sge.length, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey)) return false;
+  complete_direct_locked(wr, sge.length);
   return true;
 }
 
@@ -516,10 +532,11 @@ int QueuePair::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   }
   prefetch_for_direct(*wr);
   std::lock_guard guard(sq_lock_);
-  // One WRITE or SEND as the last direct one went: its lane
-  // (link/shm/write_lane.hpp, send_lane.hpp).
-  if (wr->next == nullptr && ((write_lane_.armed && post_on_write_lane_locked(*wr)) ||
-                              (send_lane_.armed && post_on_send_lane_locked(*wr)))) [[likely]] {
+  // One WRITE, READ or SEND as the last direct one went: its lane
+  // (link/shm/memory_lane.hpp, send_lane.hpp).
+  if (wr->next == nullptr &&
+      ((memory_lane_.armed && (post_write_on_lane_locked(*wr) || post_read_on_lane_locked(*wr))) ||
+       (send_lane_.armed && post_on_send_lane_locked(*wr)))) [[likely]] {
     if (sq_sent_ != sq_head_) progress_locked(0);  // as below (the state is RTS)
     return 0;
   }
@@ -858,7 +875,7 @@ void QueuePair::open_channel_locked() {
   config.rq_psn = attrs_.rq_psn;
   config.max_dest_rd_atomic = attrs_.max_dest_rd_atomic;
   config.qp_counters = &shared_->counters;
-  config.write_lane = &write_lane_;
+  config.memory_lane = &memory_lane_;
   config.send_lane = &send_lane_;
   Node* node = &node_;
   const uint32_t id = id_;

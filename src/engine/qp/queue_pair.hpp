@@ -33,8 +33,8 @@
 #include "host/shared_queues.hpp"
 #include "link/key_grant.hpp"
 #include "link/link.hpp"
+#include "link/shm/memory_lane.hpp"
 #include "link/shm/send_lane.hpp"
-#include "link/shm/write_lane.hpp"
 #include "transport/completer.hpp"
 
 namespace softhca::host {
@@ -165,10 +165,12 @@ class QueuePair {
   bool post_direct_locked(const ibv_send_wr& wr);
   // post_direct_locked for an RDMA WRITE of one SGE (link::Channel::write_direct).
   bool post_write_direct_locked(const ibv_send_wr& wr);
-  // post_write_direct_locked on the WRITE lane, when it is armed: the same
-  // conditions, of what the last direct WRITE found (queue_pair.cpp,
+  // post_write_direct_locked on the memory lane, when it is armed: the same
+  // conditions, of what the last direct WRITE or READ found (queue_pair.cpp,
   // inlined into post_send).
-  bool post_on_write_lane_locked(const ibv_send_wr& wr);
+  bool post_write_on_lane_locked(const ibv_send_wr& wr);
+  // post_direct_locked's READ of one SGE on the memory lane, when it is armed.
+  bool post_read_on_lane_locked(const ibv_send_wr& wr);
   // post_direct_locked's SEND on the SEND lane, when it is armed.
   bool post_on_send_lane_locked(const ibv_send_wr& wr);
   // Completes the WQE of `wr`, done on the spot, as acknowledged.
@@ -299,9 +301,9 @@ class QueuePair {
   std::atomic<uint64_t> rq_taken_floor_{0};  // never past rq_->tail: retire_recv reads it instead
   bool parked_ = false;
   BiasedLock<SpinLock> rq_lock_;  // biased as sq_lock_ is
-  // The WRITE lane (link/shm/write_lane.hpp), which a shm channel arms
+  // The memory lane (link/shm/memory_lane.hpp), which a shm channel arms
   // and disarms (under sq_lock_). Declared before channel_: it outlives it.
-  shm::WriteLane write_lane_;
+  shm::MemoryLane memory_lane_;
   shm::SendLane send_lane_;  // link/shm/send_lane.hpp, the same way
   // RC/UC: the path to the peer QP, opened at RTR, dropped at RESET (under sq_lock_).
   std::unique_ptr<link::Channel> channel_;

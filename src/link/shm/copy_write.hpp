@@ -1,5 +1,5 @@
 // How the shm link's direct paths move a message's bytes into the target's
-// memory (ShmChannel::write_direct and send_direct, shm::WriteLane).
+// memory (ShmChannel::write_direct and send_direct, shm::MemoryLane).
 #pragma once
 
 #include <cstdint>

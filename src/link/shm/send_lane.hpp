@@ -2,7 +2,7 @@
 // found the way: the target QP it reached, the receive queue it took a WQE
 // from (the QP's own or its SRQ's), and the grant of the receive WQE's
 // key, kept by the QP and used from the top of ibv_post_send -- the WRITE
-// lane's counterpart (write_lane.hpp).
+// lane's counterpart (memory_lane.hpp).
 //
 // A SEND latency test's time is, on each side, the instructions between the
 // peer's completion arriving and this side's completion landing at the
@@ -70,7 +70,7 @@ struct SendLane {
                                    uint32_t imm_data) const {
     if (length == 0 || length > longest) return false;
     host::HostRegistry& registry = host->registry();
-    // The thread's own announcement slot, as the WRITE lane's.
+    // The thread's own announcement slot, as the memory lane's.
     const uint32_t slot = registry.try_begin_owned_access(self, target.proc);
     if (slot == host::HostRegistry::kNoAccessSlot) return false;
     const bool done = take_and_complete(registry, local, length, solicited, with_imm, imm_data);

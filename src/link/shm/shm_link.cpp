@@ -18,7 +18,7 @@
 #include "link/shm/send_lane.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
-#include "link/shm/write_lane.hpp"
+#include "link/shm/memory_lane.hpp"
 #include "transport/answer_counters.hpp"
 #include "transport/memory_key.hpp"
 #include "wire/ud_grh.hpp"
@@ -28,13 +28,13 @@ namespace {
 
 class ShmChannel final : public link::Channel {
  public:
-  ShmChannel(host::Attachment& host, uint32_t qp_type, uint32_t dest_qpn, WriteLane* write_lane,
+  ShmChannel(host::Attachment& host, uint32_t qp_type, uint32_t dest_qpn, MemoryLane* memory_lane,
              SendLane* send_lane)
       : host_(host),
         qp_type_(qp_type),
         reliable_(qp_type == IBV_QPT_RC || qp_type == IBV_QPT_XRC_SEND),
         dest_qpn_(dest_qpn),
-        lane_(write_lane),
+        lane_(memory_lane),
         send_lane_(send_lane) {
     disarm_lanes();
     // Bind to the peer that has the QPN now; if there is none yet, to the
@@ -92,7 +92,8 @@ class ShmChannel final : public link::Channel {
     if (lane_ != nullptr) lane_->armed = false;
     if (send_lane_ != nullptr) send_lane_->armed = false;
   }
-  // After a direct WRITE under remote_grant_: the lane, for the next ones.
+  // After a direct WRITE or READ under remote_grant_: the memory lane, for
+  // the next ones.
   void arm_lane();
   // After a direct SEND into receive queue `rq` (the target QP's own, or
   // its SRQ's), under receive_grant_: the SEND lane, for the next ones of
@@ -107,7 +108,7 @@ class ShmChannel final : public link::Channel {
   const uint32_t qp_type_;  // the requester's
   const bool reliable_;
   const uint32_t dest_qpn_;
-  WriteLane* const lane_;  // the QP's (ChannelConfig::write_lane), or nullptr
+  MemoryLane* const lane_;  // the QP's (ChannelConfig::memory_lane), or nullptr
   SendLane* const send_lane_;  // the QP's (ChannelConfig::send_lane), or nullptr
   TargetQp target_;
   uint64_t peer_incarnation_ = 0;
@@ -221,6 +222,7 @@ bool ShmChannel::copy_direct(link::DirectCopy& op) {
       return false;  // write_direct's (above)
     case Kind::kRead:
       std::memcpy(op.local, at, op.length);
+      arm_lane();
       break;
     case Kind::kFetchAdd:
     case Kind::kCompareSwap: {
@@ -261,9 +263,10 @@ void* ShmChannel::write_direct(const void* local, uint64_t length, uint64_t remo
   return at;
 }
 
-// The lane asks what write_direct asked, of copies of what it read: the
-// target (direct_reaches held: a peer reached before, this incarnation,
-// not a TGT QP) and the key's grant, which the WRITE just used.
+// The memory lane asks what write_direct and copy_direct's READ asked, of
+// copies of what they read: the target (direct_reaches held: a peer reached
+// before, this incarnation, not a TGT QP) and the key's grant, which the
+// operation just used.
 void ShmChannel::arm_lane() {
   if (lane_ == nullptr || (qp_type_ != IBV_QPT_RC && qp_type_ != IBV_QPT_UC)) return;
   lane_->qp_type = qp_type_;
@@ -272,7 +275,7 @@ void ShmChannel::arm_lane() {
   lane_->target = target_;
   lane_->grant = remote_grant_;
   lane_->longest = kFenceChunk;
-  lane_->armed = remote_grant_.key != 0 && (remote_grant_.access & IBV_ACCESS_REMOTE_WRITE) != 0;
+  lane_->armed = remote_grant_.key != 0;  // each operation asks the grant for its own access
 }
 
 // A SEND as deliver() would run it when it succeeds: the receive WQE at the
@@ -377,7 +380,7 @@ class ShmLink final : public link::Link {
   explicit ShmLink(host::Attachment& host) : host_(host) {}
 
   std::unique_ptr<link::Channel> open_channel(const link::ChannelConfig& config) override {
-    return std::make_unique<ShmChannel>(host_, config.qp_type, config.dest_qpn, config.write_lane,
+    return std::make_unique<ShmChannel>(host_, config.qp_type, config.dest_qpn, config.memory_lane,
                                         config.send_lane);
   }
 

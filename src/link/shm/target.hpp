@@ -64,10 +64,19 @@ bool resolve(host::Attachment& host, uint32_t qpn, TargetQp& out);
 }
 
 // target_receives, for an RDMA WRITE: the QP also grants remote write.
-// The direct WRITE and the WRITE lane ask exactly this.
+// The direct WRITE and the memory lane ask exactly this.
 [[gnu::always_inline]] inline bool target_takes_writes(const TargetQp& target, uint32_t qp_type) {
   return target_receives(target, qp_type) &&
          (target.qp->access.load(std::memory_order_acquire) & IBV_ACCESS_REMOTE_WRITE) != 0;
+}
+
+// target_receives, for an RDMA READ: the QP also grants remote read and
+// has responder resources for it (transport::accept, respond): what the
+// direct READ (ShmChannel::copy_direct) and the memory lane ask.
+[[gnu::always_inline]] inline bool target_takes_reads(const TargetQp& target, uint32_t qp_type) {
+  return target_receives(target, qp_type) &&
+         (target.qp->access.load(std::memory_order_acquire) & IBV_ACCESS_REMOTE_READ) != 0 &&
+         target.qp->max_dest_rd_atomic.load(std::memory_order_relaxed) != 0;
 }
 
 // Whether the owner of `target` (another process's QP) is gone: it died,
