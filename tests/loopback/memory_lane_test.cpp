@@ -42,11 +42,17 @@ void arm(QpPair& pair, ibv_wr_opcode opcode, Pages& local, uint64_t addr, uint32
   drain_async_events(pair.a->context);
 }
 
-// The bytes a READ refused must not have brought.
-void expect_nothing_read(Pages& local, uint64_t seed) {
-  std::vector<uint8_t> expected(kLen);
-  fill_pattern(expected, seed);
-  EXPECT_EQ(first_mismatch(local.span(0, kLen), expected), -1) << "a refused READ brought bytes";
+// A READ of remote's first kLen bytes under `rkey` that must end in
+// `status` and bring nothing: local keeps what it held.
+void expect_read_refused(QpPair& pair, Pages& local, Pages& remote, uint32_t rkey, ibv_wc_status status) {
+  fill_pattern(remote.span(0, kLen), 5);
+  fill_pattern(local.span(0, kLen), 6);
+  const ibv_wc wc = one_sided(pair, IBV_WR_RDMA_READ, local, remote.addr(), rkey, 9);
+  EXPECT_EQ(wc.status, status) << wc_str(wc);
+  std::vector<uint8_t> held(kLen);
+  fill_pattern(held, 6);
+  EXPECT_EQ(first_mismatch(local.span(0, kLen), held), -1) << "a refused READ brought bytes";
+  drain_async_events(pair.a->context);
 }
 
 }  // namespace
@@ -79,16 +85,11 @@ TEST(MemoryLane, AReadAfterRemoteReadIsRevokedIsRefused) {
   ASSERT_TRUE(pair.ok());
   Pages local(dev.pd, 4096), remote(dev.pd, 4096);
   ASSERT_TRUE(local.ok() && remote.ok());
-  fill_pattern(remote.span(0, kLen), 7);
   arm(pair, IBV_WR_RDMA_READ, local, remote.addr(), remote.rkey());
   ibv_qp_attr attr{};
   attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   ASSERT_EQ(ibv_modify_qp(pair.b, &attr, IBV_QP_ACCESS_FLAGS), 0);
-  fill_pattern(local.span(0, kLen), 8);
-  const ibv_wc wc = one_sided(pair, IBV_WR_RDMA_READ, local, remote.addr(), remote.rkey(), 9);
-  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
-  expect_nothing_read(local, 8);
-  drain_async_events(dev.ctx);
+  expect_read_refused(pair, local, remote, remote.rkey(), IBV_WC_REM_ACCESS_ERR);
 }
 
 // A responder without resources for READs (max_dest_rd_atomic 0), reached
@@ -104,12 +105,7 @@ TEST(MemoryLane, AReadWithoutResponderResourcesIsRefused) {
   Pages local(dev.pd, 4096), remote(dev.pd, 4096);
   ASSERT_TRUE(local.ok() && remote.ok());
   arm(pair, IBV_WR_RDMA_WRITE, local, remote.addr(), remote.rkey());
-  fill_pattern(remote.span(0, kLen), 5);
-  fill_pattern(local.span(0, kLen), 6);
-  const ibv_wc wc = one_sided(pair, IBV_WR_RDMA_READ, local, remote.addr(), remote.rkey(), 9);
-  EXPECT_EQ(wc.status, IBV_WC_REM_INV_REQ_ERR) << wc_str(wc);
-  expect_nothing_read(local, 6);
-  drain_async_events(dev.ctx);
+  expect_read_refused(pair, local, remote, remote.rkey(), IBV_WC_REM_INV_REQ_ERR);
 }
 
 // A key that grants remote write but not remote read, whose grant the
@@ -123,12 +119,7 @@ TEST(MemoryLane, AReadUnderAWriteOnlyKeyIsRefused) {
   Pages local(dev.pd, 4096), remote(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   ASSERT_TRUE(local.ok() && remote.ok());
   arm(pair, IBV_WR_RDMA_WRITE, local, remote.addr(), remote.rkey());
-  fill_pattern(remote.span(0, kLen), 5);
-  fill_pattern(local.span(0, kLen), 6);
-  const ibv_wc wc = one_sided(pair, IBV_WR_RDMA_READ, local, remote.addr(), remote.rkey(), 9);
-  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
-  expect_nothing_read(local, 6);
-  drain_async_events(dev.ctx);
+  expect_read_refused(pair, local, remote, remote.rkey(), IBV_WC_REM_ACCESS_ERR);
 }
 
 // The remote MR is deregistered after the lane was armed with its key:
@@ -144,10 +135,5 @@ TEST(MemoryLane, AReadAfterTheKeyIsDeregisteredIsRefused) {
   const uint32_t rkey = remote.rkey();
   arm(pair, IBV_WR_RDMA_READ, local, remote.addr(), rkey);
   ASSERT_EQ(remote.dereg(), 0);
-  fill_pattern(remote.span(0, kLen), 5);
-  fill_pattern(local.span(0, kLen), 6);
-  const ibv_wc wc = one_sided(pair, IBV_WR_RDMA_READ, local, remote.addr(), rkey, 9);
-  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << wc_str(wc);
-  expect_nothing_read(local, 6);
-  drain_async_events(dev.ctx);
+  expect_read_refused(pair, local, remote, rkey, IBV_WC_REM_ACCESS_ERR);
 }

@@ -467,15 +467,20 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
   ++sq_head_;
 }
 
+// What every lane asks of a WR of its shape and of this QP first, as the
+// direct path does: a valid WR, the QP in RTS with nothing queued before
+// it and room for its WQE.
+[[gnu::always_inline]] inline bool QueuePair::lane_takes_locked(const ibv_send_wr& wr) const {
+  return validate_send(wr) == 0 && shared_->state.load(std::memory_order_acquire) == IBV_QPS_RTS &&
+         sq_sent_ == sq_head_ && sq_tail_.load(std::memory_order_relaxed) == sq_head_ && !parked_ &&
+         sq_head_ - sq_retired_.load(std::memory_order_acquire) < init_.max_send_wr;
+}
+
 // post_write_direct_locked's conditions, asked in its order, with the
 // target's and the key's through the lane; any that does not hold leaves
 // the WR to post_send's general loop, untouched.
 [[gnu::always_inline]] inline bool QueuePair::post_write_on_lane_locked(const ibv_send_wr& wr) {
-  if (wr.opcode != IBV_WR_RDMA_WRITE || wr.num_sge != 1 || validate_send(wr) != 0 ||
-      shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS || sq_sent_ != sq_head_ ||
-      sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
-      sq_head_ - sq_retired_.load(std::memory_order_acquire) >= init_.max_send_wr)
-    return false;
+  if (wr.opcode != IBV_WR_RDMA_WRITE || wr.num_sge != 1 || !lane_takes_locked(wr)) return false;
   const ibv_sge& sge = wr.sg_list[0];
   const void* local = reinterpret_cast<const void*>(sge.addr);  // inline: validate_send checked its length
   if ((wr.send_flags & IBV_SEND_INLINE) == 0 &&
@@ -491,11 +496,7 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
 // order, with the target's and the key's through the memory lane; any that
 // does not hold leaves the WR to post_send's general loop, untouched.
 [[gnu::always_inline]] inline bool QueuePair::post_read_on_lane_locked(const ibv_send_wr& wr) {
-  if (wr.opcode != IBV_WR_RDMA_READ || wr.num_sge != 1 || validate_send(wr) != 0 ||
-      shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS || sq_sent_ != sq_head_ ||
-      sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
-      sq_head_ - sq_retired_.load(std::memory_order_acquire) >= init_.max_send_wr)
-    return false;
+  if (wr.opcode != IBV_WR_RDMA_READ || wr.num_sge != 1 || !lane_takes_locked(wr)) return false;
   const ibv_sge& sge = wr.sg_list[0];
   void* local = direct_local_grant_.find_current(node_.registry(), sge.lkey, IBV_ACCESS_LOCAL_WRITE, sge.addr, sge.length);
   if (local == nullptr || !memory_lane_.read(local, sge.length, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey)) return false;
@@ -508,10 +509,7 @@ void QueuePair::enqueue_send_locked(const ibv_send_wr& wr) {
 // through the lane; any that does not hold leaves the WR to post_send's
 // general loop, untouched.
 [[gnu::always_inline]] inline bool QueuePair::post_on_send_lane_locked(const ibv_send_wr& wr) {
-  if ((wr.opcode != IBV_WR_SEND && wr.opcode != IBV_WR_SEND_WITH_IMM) || wr.num_sge != 1 || validate_send(wr) != 0 ||
-      shared_->state.load(std::memory_order_acquire) != IBV_QPS_RTS || sq_sent_ != sq_head_ ||
-      sq_tail_.load(std::memory_order_relaxed) != sq_head_ || parked_ ||
-      sq_head_ - sq_retired_.load(std::memory_order_acquire) >= init_.max_send_wr)
+  if ((wr.opcode != IBV_WR_SEND && wr.opcode != IBV_WR_SEND_WITH_IMM) || wr.num_sge != 1 || !lane_takes_locked(wr))
     return false;
   const ibv_sge& sge = wr.sg_list[0];
   const void* local = reinterpret_cast<const void*>(sge.addr);  // inline: validate_send checked its length

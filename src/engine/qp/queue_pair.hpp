@@ -169,6 +169,8 @@ class QueuePair {
   // conditions, of what the last direct WRITE or READ found (queue_pair.cpp,
   // inlined into post_send).
   bool post_write_on_lane_locked(const ibv_send_wr& wr);
+  // What every lane asks first: a valid WR, the QP in RTS, idle, with room.
+  bool lane_takes_locked(const ibv_send_wr& wr) const;
   // post_direct_locked's READ of one SGE on the memory lane, when it is armed.
   bool post_read_on_lane_locked(const ibv_send_wr& wr);
   // post_direct_locked's SEND on the SEND lane, when it is armed.
