@@ -46,6 +46,8 @@ enum class Counter : uint8_t {
   kMalformedDrops,       // packets dropped as malformed: by the port (truncated, bad headers, bad opcode),
                          // by a QP's flows (an opcode of another transport, a READ response out of place)
   kUnknownQpDrops,       // port: packets for a QPN no process of this host has
+  kSrcAddrDrops,         // packets for a connected QP from an address that is not its peer's, or not to its own
+  kPkeyDrops,            // port: packets whose BTH P_Key matches no entry of the P_Key table
   kSendErr,              // port: packets the operating system refused to send
 };
 inline constexpr std::size_t kCounterCount = static_cast<std::size_t>(Counter::kSendErr) + 1;
@@ -84,6 +86,8 @@ inline constexpr std::array<CounterInfo, kCounterCount> kCounterInfo = {{
     {"icrc_err_drops", "packets dropped for a bad ICRC"},
     {"malformed_drops", "packets dropped as malformed"},
     {"unknown_qp_drops", "packets dropped: no QP of this host has their QPN"},
+    {"src_addr_drops", "packets for a connected QP dropped: not from its peer's address to its own"},
+    {"pkey_drops", "packets dropped: their P_Key matches no entry of the P_Key table"},
     {"send_err", "packets the operating system refused to send"},
 }};
 

@@ -38,6 +38,7 @@
 #include "link/udp/pcap_writer.hpp"
 #include "link/udp/poller_handover.hpp"
 #include "link/udp/udp_sockets.hpp"
+#include "transport/admission.hpp"
 #include "transport/requester_flow.hpp"
 #include "transport/responder_flow.hpp"
 #include "wire/packet.hpp"
@@ -1154,6 +1155,12 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
   const uint32_t qpn = packet.headers.bth.dest_qpn;
   if (capture_)
     [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns(), packet.unseen_ipv4_id);
+  // Another partition's packet, whatever its QP (transport/admission.hpp).
+  if (!transport::pkey_matches(packet.headers.bth.pkey, transport::kDefaultPkey)) {
+    port_counters()->add(Counter::kPkeyDrops);
+    SOFTHCA_DEBUG("udp link: dropped a packet for QP %#x: P_Key %#x", qpn, packet.headers.bth.pkey);
+    return;
+  }
   if (packet.info.transport == wire::Transport::kUd) {
     finish_run(run);
     if (qpn == link::kGsiQpn) {
@@ -1191,6 +1198,14 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
     return;
   }
   ChannelState& state = *run.state;
+  // Only the peer, and only at our address, speaks to a connected QP
+  // (transport/admission.hpp): before anything of the QP changes. (A
+  // handed-off packet carries the addresses it came with.)
+  if (!transport::from_peer(from.src, from.dst, state.config.sgid, state.config.dgid)) {
+    state.counters.add(Counter::kSrcAddrDrops);
+    SOFTHCA_DEBUG("udp link: dropped a packet for QP %#x: not from its peer's address to its own", qpn);
+    return;
+  }
   state.counters.add(Counter::kRcvdPkts);
   state.counters.add(Counter::kRcvdBytes, bytes.size());
   // Packets go back to where the request came from (its source address is
