@@ -372,9 +372,12 @@ void ResponderFlow::receive(const wire::ParsedPacket& packet, ResponderPort& por
   // WQE and CQ are that SRQ's). One that names none it can reach is taken
   // up by the stages (accept NAKs it).
   if (config_.xrc && packet.headers.xrceth) (void)port.select_xrc_srq(packet.headers.xrceth->srqn);
-  if (config_.selective && (packet.headers.bth.reserved7 & kSelective) != 0) peer_selective_ = true;
   const uint32_t psn = packet.headers.bth.psn;
   const int32_t d = psn_diff(psn, epsn_);
+  // The requester marks every request; only one at the very PSN expected
+  // turns keeping on, so that nobody who does not know the PSN can make
+  // this end hold packets for later (admission.hpp keeps other hosts out).
+  if (d == 0 && config_.selective && (packet.headers.bth.reserved7 & kSelective) != 0) peer_selective_ = true;
   if (config_.reliable) {
     if (d < 0) {
       duplicate(packet, port, out);

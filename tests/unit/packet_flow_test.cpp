@@ -1293,6 +1293,39 @@ TEST_F(SelectiveFlow, ALostLastResendIsProbedAndTheHoleFills) {
   EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
 }
 
+// Issue #40: a packet marked for selective recovery ahead of the PSN the
+// responder expects (a blind forgery: its sender does not know the PSN)
+// turns nothing on. Were it kept, it would run in its PSN's place once the
+// connection's own packets filled the gap, and the real packet of that PSN
+// would then be taken for a duplicate.
+TEST_F(SelectiveFlow, AMarkAheadOfTheExpectedPsnKeepsNothing) {
+  start_selective(/*requester=*/false, /*responder=*/true);
+  wire::ParsedPacket forged;
+  forged.info = *wire::opcode_info(wire::Opcode::kRcRdmaWriteOnly);
+  forged.headers.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaWriteOnly);
+  forged.headers.bth.dest_qpn = kResponderQpn;
+  forged.headers.bth.psn = 0x1000 + 5;
+  forged.headers.bth.reserved7 = kSelective;
+  forged.headers.reth = wire::Reth{kIova, kKey, kMtu};
+  const std::vector<uint8_t> bytes(kMtu, 0x77);
+  forged.payload = bytes;
+  responder_->on_request(forged, port_, to_requester_);
+  to_requester_ = Wire{};  // whatever it drew goes to the forger, not to our requester
+  // The connection's own WRITEs, one packet each, over PSNs 0x1000..0x1007.
+  std::vector<std::vector<uint8_t>> data;
+  for (uint32_t i = 0; i < 8; ++i) data.push_back(pattern(kMtu, static_cast<uint8_t>(i + 1)));
+  for (uint32_t i = 0; i < 8; ++i)
+    requester_->post(message(i, Operation::kWrite, data[i], kIova + kMtu * (i + 1)), now_, to_responder_);
+  const auto done = run(8);
+  ASSERT_EQ(done.size(), 8u);
+  for (uint32_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(done[i].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu * (i + 1)), data[i].data(), kMtu), 0) << "WRITE " << i;
+  }
+  EXPECT_NE(*port_.at(kIova), 0x77) << "the forged WRITE ran";
+  EXPECT_EQ(responder_count(Counter::kDuplicateRequest), 0u);
+}
+
 TEST_F(SelectiveFlow, AProbeWhoseResendIsLostProbesAgainLaterNotAtTheAckTimer) {
   ASSERT_NO_FATAL_FAILURE(connect());
   auto data = pattern(16 * kMtu, 12);
