@@ -9,23 +9,24 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 #include "common/log.hpp"
+#include "common/system_random.hpp"
 #include "host/host_identity.hpp"
 
 namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 13;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
+constexpr uint32_t kVersion = 14;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
                                   // 6: shared registered memory; 7: counters by writer, QP
                                   // destruction fenced by the access slots; 8: QP slots
                                   // carry the incarnation; 9: memory windows in the MR
                                   // table (kind, parent, qpn, windows); 10: an MR's shared
                                   // span (whole pages only); 11: TGT QPs owned by the host;
                                   // 12: TGT QP holders carry their start time; 13: CQ producers
-                                  // under an access announcement are not counted (SharedCq)
+                                  // under an access announcement are not counted (SharedCq); 14: keys
+                                  // and QPNs drawn at random (no cursors), two more counters
 
 uint64_t now_ns() {
   timespec ts;
@@ -44,9 +45,6 @@ void init_layout(RegistryLayout* layout) {
   init_robust_mutex(&layout->mutex);
   layout->next_pd_id.store(1);
   layout->next_incarnation.store(1);
-  std::random_device rd;
-  layout->key_salt = rd();
-  layout->qp_cursor = rd() % kMaxQpSlots;
 }
 
 }  // namespace
@@ -234,12 +232,16 @@ Result<uint32_t> HostRegistry::allocate_qpn(uint32_t proc, uint64_t shm_offset) 
 }
 
 Result<uint32_t> HostRegistry::allocate_qpn_locked(uint32_t proc, uint64_t shm_offset) {
+  // A QPN nobody can foretell from the ones before (issue #40): the first
+  // free slot from a random one, and a random page of QPNs above it.
+  const uint64_t random = system_random_u64();
+  const uint32_t start = static_cast<uint32_t>(random) % kMaxQpSlots;
+  const uint32_t page = static_cast<uint32_t>(random >> 32) % kQpnPages;
   for (uint32_t n = 0; n < kMaxQpSlots; ++n) {
-    const uint32_t index = (layout_->qp_cursor + n) % kMaxQpSlots;
+    const uint32_t index = (start + n) % kMaxQpSlots;
     QpSlot& slot = layout_->qps[index];
     if (slot.qpn.load(std::memory_order_relaxed) != 0) continue;
-    layout_->qp_cursor = index + 1;
-    const uint32_t qpn = kFirstQpn + index;
+    const uint32_t qpn = page * kMaxQpSlots + kFirstQpn + index;
     slot.proc.store(proc, std::memory_order_relaxed);
     slot.shm_offset.store(shm_offset, std::memory_order_relaxed);
     slot.incarnation.store(0, std::memory_order_relaxed);
@@ -270,7 +272,7 @@ void HostRegistry::release_qpn(uint32_t qpn) {
 }
 
 const QpSlot* HostRegistry::find_qp(uint32_t qpn) const {
-  if (qpn < kFirstQpn || qpn >= kFirstQpn + kMaxQpSlots) return nullptr;
+  if (qpn < kFirstQpn || qpn > kLastQpn) return nullptr;
   const QpSlot& slot = layout_->qps[qp_index(qpn)];
   return slot.qpn.load(std::memory_order_acquire) == qpn ? &slot : nullptr;
 }
@@ -278,20 +280,23 @@ const QpSlot* HostRegistry::find_qp(uint32_t qpn) const {
 Result<uint32_t> HostRegistry::allocate_key_locked(uint32_t proc, uint32_t pd_id, uint32_t kind, uint32_t access,
                                                    uint64_t iova, uint64_t length, uint64_t host_addr,
                                                    SharedSpan shared) {
+  // Key = a random byte, the slot index, and a random 8-bit tag (never
+  // zero) below, as hardware keys carry a key byte under their index; the
+  // slot is the first free one from a random one. Seeing any number of
+  // keys tells nothing about the next (issue #40), a stale key fails
+  // validation, and a lookup is still one index: (key >> 8) % kMaxMrSlots.
+  const uint64_t random = system_random_u64();
+  const uint32_t start = static_cast<uint32_t>(random) % kMaxMrSlots;
+  const uint32_t high = static_cast<uint32_t>(random >> 32) & 0xFF;
+  const uint32_t tag = static_cast<uint32_t>(random >> 40) % 0xFF + 1;
   for (uint32_t n = 0; n < kMaxMrSlots; ++n) {
-    const uint32_t index = (layout_->mr_cursor + n) % kMaxMrSlots;
+    const uint32_t index = (start + n) % kMaxMrSlots;
     MrSlot& slot = layout_->mrs[index];
     if (slot.key.load(std::memory_order_relaxed) != 0) continue;
+    const uint32_t key = (high << 24) | (index << 8) | tag;
     // A window's consumer chooses its key byte (ibv_inc_rkey), 0 included:
-    // in slot 0 that would make key 0, which means "free".
-    if (index == 0 && kind != kKeyRegion) continue;
-    layout_->mr_cursor = index + 1;
-    // Key = slot index in the upper 24 bits, a varying 8-bit tag below (never
-    // zero), as hardware keys are; the tag makes a stale key fail validation.
-    layout_->key_salt = layout_->key_salt * 1103515245u + 12345u;
-    uint32_t tag = (layout_->key_salt >> 16) & 0xFF;
-    if (tag == 0) tag = 1;
-    const uint32_t key = (index << 8) | tag;
+    // with the rest zero that would make key 0, which means "free".
+    if ((key >> 8) == 0 && kind != kKeyRegion) continue;
     slot.seq.fetch_add(1, std::memory_order_acq_rel);
     slot.proc.store(proc, std::memory_order_relaxed);
     slot.pd_id.store(pd_id, std::memory_order_relaxed);

@@ -31,6 +31,11 @@ inline constexpr uint32_t kMaxQpSlots = 1 << 16;
 inline constexpr uint32_t kMaxMrSlots = 1 << 16;
 inline constexpr uint32_t kAtomicStripes = 1024;
 inline constexpr uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special; start above them like hardware
+// A QPN is page * kMaxQpSlots + kFirstQpn + slot index, the page random:
+// 255 pages keep every QPN under 0xFFFFFF (the multicast QPN).
+inline constexpr uint32_t kQpnPages = 255;
+inline constexpr uint32_t kLastQpn = (kQpnPages - 1) * kMaxQpSlots + kFirstQpn + kMaxQpSlots - 1;
+static_assert(kLastQpn < 0xFFFFFF, "a QPN is 24 bits, and 0xFFFFFF is multicast's");
 inline constexpr uint32_t kMaxMcastGroups = 256;   // multicast groups with at least one member, host-wide
 inline constexpr uint32_t kMaxMcastMembers = 32;   // UD QPs attached to one group
 inline constexpr uint32_t kAccessSlotsPerProc = 16;  // threads of one process inside peers' memory at once
@@ -223,9 +228,6 @@ struct RegistryLayout {
   SharedFileHeader header;
   pthread_mutex_t mutex;  // robust, process-shared
   std::atomic<uint32_t> next_pd_id;
-  uint32_t qp_cursor;     // next slot to try: QPNs rotate so a stale peer rarely meets a new QP
-  uint32_t mr_cursor;
-  uint32_t key_salt;
   std::atomic<uint64_t> next_incarnation;  // QP incarnations: never repeat while the file lives
   AtomicStripe atomic_stripes[kAtomicStripes];
   ProcAccesses accesses[kMaxProcs];

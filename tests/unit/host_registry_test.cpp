@@ -73,7 +73,9 @@ TEST_F(HostRegistryTest, QpnTableHoldsExactlyMaxQp) {
   registry_->release_qpn(last);
   auto again = registry_->allocate_qpn(proc_, 0x1000);
   ASSERT_TRUE(again.has_value());
-  EXPECT_EQ(*again, last);
+  // The one free slot, under a QPN of its own (its page is drawn anew).
+  EXPECT_EQ((*again - kFirstQpn) % kMaxQpSlots, (last - kFirstQpn) % kMaxQpSlots);
+  EXPECT_NE(registry_->find_qp(*again), nullptr);
 }
 
 TEST_F(HostRegistryTest, MrTableHoldsExactlyMaxMr) {
@@ -89,6 +91,63 @@ TEST_F(HostRegistryTest, MrTableHoldsExactlyMaxMr) {
   EXPECT_EQ(over.error(), std::errc::not_enough_memory);
   registry_->release_mr(last);
   EXPECT_TRUE(registry_->allocate_mr(proc_, 1, 0, 0, 4096, 0x7f0000).has_value());
+}
+
+// Issue #40: seeing any number of keys or QPNs tells nothing about the
+// next. Each is drawn from getrandom: a random slot to start from, a random
+// key byte and a random high byte (a QPN's page). Here, over 2,000 of each,
+// the draws must look like draws: every byte value about equally likely to
+// turn up, and the next key not the last one's slot plus one (which a
+// cursor gives every time). Bounds are far from what chance does: with
+// 2,000 draws of 256 values fewer than 230 distinct ones, or more than 20
+// slot successions, has a probability below 1e-9.
+TEST_F(HostRegistryTest, KeysTellNothingAboutTheNext) {
+  constexpr int kKeys = 2000;
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < kKeys; ++i) {
+    auto key = registry_->allocate_mr(proc_, 1, 0, 0, 4096, 0x7f0000);
+    ASSERT_TRUE(key.has_value());
+    keys.push_back(*key);
+  }
+  std::set<uint32_t> tags, highs;
+  int successions = 0, same_tag_steps = 0;
+  for (int i = 0; i < kKeys; ++i) {
+    tags.insert(keys[i] & 0xFF);
+    highs.insert(keys[i] >> 24);
+    EXPECT_NE(keys[i] & 0xFF, 0u);
+    MrRecord mr;
+    EXPECT_TRUE(registry_->lookup_mr(keys[i], mr));
+    if (i == 0) continue;
+    if (((keys[i] >> 8) & 0xFFFF) == (((keys[i - 1] >> 8) + 1) & 0xFFFF)) ++successions;
+    if ((keys[i] & 0xFF) == (keys[i - 1] & 0xFF)) ++same_tag_steps;
+  }
+  EXPECT_GE(tags.size(), 230u);
+  EXPECT_GE(highs.size(), 230u);
+  EXPECT_LE(successions, 20);
+  EXPECT_LE(same_tag_steps, 40);  // about 8 by chance
+}
+
+TEST_F(HostRegistryTest, QpnsAreNotConsecutive) {
+  constexpr int kQps = 2000;
+  std::vector<uint32_t> qpns;
+  std::set<uint32_t> pages;
+  for (int i = 0; i < kQps; ++i) {
+    auto qpn = registry_->allocate_qpn(proc_, 0x1000);
+    ASSERT_TRUE(qpn.has_value());
+    EXPECT_GE(*qpn, kFirstQpn);
+    EXPECT_LE(*qpn, kLastQpn);
+    ASSERT_NE(registry_->find_qp(*qpn), nullptr);
+    pages.insert((*qpn - kFirstQpn) / kMaxQpSlots);
+    qpns.push_back(*qpn);
+  }
+  int successions = 0;
+  for (int i = 1; i < kQps; ++i)
+    if (qpns[i] == qpns[i - 1] + 1) ++successions;
+  EXPECT_LE(successions, 5);
+  EXPECT_GE(pages.size(), 230u);
+  // A QPN of another page in the same slot is not that slot's QP.
+  const uint32_t other_page = qpns[0] + kMaxQpSlots <= kLastQpn ? qpns[0] + kMaxQpSlots : qpns[0] - kMaxQpSlots;
+  EXPECT_EQ(registry_->find_qp(other_page), nullptr);
 }
 
 TEST_F(HostRegistryTest, MrKeysValidateAndDieWithDereg) {
