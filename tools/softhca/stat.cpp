@@ -242,6 +242,8 @@ const Command kStatCommand = {
         "  retry_exceeded_err, retry_rnr_exceeded_err   completions that gave up\n"
         "  forwarded_pkts, forward_drops  packets handed to the process owning their QP\n"
         "  icrc_err_drops, malformed_drops, unknown_qp_drops, send_err   port drops\n"
+        "  src_addr_drops  packets for a connected QP not from its peer's address to its own\n"
+        "  pkey_drops      packets of another partition (BTH P_Key)\n"
         "\n"
         "Processes on one host talk through shared memory, not packets: their\n"
         "messages show in rdma_sends, rdma_recvs, the NAK and retry counters, not\n"
