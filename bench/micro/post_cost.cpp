@@ -176,6 +176,38 @@ void send_recv(benchmark::State& state) {
   }
 }
 
+// The control path, where keys and QPNs are drawn (getrandom, issue #40):
+// registering and deregistering a 4 KiB buffer, and creating and destroying
+// an RC QP.
+void reg_dereg_mr(benchmark::State& state) {
+  static char page[4096];
+  for (auto _ : state) {
+    ibv_mr* mr = ibv_reg_mr(g_side->pd, page, sizeof page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (mr == nullptr || ibv_dereg_mr(mr) != 0) {
+      state.SkipWithError("ibv_reg_mr or ibv_dereg_mr failed");
+      return;
+    }
+  }
+}
+
+void create_destroy_qp(benchmark::State& state) {
+  ibv_qp_init_attr init{};
+  init.send_cq = g_side->cq;
+  init.recv_cq = g_side->cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = 16;
+  init.cap.max_recv_wr = 16;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  for (auto _ : state) {
+    ibv_qp* qp = ibv_create_qp(g_side->pd, &init);
+    if (qp == nullptr || ibv_destroy_qp(qp) != 0) {
+      state.SkipWithError("ibv_create_qp or ibv_destroy_qp failed");
+      return;
+    }
+  }
+}
+
 BENCHMARK(rdma_write_inline)->Arg(2)->Arg(64);
 BENCHMARK(rdma_write_inline_unsignaled)->Arg(2);
 BENCHMARK(rdma_write)->Arg(2)->Arg(64)->Arg(4096);
@@ -183,6 +215,8 @@ BENCHMARK(rdma_read)->Arg(2);
 BENCHMARK(fetch_add);
 BENCHMARK(poll_empty);
 BENCHMARK(send_recv)->Arg(2);
+BENCHMARK(reg_dereg_mr);
+BENCHMARK(create_destroy_qp);
 
 }  // namespace
 
