@@ -3,8 +3,9 @@
 
     scripts/mutation-check.py [--list] [--build DIR] [NAME...]
 
-Plants small deliberate bugs in the engine's access, retry, flush, queue,
-fence and CM rules, one at a time, rebuilds, and runs the unit, abi and
+Plants small deliberate bugs in the key, retry, flush, queue, fence and CM
+rules and in what the udp link takes from the network (source address,
+P_Key, selective keeping, random keys and QPNs), one at a time, rebuilds, and runs the unit, abi and
 loopback tests. A mutation that the suite does not catch (every test still
 passes) is a hole in the tests: the script names it and exits 1. Each source
 file is restored after its mutation, also on Ctrl-C.
@@ -25,30 +26,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (name, file, exact text, replacement): the text must occur exactly once.
 MUTATIONS = [
-    ("remote-range-one-past", "src/engine/qp/shm_execute.cpp",
-     "addr + len > mr.iova + mr.length", "addr + len > mr.iova + mr.length + 1"),
-    ("remote-range-before-start", "src/engine/qp/shm_execute.cpp",
-     "(mr.access & access) != access || addr < mr.iova", "(mr.access & access) != access || addr + 1 < mr.iova"),
-    ("remote-access-flags-ignored", "src/engine/qp/shm_execute.cpp",
-     "mr.pd_id != target.qp->pd_id ||\n      (mr.access & access) != access ||", "mr.pd_id != target.qp->pd_id ||"),
-    ("remote-mr-other-pd", "src/engine/qp/shm_execute.cpp",
-     "mr.proc != target.proc || mr.pd_id != target.qp->pd_id ||", "mr.proc != target.proc ||"),
-    ("local-sge-other-pd", "src/engine/qp/shm_execute.cpp",
-     "mr.proc != node.proc() || mr.pd_id != pd_id ||", "mr.proc != node.proc() || (false && mr.pd_id != pd_id) ||"),
-    ("local-sge-one-past", "src/engine/qp/shm_execute.cpp",
-     "sge.addr + sge.length > mr.iova + mr.length ||\n        sge.addr + sge.length < sge.addr",
-     "sge.addr + sge.length > mr.iova + mr.length + 1 ||\n        sge.addr + sge.length < sge.addr"),
-    ("local-write-access-ignored", "src/engine/qp/shm_execute.cpp",
-     "(mr.access & access) != access || sge.addr < mr.iova",
-     "(false && (mr.access & access) != access) || sge.addr < mr.iova"),
-    ("receive-scatter-one-past", "src/engine/qp/shm_execute.cpp",
-     "sge.addr < mr.iova || sge.addr + sge.length > mr.iova + mr.length)",
-     "sge.addr < mr.iova || sge.addr + sge.length > mr.iova + mr.length + 1)"),
-    ("receive-other-pd", "src/engine/qp/shm_execute.cpp",
-     "mr.proc != target.proc || mr.pd_id != pd_id ||", "mr.proc != target.proc || (false && mr.pd_id != pd_id) ||"),
-    ("rnr-gives-up-one-early", "src/engine/qp/retry_policy.hpp",
+    # The key checks every path asks (transport/memory_key.hpp).
+    ("key-range-one-past", "src/transport/memory_key.hpp",
+     "addr + length <= mr.iova + mr.length;", "addr + length <= mr.iova + mr.length + 1;"),
+    ("key-range-before-start", "src/transport/memory_key.hpp",
+     "addr >= mr.iova && addr + length >= addr", "addr + 1 >= mr.iova && addr + length >= addr"),
+    ("key-access-flags-ignored", "src/transport/memory_key.hpp",
+     "(mr.access & access) == access && addr >= mr.iova", "addr >= mr.iova"),
+    ("key-other-pd", "src/transport/memory_key.hpp",
+     "return mr.pd_id == pd_id && (mr.access & access)", "return (mr.access & access)"),
+    ("local-key-may-be-a-window", "src/transport/memory_key.hpp",
+     "return mr.kind == KeyKind::kRegion && key_allows(", "return key_allows("),
+    ("window2-of-another-qp", "src/transport/memory_key.hpp",
+     "if (mr.kind == KeyKind::kWindow2 && mr.qpn != qpn) return false;", ""),
+    ("rnr-gives-up-one-early", "src/transport/retry_policy.hpp",
      "if (rnr_left == 0) return RetryVerdict::kGiveUp;", "if (rnr_left <= 1) return RetryVerdict::kGiveUp;"),
-    ("transport-retry-one-early", "src/engine/qp/retry_policy.hpp",
+    ("transport-retry-one-early", "src/transport/retry_policy.hpp",
      "if (retry_left == 0) return RetryVerdict::kGiveUp;", "if (retry_left <= 1) return RetryVerdict::kGiveUp;"),
     ("flush-reports-success", "src/engine/qp/queue_pair.cpp",
      "finish_send_locked(*sq_slot(sq_tail_.load(std::memory_order_relaxed)), IBV_WC_WR_FLUSH_ERR);",
@@ -60,11 +53,28 @@ MUTATIONS = [
     ("backlog-wrong-reason", "src/cm/service_passive.cpp",
      "? RejReason::kNoResources", "? RejReason::kTimeout"),
     ("dereg-without-fence", "src/engine/memory_region.cpp",
-     "    node.registry().fence_accesses(node.proc());\n    pd_->detach();", "    pd_->detach();"),
-    ("stale-qpn-accepted", "src/engine/qp/shm_execute.cpp",
-     "} else if (incarnation != qp.peer_incarnation()) {", "} else if (false && incarnation != qp.peer_incarnation()) {"),
+     "  node.registry().fence_accesses(node.proc());\n  if (shared_) host::MemoryBacking::process().unshare(*shared_);",
+     "  if (shared_) host::MemoryBacking::process().unshare(*shared_);"),
+    ("stale-qpn-accepted", "src/link/shm/shm_link.cpp",
+     "} else if (target_.incarnation != peer_incarnation_) {",
+     "} else if (false && target_.incarnation != peer_incarnation_) {"),
     ("cq-one-slot-short", "src/engine/queue_sizes.cpp",
      "const uint32_t slots = std::bit_ceil(cqe + 1);", "const uint32_t slots = std::bit_ceil(cqe);"),
+    # What the udp link takes from the network (issue #40).
+    ("source-address-unchecked", "src/link/udp/udp_link.cpp",
+     "if (!transport::from_peer(from.src, from.dst,", "if (false && !transport::from_peer(from.src, from.dst,"),
+    ("destination-address-unchecked", "src/transport/admission.hpp",
+     "std::memcmp(dst.data(), own, 16) == 0", "std::memcmp(dst.data(), own, 0) == 0"),
+    ("pkey-unchecked", "src/link/udp/udp_link.cpp",
+     "if (!transport::pkey_matches(", "if (false && !transport::pkey_matches("),
+    ("pkey-limited-members-match", "src/transport/admission.hpp",
+     "((packet | entry) & kPkeyFullMember) != 0", "true"),
+    ("selective-from-any-psn", "src/transport/responder_flow.cpp",
+     "if (d == 0 && config_.selective", "if (config_.selective"),
+    ("key-byte-fixed", "src/host/host_registry.cpp",
+     "const uint32_t tag = static_cast<uint32_t>(random >> 40) % 0xFF + 1;", "const uint32_t tag = 1;"),
+    ("qpn-page-fixed", "src/host/host_registry.cpp",
+     "const uint32_t page = static_cast<uint32_t>(random >> 32) % kQpnPages;", "const uint32_t page = 0;"),
 ]
 
 
