@@ -23,8 +23,11 @@
 # Judged: both peers exit 0 (every completion IBV_WC_SUCCESS, the READ and
 # the server's own buffer show the pattern and the client's 64 bytes alone,
 # and both control writes landed: the forged packets are well-formed, so the
-# others were dropped for their source, destination or P_Key); no RoCEv2
-# packet came back to A (no READ response, no ACK or NAK: drops are silent);
+# others were dropped for their source, destination or P_Key); nothing came
+# back to A (no READ response, no ACK or NAK: drops are silent), counted by
+# A's kernel (its UDP datagrams in, /proc/net/snmp) from before the first
+# forged packet until the peers have exited, and listed by the probe's
+# sniffer;
 # `softhca stat --port` on S shows src_addr_drops >= the well-formed packets
 # from A's own address plus the one to S's other address, pkey_drops >= 1,
 # and out_of_seq_request = sent_seq_nak = 0 (no packet of A's, many of
@@ -109,43 +112,60 @@ status=PASS
 fail() { echo "[$name] $*"; status=FAIL; }
 started=$SECONDS
 
-common="--go $work/go --timeout $((timeout - 5))"
-run_on s "$work/server" "$peer --server --local ${ip[s]} --info $work/info $common" &
+# The driver talks to the programs through FIFOs it holds open read-write
+# (so that opening them never blocks and a reader sees no end of file while
+# the driver lives): the server's connection details, each peer's go-signal,
+# the probe's "sent" and its stop.
+mkfifo "$work/info" "$work/go-s" "$work/go-c" "$work/probe-ready" "$work/probe-stop" || exit 1
+exec {info_fd}<>"$work/info" {go_s_fd}<>"$work/go-s" {go_c_fd}<>"$work/go-c" \
+  {ready_fd}<>"$work/probe-ready" {stop_fd}<>"$work/probe-stop" || exit 1
+
+# UDP datagrams host A's kernel took in, whatever their port: the judge of
+# "nothing came back to the attacker", counted as they arrive.
+udp_in_a() { ip netns exec "${ns[a]}" awk '$1 == "Udp:" && $2 ~ /^[0-9]+$/ { print $2 + $3 + $4 }' /proc/net/snmp; }
+
+common="--timeout $((timeout - 5))"
+run_on s "$work/server" "$peer --server --local ${ip[s]} --info $work/info --go $work/go-s $common" &
 pids+=($!)
 server_pid=$!
-run_on c "$work/client" "$peer --client ${ip[s]} --local ${ip[c]} $common" &
+run_on c "$work/client" "$peer --client ${ip[s]} --local ${ip[c]} --go $work/go-c $common" &
 pids+=($!)
 client_pid=$!
 
-# The server writes the file once both ends' QPs are in RTS.
-for ((i = 0; i < 400; i++)); do
-  [[ -s $work/info ]] && break
-  if ! kill -0 "$server_pid" 2>/dev/null || ! kill -0 "$client_pid" 2>/dev/null; then break; fi
-  sleep 0.05
-done
-probe_rc=-
-if [[ -s $work/info ]]; then
+# The server writes its line once both ends' QPs are in RTS.
+probe_rc=- probe_pid="" udp_before="" udp_after=""
+if read -r -t 20 -u "$info_fd" line; then
   declare -A info
-  read -ra fields <"$work/info"
+  read -ra fields <<<"$line"
   for kv in "${fields[@]}"; do info[${kv%%=*}]=${kv#*=}; done
-  echo "[$name] the server's QP: $(cat "$work/info")"
-  setsid ip netns exec "${ns[a]}" timeout 30 "$python" "$probe" --iface "${veth[a]}" --own "${ip[a]}" \
+  echo "[$name] the server's QP: $line"
+  udp_before=$(udp_in_a)
+  setsid ip netns exec "${ns[a]}" timeout $((timeout - 5)) "$python" "$probe" --iface "${veth[a]}" --own "${ip[a]}" \
     --server "${ip[s]}" --server-alt "$s_alt" --client "${ip[c]}" \
     --qpn "${info[qpn]}" --psn "${info[psn]}" --rkey "${info[rkey]}" --addr "${info[addr]}" \
     --ctl-qpn "${info[ctl_qpn]}" --ctl-psn "${info[ctl_psn]}" --ctl-rkey "${info[ctl_rkey]}" \
-    --ctl-addr "${info[ctl_addr]}" >"$work/probe" 2>&1 &
-  pids+=($!)
-  wait $!
-  probe_rc=$?
+    --ctl-addr "${info[ctl_addr]}" --ready "$work/probe-ready" <"$work/probe-stop" >"$work/probe" 2>&1 &
+  probe_pid=$!
+  pids+=("$probe_pid")
+  read -r -t 30 -u "$ready_fd" _ || fail "the probe did not finish sending within 30 s"
 else
   fail "the peers did not connect within 20 s"
 fi
 # Whatever the probe did, the peers check their memory and end.
-touch "$work/go"
+echo go >&"$go_s_fd"
+echo go >&"$go_c_fd"
 wait "$server_pid"
 server_rc=$?
 wait "$client_pid"
 client_rc=$?
+# The peers are done: the server handled the probe's packets (and sent
+# whatever it answered) before the client's WRITE and READ could complete.
+if [[ -n $probe_pid ]]; then
+  udp_after=$(udp_in_a)
+  echo stop >&"$stop_fd"
+  wait "$probe_pid"
+  probe_rc=$?
+fi
 
 for f in server client probe; do [[ -f $work/$f ]] && sed "s/^/[$name $f] /" "$work/$f"; done
 [[ $server_rc == 0 ]] || fail "the server exited $server_rc"
@@ -155,6 +175,10 @@ case $probe_rc in
   1) fail "packets came back to the attacker (see its lines above)" ;;
   *) fail "the probe did not run through (exit $probe_rc)" ;;
 esac
+if [[ -n $udp_before && -n $udp_after ]]; then
+  (( udp_after == udp_before )) ||
+    fail "host A's kernel took in $((udp_after - udp_before)) UDP datagrams during the attack (/proc/net/snmp): answers to the attacker"
+fi
 
 # The server's host's port counters (its runtime directory, its namespace:
 # one host to softhca).

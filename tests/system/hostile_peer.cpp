@@ -20,7 +20,7 @@
 //   ctl_qpn=0x.. ctl_psn=0x.. ctl_rkey=0x.. ctl_addr=0x..
 // (psn: the client's first SQ PSN, which the server's QP expects next) and,
 // for the record, the QPNs and rkeys of 4 more QPs and 8 more MRs. Both then
-// wait (bounded) until the file --go exists. Then the client RDMA WRITEs
+// wait (bounded) for a byte on --go, a FIFO the driver holds open. Then the client RDMA WRITEs
 // 64 bytes to offset 0 of the main MR and RDMA READs all 4 KiB of it back:
 // both must complete with IBV_WC_SUCCESS and the READ must show the
 // client's 64 bytes at 0 and the pattern everywhere else. The server checks
@@ -28,11 +28,15 @@
 // writes (P_Key 0xFFFF at offset 0, 0x7FFF at 64) and zeros elsewhere.
 // Each exits 0 only when all of its checks hold, and says why otherwise.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <infiniband/verbs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -254,11 +258,27 @@ Msg expect(Channel& ch, MsgType type, Clock::time_point deadline) {
   return *m;
 }
 
+// Blocks until the driver writes a byte to --go, a FIFO it holds open
+// (hostile_host.sh): the attack is over. Bounded by the deadline; a driver
+// that went away (end of file) is a failure too.
 void wait_for_go(const Options& o, Clock::time_point deadline) {
-  while (::access(o.go.c_str(), F_OK) != 0) {
-    if (Clock::now() >= deadline) die("no go-signal (" + o.go + ") in time");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const int fd = ::open(o.go.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) die("cannot open the go-signal " + o.go);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) die("no go-signal (" + o.go + ") in time");
+    pollfd p{fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) die("poll on the go-signal failed");
+    if (n == 0) continue;  // the deadline, checked above
+    char byte = 0;
+    const ssize_t got = ::read(fd, &byte, 1);
+    if (got == 1) break;
+    if (got == 0) die("the driver closed the go-signal without a go");
+    if (errno != EAGAIN && errno != EINTR) die("cannot read the go-signal");
   }
+  ::close(fd);
 }
 
 // Posts one signaled RDMA operation and waits (bounded) for its completion.
@@ -330,10 +350,9 @@ int run_server(const Options& o) {
                 static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(e.control_buf.data())));
   std::printf("hostile_peer: server %s%s\n", line, record.c_str());
   std::fflush(stdout);
-  const std::string tmp = o.info + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr || std::fputs(line, f) < 0 || std::fclose(f) != 0 || std::rename(tmp.c_str(), o.info.c_str()) != 0)
-    die("cannot write " + o.info);
+  // --info is a FIFO the driver reads: one write of the whole line.
+  FILE* f = std::fopen(o.info.c_str(), "w");
+  if (f == nullptr || std::fputs(line, f) < 0 || std::fclose(f) != 0) die("cannot write " + o.info);
 
   wait_for_go(o, deadline);
   const Msg done = expect(*ch, MsgType::kDone, deadline);

@@ -26,13 +26,14 @@ packet's real IPv4 and UDP headers as it builds the BTH):
      and random bytes).
 Every packet that 1-5 aims at the MR carries an ASCII tag ("ATTACK1!", ...;
 attack 4's "A4" and its PSN's distance from PSN in hex) so that the peers
-can name what landed. A sniffer on our interface counts every RoCEv2
-packet that comes to our address, from before the first packet to 1 s
-after the last.
+can name what landed. A sniffer on our interface lists every RoCEv2
+packet that comes to our address, from before the first packet until the
+driver writes a line on our stdin (the peers are done); the driver's own
+judge is the kernel's UDP counters of this host.
 
   hostile_probe.py --iface IF --own ADDR --server ADDR --server-alt ADDR --client ADDR
                    --qpn N --psn N --rkey N --addr N --ctl-qpn N --ctl-psn N --ctl-rkey N --ctl-addr N
-                   [--gap N] [--garbled N] [--seed N]
+                   --ready FIFO [--gap N] [--garbled N] [--seed N] [--wait SECS]
 
 Numbers may be written in hex (0x...). Prints what it sent and saw, ending
 with one line "hostile_probe: summary key=value ..." (from_own_address: the
@@ -47,8 +48,8 @@ import argparse
 import random
 import struct
 import sys
+import select
 import threading
-import time
 
 from scapy.config import conf
 from scapy.contrib.roce import BTH
@@ -170,6 +171,8 @@ def main():
     p.add_argument("--gap", type=int, default=300)
     p.add_argument("--garbled", type=int, default=300)
     p.add_argument("--seed", type=int, default=4791)
+    p.add_argument("--ready", required=True, help="where to write a line once every packet is sent (a FIFO)")
+    p.add_argument("--wait", type=float, default=60, help="seconds to wait for the stop line on stdin")
     a = p.parse_args()
     if not 0 < a.gap < 512:
         print("hostile_probe: --gap must be within selective recovery's window (1..511)", file=sys.stderr)
@@ -218,7 +221,6 @@ def main():
         forger.frame(a.own, a.server, reth(a.addr, a.rkey, 4096), opcode=READ_REQUEST, dqpn=a.qpn, ackreq=1,
                      psn=(a.psn + k) & PSN_MASK) for k in (0, 1)])
     counts["from_own_address"] += 2
-    time.sleep(1.0)
     # 3. The client's address, a foreign partition.
     send("3. WRITE as the client with P_Key 0x1234", [
         write_only(forger, a.client, a.server, a.qpn, a.psn, a.rkey, a.addr + OFFSET_ATTACK3, tagged(b"ATTACK3!"),
@@ -246,7 +248,15 @@ def main():
     send(f"5. garbled packets for QP {a.qpn:#08x} from our own address (seed {a.seed})", frames)
     counts["garbled"] += a.garbled
 
-    time.sleep(1.0)
+    # Sent: the driver lets the peers finish (the client's WRITE and READ
+    # complete only after the server has handled everything we sent, and
+    # answered it if it did), then says stop on our stdin.
+    with open(a.ready, "w") as ready:
+        ready.write("sent\n")
+    if not select.select([sys.stdin], [], [], a.wait)[0]:
+        print(f"hostile_probe: no stop from the driver in {a.wait} s", file=sys.stderr)
+        sniffer.stop()
+        return 2
     sniffer.stop()
     read_responses = sum(1 for f in replies if BTH in f and f[BTH].opcode in READ_RESPONSES)
     status = 0
