@@ -5,8 +5,11 @@
 // The input is a script (transport_script.hpp): a requester and a responder
 // joined by a wire that encodes and parses every packet, and steps that post
 // messages, deliver packets (lost, duplicated, overtaken or corrupted), forge
-// requests and responses nobody sent, post receives, deregister keys, move a
-// virtual clock and fire the requester's timer, and tear the requester down.
+// requests and responses nobody sent (from the peer's address, a third
+// host's, to another address, or in another partition: only what the udp
+// link's admission gate takes reaches the flows), post receives,
+// deregister keys, move a virtual clock and fire the requester's timer,
+// and tear the requester down.
 // Forged and corrupted packets reach the flows through wire::parse, as the
 // udp link's do, so that states a clean wire never shows (replays, NAKs,
 // go-back-N, PSNs near the 24-bit wrap) are reached along with nonsense.
@@ -23,11 +26,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include "checked_port.hpp"
 #include "packet_queue.hpp"
 #include "requester_ledger.hpp"
+#include "transport/admission.hpp"
 #include "transport/psn.hpp"
 #include "transport/requester_flow.hpp"
 #include "transport/retry_policy.hpp"
@@ -45,6 +50,13 @@ using script::kAbortNow;
 using script::Reader;
 
 constexpr std::size_t kMaxSteps = 512;   // bounds the work of one input
+// The connection's addresses as each end's QP holds them (its own, its
+// peer's: the fuzz flow's), another address of the responder's host, and
+// a third host's.
+constexpr uint8_t kRequesterAddress[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1};
+constexpr uint8_t kResponderAddress[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 2};
+constexpr uint8_t kOtherOwnAddress[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 4};
+constexpr uint8_t kStrangerAddress[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 3};
 // The fault-free end of an input: deliveries, and timeouts (few where the
 // requester waits for ever). A window's worth of READs answers in a few
 // thousand packets: a wire busy for far longer without a timeout is a storm.
@@ -374,9 +386,50 @@ class Session {
     if (info->payload == wire::PayloadRule::kAtomicValue) size = 8;
     if (info->payload == wire::PayloadRule::kData) size = std::min<uint64_t>(length_of(size_kind, size_kind, setup_.mtu), wire::kMaxPayload);
     std::vector<uint8_t> payload(size, static_cast<uint8_t>(size_kind ^ 0x3C));
+    // Who sent it (issue #40): mostly the QP's peer, to the QP's address;
+    // else a third host, the peer to another address of the QP's host, or
+    // the peer in another partition. Only what the udp link's gate takes
+    // (UdpLink::handle: the P_Key, then the addresses) reaches the flows.
+    const bool to_requester = h.bth.dest_qpn == kRequesterQpn;
+    const uint8_t origin = in.u8();
+    const uint8_t(&own)[16] = to_requester ? kRequesterAddress : kResponderAddress;
+    const uint8_t(&peer)[16] = to_requester ? kResponderAddress : kRequesterAddress;
+    wire::Gid src = gid(peer), dst = gid(own);
+    switch (origin % 8) {
+      case 5:
+        src = gid(kStrangerAddress);
+        break;
+      case 6:
+        dst = gid(kOtherOwnAddress);
+        break;
+      case 7: {
+        static constexpr uint16_t kForeign[] = {0x1234, 0x9234, 0x0000, 0x8000, 0x7FFE, 0xFFFE};
+        h.bth.pkey = kForeign[origin / 8 % std::size(kForeign)];
+        break;
+      }
+      default:
+        break;
+    }
+    const bool from_the_peer = origin % 8 < 5;
     untrusted_ = true;
-    PacketQueue::hand(encode_packet(h, payload), [this](const wire::ParsedPacket& p) { arrive(p); });
+    PacketQueue::hand(encode_packet(h, payload), [&](const wire::ParsedPacket& p) {
+      const bool taken = transport::pkey_matches(p.headers.bth.pkey, transport::kDefaultPkey) &&
+                         transport::from_peer(src, dst, own, peer);
+      if (taken != from_the_peer)
+        broken(from_the_peer ? "the gate refuses the peer's own packets" : "the gate takes only the peer's packets");
+      if (!taken) {
+        ++stats.refused;
+        return;
+      }
+      arrive(p);
+    });
     untrusted_ = false;
+  }
+
+  static wire::Gid gid(const uint8_t* address) {
+    wire::Gid g;
+    std::memcpy(g.data(), address, g.size());
+    return g;
   }
 
   // A PSN near `base`: on it, just before or after, or anywhere.

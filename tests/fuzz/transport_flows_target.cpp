@@ -56,10 +56,10 @@ void put_step(Bytes& b, Random& r) {
     b.push_back(static_cast<uint8_t>(r.below(4) ? 0 : r.byte()));
   } else if (pick < 93) {
     op(kForgeRequest);
-    any(10);
+    any(11);
   } else if (pick < 98) {
     op(kForgeResponse);
-    any(10);
+    any(11);
   } else {
     op(kKeys);
     any(1);

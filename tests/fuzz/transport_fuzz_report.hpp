@@ -36,17 +36,17 @@ inline void trace_packet(const char* what, const wire::Headers& h) {
 struct Stats {
   uint64_t inputs = 0, completions = 0, error_completions = 0, retransmitted = 0, duplicates = 0,
            out_of_sequence = 0, naks = 0, rnr_naks = 0, read_responses = 0, atomic_acks = 0, wraps = 0,
-           desynced = 0, aborted = 0;
+           desynced = 0, aborted = 0, refused = 0;
   ~Stats() {
     if (std::getenv("TRANSPORT_FUZZ_STATS") == nullptr) return;
     std::fprintf(stderr,
                  "transport_flows stats: %llu inputs, %llu completions (%llu in error), %llu packets resent, "
                  "%llu duplicates and %llu out of sequence at the responder, %llu NAKs, %llu RNR NAKs, "
                  "%llu READ response packets, %llu atomic ACKs, %llu inputs across the PSN wrap, "
-                 "%llu desynchronized by forgery, %llu aborted\n",
+                 "%llu desynchronized by forgery, %llu aborted, %llu forged packets refused at the gate\n",
                  ull(inputs), ull(completions), ull(error_completions), ull(retransmitted), ull(duplicates),
                  ull(out_of_sequence), ull(naks), ull(rnr_naks), ull(read_responses), ull(atomic_acks), ull(wraps),
-                 ull(desynced), ull(aborted));
+                 ull(desynced), ull(aborted), ull(refused));
   }
   static unsigned long long ull(uint64_t v) { return v; }
 };

@@ -26,8 +26,9 @@ enum Step : uint8_t {
   kToResponder,   // count, then a fault byte per packet: the requester's packets to the responder
   kToRequester,   // count, then a fault byte per packet: the responder's packets to the requester
   kTimer,         // mode, amount: advance the virtual clock and fire the requester's timer
-  kForgeRequest,  // opcode, PSN, flags, RETH/AtomicETH, payload: a request from nobody's requester
-  kForgeResponse, // opcode, PSN, syndrome, payload: a response from nobody's responder
+  kForgeRequest,  // opcode, PSN, flags, RETH/AtomicETH, payload, origin: a request from nobody's requester
+  kForgeResponse, // opcode, PSN, syndrome, payload, origin: a response from nobody's responder
+                  // (origin % 8: 0-4 the peer, 5 a third host, 6 to another address, 7 another P_Key)
   kPostReceive,   // address class, length class, lkey class: a receive WQE on the responder
   kKeys,          // which: deregister the key, or all, or register them again
   kRun,           // rounds: both ways without faults, timers as they fall due
