@@ -32,7 +32,8 @@ namespace softhca::transport {
 
 // In wire::Bth::reserved7.
 // On a request: its requester recovers selectively. On an answer: its
-// responder keeps packets past a gap (it saw kSelective on requests).
+// responder keeps packets past a gap (it saw kSelective on a request at
+// the PSN it expected: ResponderFlow::receive).
 inline constexpr uint8_t kSelective = 0x01;
 // On a request: a packet sent before (a resend of a hole or a go-back-N).
 inline constexpr uint8_t kResent = 0x02;
