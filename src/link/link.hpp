@@ -41,6 +41,9 @@ struct ChannelConfig {
   uint8_t traffic_class = 0;
   uint8_t hop_limit = 0;
   uint32_t flow_label = 0;
+  // An IPv6 link-local sgid's interface: the scope such an address needs to
+  // be sent from and to (0: a global address, the kernel's route decides).
+  uint32_t ifindex = 0;
   uint32_t mtu = 1024;           // the path MTU in bytes
   uint32_t rq_psn = 0;
   uint32_t max_dest_rd_atomic = 0;

@@ -39,7 +39,8 @@
 # tcpdump, ethtool or scapy.
 #
 # In the commands, @SERVER@ and @CLIENT@ stand for the hosts' IPv4
-# addresses, @SERVER6@ and @CLIENT6@ for their IPv6 ones; @NOBODY@ and
+# addresses, @SERVER6@ and @CLIENT6@ for their IPv6 ones, @LL_GID@ for the
+# GID index of the host's own IPv6 link-local address (fe80::); @NOBODY@ and
 # @NOBODY6@ for addresses no host owns but the client's host reaches
 # on-link (198.18.0.5 by a host route on its veth, as the /30 has no free
 # host address; 2001:2::3 in the /64), so that only the neighbour table
@@ -128,6 +129,10 @@ ip link set "$veth_a" netns "$ns_a" && ip link set "$veth_b" netns "$ns_b" || ex
 ip -n "$ns_a" addr add "$a_ip/30" dev "$veth_a" && ip -n "$ns_b" addr add "$b_ip/30" dev "$veth_b" || exit 1
 ip -n "$ns_a" addr add "$a_ip6/64" dev "$veth_a" nodad && ip -n "$ns_b" addr add "$b_ip6/64" dev "$veth_b" nodad || exit 1
 for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up || exit 1; done
+# No duplicate address detection: each veth's IPv6 link-local address
+# (fe80::, made when it comes up) is usable at once, as its global one is.
+ip netns exec "$ns_a" sysctl -qw "net.ipv6.conf.$veth_a.accept_dad=0" &&
+  ip netns exec "$ns_b" sysctl -qw "net.ipv6.conf.$veth_b.accept_dad=0" || exit 1
 ip -n "$ns_a" link set "$veth_a" up && ip -n "$ns_b" link set "$veth_b" up || exit 1
 ip -n "$ns_b" route add "$nobody_ip/32" dev "$veth_b" || exit 1
 if ((static_neighbours)); then
@@ -152,8 +157,23 @@ if ((wire_check)); then
   done
 fi
 
+# The GID index of host NS's IPv6 link-local address (fe80::/10), as
+# ibv_devinfo on softhca lists its GID table (in a private /dev/shm).
+link_local_gid() {
+  ip netns exec "$1" unshare -m --propagation private sh -c \
+    "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec env LD_LIBRARY_PATH=$libdir timeout 10 ibv_devinfo -v" 2>/dev/null |
+    awk '/GID\[ *[0-9]+\]:[[:space:]]*fe80:/ { sub(/.*GID\[ */, ""); sub(/\].*/, ""); print; exit }'
+}
+
+# expand CMD NS: CMD with the placeholders filled in, @LL_GID@ for host NS.
 expand() {
   local s=${1//@SERVER6@/$a_ip6}
+  if [[ $s == *@LL_GID@* ]]; then
+    local ll
+    ll=$(link_local_gid "$2")
+    [[ -n $ll ]] || { echo "[$name] no link-local GID on $2" >&2; ll=none; }
+    s=${s//@LL_GID@/$ll}
+  fi
   s=${s//@NOBODY6@/$nobody_ip6}
   s=${s//@NOBODY@/$nobody_ip}
   s=${s//@CLIENT6@/$b_ip6}
@@ -173,7 +193,7 @@ run_on() {
     >"$log" 2>&1
 }
 
-run_on "$ns_a" "$work/server" "$(expand "$server")" &
+run_on "$ns_a" "$work/server" "$(expand "$server" "$ns_a")" &
 pids+=($!)
 server_pid=$!
 ready=0
@@ -192,7 +212,7 @@ status=PASS
 cut=0
 [[ -n $cut_packets || -n $cut_log ]] && cut=1
 if ((ready && cut)); then
-  run_on "$ns_b" "$work/client" "$(expand "$client")" &
+  run_on "$ns_b" "$work/client" "$(expand "$client" "$ns_b")" &
   client_pid=$!
   pids+=($client_pid)
   # Cut once traffic flows (bounded; a client that dies first is judged
@@ -227,7 +247,7 @@ if ((ready && cut)); then
     status=FAIL
   fi
 elif ((ready)); then
-  run_on "$ns_b" "$work/client" "$(expand "$client")" &
+  run_on "$ns_b" "$work/client" "$(expand "$client" "$ns_b")" &
   pids+=($!)
   wait $!
   client_rc=$?

@@ -863,7 +863,11 @@ void QueuePair::open_channel_locked() {
   config.qp_type = init_.type;
   config.dest_qpn = attrs_.dest_qpn;
   std::memcpy(config.dgid, ah.dgid.data(), 16);
-  if (const GidEntry* sgid = device_info().gid_at(ah.sgid_index)) std::memcpy(config.sgid, sgid->raw.data(), 16);
+  if (const GidEntry* sgid = device_info().gid_at(ah.sgid_index)) {
+    std::memcpy(config.sgid, sgid->raw.data(), 16);
+    // fe80::/10 means something only on one link: say which.
+    if (sgid->raw[0] == 0xFE && (sgid->raw[1] & 0xC0) == 0x80) config.ifindex = sgid->ifindex;
+  }
   config.traffic_class = ah.traffic_class;
   config.hop_limit = ah.hop_limit;
   config.flow_label = ah.flow_label;

@@ -155,8 +155,8 @@ class FlowSink final : public transport::PacketSink {
   // of answers, sent once the datagrams received together are handled.
   struct Answers {};
   FlowSink(Answers, UdpLink& link, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class,
-           uint8_t hop_limit, CounterSink counters)
-      : FlowSink(link, src, dst, traffic_class, hop_limit, counters) {
+           uint8_t hop_limit, CounterSink counters, uint32_t ifindex)
+      : FlowSink(link, src, dst, traffic_class, hop_limit, counters, ifindex) {
     answers_ = true;
   }
   ~FlowSink();
@@ -170,7 +170,7 @@ class FlowSink final : public transport::PacketSink {
   wire::Gid src_, dst_;
   uint8_t traffic_class_, hop_limit_;
   CounterSink counters_;
-  uint32_t ifindex_;  // where a multicast datagram leaves (0: the kernel's route)
+  uint32_t ifindex_;  // where a multicast or link-local datagram leaves (0: the kernel's route)
   bool answers_ = false;  // collects into the link's batch of answers, not one of its own
   std::unique_ptr<SendBatch> batch_;
 };
@@ -641,7 +641,7 @@ class UdpChannel final : public link::Channel {
     for (int i = 0; i < m.nlocal; ++i) m.local[i] = request.data[i];
     m.length = request.length;
     FlowSink sink(link_, gid_of(state_->config.sgid), gid_of(state_->config.dgid),
-                  state_->config.traffic_class, state_->config.hop_limit, state_->counters);
+                  state_->config.traffic_class, state_->config.hop_limit, state_->counters, state_->config.ifindex);
     const bool had_deadline = state_->requester->deadline() != 0;
     state_->requester->post(m, monotonic_ns(), sink);
     if (state_->config.qp_type == IBV_QPT_UC) {
@@ -801,7 +801,7 @@ uint64_t UdpLink::run_timers(uint64_t now) {
       transport::RequesterFlow& r = *state->requester;
       if (r.deadline() != 0 && now >= r.deadline()) {
         FlowSink sink(*this, gid_of(state->config.sgid), gid_of(state->config.dgid), state->config.traffic_class,
-                      state->config.hop_limit, state->counters);
+                      state->config.hop_limit, state->counters, state->config.ifindex);
         const bool was_failed = r.failed();
         r.on_timer(now, sink);
         answers = r.failed() != was_failed;
@@ -1215,7 +1215,8 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
     {
       std::lock_guard guard(state.mutex);
       if (state.closed || !state.requester) return;
-      FlowSink sink(*this, from.dst, from.src, state.config.traffic_class, state.config.hop_limit, state.counters);
+      FlowSink sink(*this, from.dst, from.src, state.config.traffic_class, state.config.hop_limit, state.counters,
+                    state.config.ifindex);
       state.requester->on_response(packet, monotonic_ns(), sink);
     }
     if (state.config.on_answers) state.config.on_answers();
@@ -1234,7 +1235,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
   if (!run.self_usable) return;
   if (!run.sink)
     run.sink.emplace(FlowSink::Answers{}, *this, from.dst, from.src, state.config.traffic_class,
-                     state.config.hop_limit, state.counters);
+                     state.config.hop_limit, state.counters, state.config.ifindex);
   shm::ShmResponderPort port(host_, run.self, &state.responder_key);
   state.responder.on_request(packet, port, *run.sink);
   // Where another handle would take the peer over (QueuePair::sync_tgt_channel).
