@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 
 #include "wire/crc32.hpp"
 #include "wire/ip_udp.hpp"
@@ -19,14 +18,14 @@ void mask_variant_fields(IpVersion version, std::span<uint8_t> image) {
   uint8_t* ip = image.data();
   std::size_t udp_offset;
   if (version == IpVersion::kV4) {
-    ip[1] = 0xFF;                 // TOS
-    ip[8] = 0xFF;                 // TTL
-    ip[10] = ip[11] = 0xFF;       // header checksum
+    ip[1] = 0xFF;            // TOS
+    ip[8] = 0xFF;            // TTL
+    ip[10] = ip[11] = 0xFF;  // header checksum
     udp_offset = kIpv4HeaderSize;
   } else {
-    ip[0] |= 0x0F;                // traffic class, high nibble
-    ip[1] = ip[2] = ip[3] = 0xFF; // traffic class, low nibble, and flow label
-    ip[7] = 0xFF;                 // hop limit
+    ip[0] |= 0x0F;                 // traffic class, high nibble
+    ip[1] = ip[2] = ip[3] = 0xFF;  // traffic class, low nibble, and flow label
+    ip[7] = 0xFF;                  // hop limit
     udp_offset = kIpv6HeaderSize;
   }
   ip[udp_offset + 6] = ip[udp_offset + 7] = 0xFF;  // UDP checksum
@@ -88,25 +87,59 @@ constexpr std::size_t bytes_after_id(std::size_t udp_payload_size) {
   return kIpv4HeaderSize - 6 + kUdpHeaderSize + udp_payload_size - kIcrcSize;
 }
 
-// The differences for IDs 1, 2, 4, ..., 128 at one packet length; an ID
-// below 256 differs from 0 in its low byte only, so its difference is the
-// xor of those of its bits. Computing them costs a few dozen
+// x^-1 mod P: the value that times_x takes to x^0 (bit 31). P has an x^0
+// term, so x is invertible and so is every power of it.
+constexpr uint32_t kInverseX = 0xDB710641;
+static_assert(times_x(kInverseX) == 0x80000000);
+
+// x^(-8 * 2^k) mod P for k = 0..19: undoing 2^k zero bytes.
+constexpr std::array<uint32_t, 20> kInverseZeroBytePowers = [] {
+  std::array<uint32_t, 20> powers{};
+  uint32_t inverse_x8 = 0x80000000;
+  for (int i = 0; i < 8; ++i) inverse_x8 = multiply(inverse_x8, kInverseX);
+  powers[0] = inverse_x8;
+  for (std::size_t k = 1; k < powers.size(); ++k) powers[k] = multiply(powers[k - 1], powers[k - 1]);
+  return powers;
+}();
+static_assert(multiply(kInverseZeroBytePowers[3], kZeroBytePowers[3]) == 0x80000000);
+
+// x^(-8 n) mod P.
+uint32_t inverse_zero_bytes_factor(std::size_t n) {
+  uint32_t factor = 0x80000000;
+  for (std::size_t k = 0; n != 0; ++k, n >>= 1) {
+    if (n & 1) factor = multiply(factor, kInverseZeroBytePowers[k]);
+  }
+  return factor;
+}
+
+// What an ID does to the ICRC at one packet length. The difference for ID
+// bytes (b0, b1) is W * x^(16 + 8 n), where W = b0 | b1 << 8 is the pair as
+// the reflected register holds it and n the bytes after the ID: the
+// register runs over the two ID bytes, then over n zeros. `bit` holds the
+// differences of IDs 1, 2, 4, ..., 128 (an ID below 256 differs from 0 in
+// its low byte only, so its difference is the xor of those of its bits:
+// the sender's GSO segments); `undo` is x^-(16 + 8 n), which takes any
+// difference back to its W. Computing them costs a few dozen
 // multiplications, so each thread keeps those of the lengths it saw last:
 // a flow's packets come in very few lengths (the MTU's, a last one).
 struct IdBasis {
   std::size_t udp_payload_size = 0;  // 0: empty (no packet is that short)
   std::array<uint32_t, 8> bit{};
+  uint32_t undo = 0;
 };
 
 const IdBasis& id_basis(std::size_t udp_payload_size) {
   thread_local std::array<IdBasis, 16> cache{};
   IdBasis& entry = cache[(udp_payload_size ^ (udp_payload_size >> 4)) & 15];
   if (entry.udp_payload_size != udp_payload_size) {
-    const uint32_t factor = zero_bytes_factor(bytes_after_id(udp_payload_size));
+    const std::size_t n = bytes_after_id(udp_payload_size);
+    const uint32_t factor = zero_bytes_factor(n);
     for (std::size_t b = 0; b < entry.bit.size(); ++b) {
       const uint8_t low = static_cast<uint8_t>(1U << b);
       entry.bit[b] = multiply(register_after(std::span<const uint8_t>(&low, 1)), factor);
     }
+    entry.undo = multiply(inverse_zero_bytes_factor(n),
+                          kInverseZeroBytePowers[1]);  // and the ID's own two bytes
     entry.udp_payload_size = udp_payload_size;
   }
   return entry;
@@ -129,29 +162,15 @@ uint32_t icrc_ipv4_id_delta(uint16_t ip_id, std::size_t udp_payload_size) {
   return multiply(register_after(id_bytes), zero_bytes_factor(bytes_after_id(udp_payload_size)));
 }
 
-std::optional<uint16_t> ipv4_id_behind_icrc(uint32_t icrc_id0, uint32_t received, std::size_t udp_payload_size,
-                                            uint16_t max_id, uint16_t likely_id) {
-  const uint32_t wanted = icrc_id0 ^ received;
-  if (wanted == 0 || max_id == 0) return std::nullopt;
-  max_id = std::min(max_id, kMaxUnseenIpv4Id);
-  const IdBasis& basis = id_basis(udp_payload_size);
-  if (likely_id != 0 && likely_id <= max_id) {
-    uint32_t delta = 0;  // linear: one basis term per bit of the ID
-    for (std::size_t b = 0; b < basis.bit.size(); ++b) {
-      if (likely_id & (1U << b)) delta ^= basis.bit[b];
-    }
-    if (delta == wanted) return likely_id;
-  }
-  // IDs 1 .. 2^k - 1 in Gray code order: each differs from the one before
-  // in one bit, so each candidate's difference is one xor away.
-  uint32_t delta = 0;
-  const unsigned limit = std::bit_ceil(static_cast<unsigned>(max_id) + 1);
-  for (unsigned i = 1; i < limit; ++i) {
-    delta ^= basis.bit[static_cast<std::size_t>(std::countr_zero(i))];
-    const unsigned id = i ^ (i >> 1);
-    if (delta == wanted && id <= max_id) return static_cast<uint16_t>(id);
-  }
-  return std::nullopt;
+std::optional<uint16_t> ipv4_id_behind_icrc(uint32_t icrc_id0, uint32_t received, std::size_t udp_payload_size) {
+  const uint32_t difference = icrc_id0 ^ received;
+  if (difference == 0) return std::nullopt;
+  // Multiplying by a power of x is one-to-one, so exactly one 32-bit W has
+  // this difference; it is an ID's when it fits the two ID bytes, which
+  // 65,535 of the 2^32 - 1 nonzero differences do.
+  const uint32_t w = multiply(difference, id_basis(udp_payload_size).undo);
+  if (w > 0xFFFF) return std::nullopt;
+  return static_cast<uint16_t>((w & 0xFF) << 8 | w >> 8);  // b0 is the ID's high byte
 }
 
 Result<IcrcPrefix> icrc_prefix(std::span<const uint8_t> ip_udp_headers, std::size_t udp_payload_size) {

@@ -9,8 +9,8 @@
 // limit); the UDP header with its checksum set to all ones; the BTH with its
 // byte 4 (FECN, BECN and the reserved bits, which switches may mark) set to
 // all ones; then everything after the BTH up to the ICRC, pad bytes included.
-// The CRC is the CRC-32 of Ethernet and zlib (wire/crc32.hpp) and goes on the wire least
-// significant byte first, as the kernel's rxe and scapy write it.
+// The CRC is the CRC-32 of Ethernet and zlib (wire/crc32.hpp) and goes on the
+// wire least significant byte first, as the kernel's rxe and scapy write it.
 #pragma once
 
 #include <cstddef>
@@ -60,14 +60,17 @@ uint32_t icrc_after_prefix(const IcrcPrefix& prefix, std::span<const uint8_t> ud
 // never sees the ID, recognise such a segment.
 uint32_t icrc_ipv4_id_delta(uint16_t ip_id, std::size_t udp_payload_size);
 
-// The IPv4 ID in 1..max_id under which a packet whose ICRC over the ID-0
-// header image is `icrc_id0` carries `received` instead, or nullopt when
-// none does (a corrupted packet). `udp_payload_size` as above; max_id is
-// at most kMaxUnseenIpv4Id. `likely_id` (0: none) is tried first: the
-// segments of a run come in order, each one ID past the one before.
-std::optional<uint16_t> ipv4_id_behind_icrc(uint32_t icrc_id0, uint32_t received, std::size_t udp_payload_size,
-                                            uint16_t max_id, uint16_t likely_id = 0);
-inline constexpr uint16_t kMaxUnseenIpv4Id = 255;
+// The IPv4 ID (1..65535) under which a packet whose ICRC over the ID-0
+// header image is `icrc_id0` carries `received` instead, or nullopt when no
+// ID does (a corrupted packet). `udp_payload_size` as above. The difference
+// of the two ICRCs is an ID's value times a power of x mod the CRC's
+// polynomial (see icrc_ipv4_id_delta), so one multiplication by the inverse
+// power solves it: a receiver that cannot see the ID (a UDP socket) takes
+// any sender's packets, whatever IDs its kernel writes (rxe's are the
+// kernel's running per-destination counter), at the price of the ICRC's
+// strength: 65,535 of the 2^32 possible differences now pass for an ID
+// (docs/architecture.md, "The IPv4 ID").
+std::optional<uint16_t> ipv4_id_behind_icrc(uint32_t icrc_id0, uint32_t received, std::size_t udp_payload_size);
 
 // The ICRC's four wire bytes, least significant first.
 void store_icrc(uint32_t icrc, std::span<uint8_t, kIcrcSize> out);

@@ -96,12 +96,10 @@ std::expected<ParsedPacket, ParseError> parse(const IcrcPrefix& prefix, std::spa
   const uint32_t received = load_icrc(udp_payload.last<kIcrcSize>());
   uint16_t unseen_ipv4_id = 0;
   if (icrc != received) {
-    // A receiver that rebuilt an ID-0 IPv4 image may accept the ICRC of a
-    // small ID instead: the segments of a GSO send carry 1, 2, ... (icrc.hpp).
-    const auto id = prefix.ipv4_id0 && limits.max_unseen_ipv4_id != 0
-                        ? ipv4_id_behind_icrc(icrc, received, udp_payload.size(), limits.max_unseen_ipv4_id,
-                                              limits.likely_unseen_ipv4_id)
-                        : std::nullopt;
+    // A receiver that rebuilt an ID-0 IPv4 image accepts the ICRC of the
+    // real ID it could not see (icrc.hpp).
+    const auto id = prefix.ipv4_id0 && limits.ipv4_id_unseen ? ipv4_id_behind_icrc(icrc, received, udp_payload.size())
+                                                             : std::nullopt;
     if (!id) return std::unexpected(E::kBadIcrc);
     unseen_ipv4_id = *id;
   }
@@ -180,8 +178,7 @@ Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_
   if (h.immdt) encode_immdt(*h.immdt, w.take<kImmDtSize>());
   if (h.ieth) encode_ieth(*h.ieth, w.take<kIethSize>());
   // Pad bytes are zero (IBTA) and covered by the ICRC.
-  std::fill_n(out.begin() + static_cast<std::ptrdiff_t>(info->header_size + payload_size), bth.pad_count,
-              uint8_t{0});
+  std::fill_n(out.begin() + static_cast<std::ptrdiff_t>(info->header_size + payload_size), bth.pad_count, uint8_t{0});
 
   const auto packet = out.first(size);
   const auto icrc = icrc_of(ip_udp_headers, packet);

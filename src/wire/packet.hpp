@@ -48,8 +48,8 @@ struct ParsedPacket {
   OpcodeInfo info;                   // the opcode's table entry
   Headers headers;
   std::span<const uint8_t> payload;  // in the caller's buffer; pad and ICRC excluded
-  // The IPv4 ID the ICRC matched beyond the header image's (0 but for a GSO
-  // segment accepted through ParseLimits::max_unseen_ipv4_id).
+  // The IPv4 ID the ICRC matched beyond the header image's (0 but for a
+  // packet accepted through ParseLimits::ipv4_id_unseen).
   uint16_t unseen_ipv4_id = 0;
 };
 
@@ -78,14 +78,12 @@ std::string_view to_string(ParseError e);
 struct ParseLimits {
   std::size_t max_payload = kMaxPayload;  // the receiver's path MTU
   // With an IPv4 header image whose ID is 0 (a receiver that cannot see the
-  // real ID, as a UDP socket's), also accept the ICRC of an ID in
-  // 1..max_unseen_ipv4_id: a GSO send's segments carry the IDs 1, 2, ...
-  // after the first's 0 (icrc_ipv4_id_delta). 0: the ICRC must match the
-  // image exactly, as for a capture, whose headers are the real ones.
-  uint16_t max_unseen_ipv4_id = 0;
-  // The unseen ID to try first (0: none), as a run's segments come: the
-  // one after the previous segment's.
-  uint16_t likely_unseen_ipv4_id = 0;
+  // real ID, as a UDP socket's), also accept the ICRC of any other ID
+  // (ipv4_id_behind_icrc) and report it in ParsedPacket::unseen_ipv4_id:
+  // a GSO send's segments carry the IDs 1, 2, ..., other senders (rxe, NICs)
+  // whatever their kernel or hardware counts. false: the ICRC must match
+  // the image exactly, as for a capture, whose headers are the real ones.
+  bool ipv4_id_unseen = false;
 };
 
 // Parses a UDP payload received with the IP and UDP headers `ip_udp_headers`

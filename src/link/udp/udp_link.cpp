@@ -295,12 +295,10 @@ class UdpLink final : public link::Link {
     std::optional<FlowSink> sink;
   };
   // What the packets of one run (one flow) share for their parse: the
-  // headers' part of the ICRC for the run's segment length, and the IPv4 ID
-  // the next segment likely has.
+  // headers' part of the ICRC for the run's segment length.
   struct RunParse {
     std::size_t prefix_for = 0;  // the UDP payload size `prefix` is for; 0: none yet
     wire::IcrcPrefix prefix;
-    uint16_t likely_id = 0;
   };
   void handle(const Received& from, std::span<const uint8_t> bytes, RunToQp& run, RunParse& parse);
   void handle(const Received& from, std::span<const uint8_t> bytes) {
@@ -1138,11 +1136,11 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
     run_parse.prefix = *prefix;
     run_parse.prefix_for = bytes.size();
   }
-  // The socket hides the IPv4 ID; a peer's GSO segments carry 1, 2, ...
-  // (never more than a run's length), and their ICRCs cover them.
+  // The socket hides the IPv4 ID, which the ICRC covers: a softhca peer's
+  // GSO segments carry 1, 2, ..., rxe's and a NIC's packets whatever their
+  // sender counts.
   wire::ParseLimits limits;
-  limits.max_unseen_ipv4_id = static_cast<uint16_t>(kGsoMaxSegments - 1);
-  limits.likely_unseen_ipv4_id = run_parse.likely_id;
+  limits.ipv4_id_unseen = true;
   const auto parsed = wire::parse(run_parse.prefix, bytes, limits);
   if (!parsed) {
     port_counters()->add(parsed.error() == wire::ParseError::kBadIcrc ? Counter::kIcrcDrops : Counter::kMalformedDrops);
@@ -1151,7 +1149,6 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
     return;
   }
   const wire::ParsedPacket& packet = *parsed;
-  run_parse.likely_id = static_cast<uint16_t>(packet.unseen_ipv4_id + 1);
   const uint32_t qpn = packet.headers.bth.dest_qpn;
   if (capture_)
     [[maybe_unused]] auto written = capture_->write(flow, bytes, realtime_ns(), packet.unseen_ipv4_id);

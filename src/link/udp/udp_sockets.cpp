@@ -79,6 +79,13 @@ int bind_v6(uint16_t port, bool reuse) {
   set_int(fd, IPPROTO_IPV6, IPV6_DONTFRAG, 1);
   set_int(fd, IPPROTO_IPV6, kIpv6MulticastAll, 0);
   set_int(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, 0);
+  // RoCEv2 over IPv6 may leave the UDP checksum 0 (the ICRC protects the
+  // packet): rxe and RoCE NICs do, and without this option the kernel
+  // drops such datagrams (Udp6InCsumErrors) before we could see them. A
+  // nonzero checksum is still verified. We send checksums ourselves: a GSO
+  // send (UDP_SEGMENT) is refused on a socket with UDP_NO_CHECK6_TX, and
+  // every receiver takes a valid checksum (docs/architecture.md).
+  set_int(fd, IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);
   if (reuse) accept_coalesced(fd);
   sockaddr_in6 a{};
   a.sin6_family = AF_INET6;
