@@ -563,7 +563,7 @@ Result<QpAttrPlan> init_qp_attr(const Connection& conn, ibv_qp_type qp_type, uin
       if (!conn.has_cm() || s == ConnState::kIdle || s == ConnState::kReqSent) return fail(std::errc::invalid_argument);
       a.path_mtu = static_cast<ibv_mtu>(n.path.mtu);
       a.dest_qp_num = n.remote_qpn;
-      a.rq_psn = n.remote_psn;
+      a.rq_psn = n.local_psn;  // what our REQ or REP announced (Negotiated)
       a.ah_attr.is_global = 1;
       std::memcpy(a.ah_attr.grh.dgid.raw, n.path.dgid.data(), 16);
       a.ah_attr.grh.sgid_index = n.path.sgid_index;
@@ -588,7 +588,7 @@ Result<QpAttrPlan> init_qp_attr(const Connection& conn, ibv_qp_type qp_type, uin
       }
       const ConnState s = conn.state();
       if (!conn.has_cm() || s == ConnState::kIdle || s == ConnState::kReqSent) return fail(std::errc::invalid_argument);
-      a.sq_psn = n.local_psn;
+      a.sq_psn = n.remote_psn;  // what the peer's REQ or REP announced
       plan.mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
       if (qp_type == IBV_QPT_XRC_RECV) {
         a.timeout = n.path.local_ack_timeout;  // all a TGT QP takes (and needs) at RTS

@@ -154,6 +154,11 @@ struct Negotiated {
   ibv_qp_type qp_type = IBV_QPT_RC;
   uint32_t local_qpn = 0;
   uint32_t remote_qpn = 0;
+  // A CM message's Starting PSN is the PSN its sender's QP will receive
+  // first, as Linux's ib_cm and rdma_cm read it (cm_req_handler makes the
+  // REQ's PSN the passive side's sq_psn; rdma_init_qp_attr gives RTR the
+  // id's own PSN): our messages carry local_psn, our QP's rq_psn, and our
+  // QP sends from remote_psn, the Starting PSN of the peer's REQ or REP.
   uint32_t local_psn = 0;
   uint32_t remote_psn = 0;
   uint8_t responder_resources = 0;  // our QP's max_dest_rd_atomic

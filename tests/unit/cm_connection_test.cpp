@@ -150,24 +150,33 @@ TEST(CmConnection, FullHandshakeAndValues) {
   EXPECT_EQ(b.initiator_depth, 1);
 }
 
-// rdma_accept moves the passive QP to RTR and RTS before the REP goes out:
-// the PSN it gets then is the one the REP carries, so the active side's
-// responder expects exactly what the passive side's requester sends.
-TEST(CmConnection, ThePassiveQpSendsFromThePsnItsRepAnnounces) {
+// rdma_accept moves the passive QP to RTR and RTS before the REP goes out.
+// As Linux's ib_cm reads a CM message's Starting PSN (the PSN its sender
+// will receive), the passive QP sends from the REQ's PSN and receives from
+// the one its REP announces, and the active QP the other way round: each
+// responder expects exactly what the other's requester sends.
+TEST(CmConnection, EachQpReceivesFromThePsnItsOwnMessageAnnounces) {
   Connection active;
   auto s1 = active.connect(connect_args());
   ASSERT_TRUE(s1.has_value());
   Step ev;
   Connection passive =
       Connection::from_req(std::get<ReqMsg>(*s1->send), kPassiveComm, 0x4567, path_from(1, 1), kIpHeaderSize, ev);
+  const auto& req = std::get<ReqMsg>(*s1->send);
+  auto rtr_before_rep = init_qp_attr(passive, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTR);
   auto rts_before_rep = init_qp_attr(passive, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTS);
+  ASSERT_TRUE(rtr_before_rep.has_value());
   ASSERT_TRUE(rts_before_rep.has_value());
+  EXPECT_EQ(rts_before_rep->attr.sq_psn, req.starting_psn);  // cm_req_handler: sq_psn from the REQ
   auto s2 = passive.accept(accept_args());
   ASSERT_TRUE(s2.has_value());
   const auto& rep = std::get<RepMsg>(*s2->send);
-  EXPECT_EQ(rep.starting_psn, rts_before_rep->attr.sq_psn);
+  EXPECT_EQ(rep.starting_psn, 0x4567u);
+  EXPECT_EQ(rep.starting_psn, rtr_before_rep->attr.rq_psn);
   active.on_message(*s2->send);
-  EXPECT_EQ(init_qp_attr(active, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTR)->attr.rq_psn, rts_before_rep->attr.sq_psn);
+  // The active side: receives from its REQ's PSN, sends from the REP's.
+  EXPECT_EQ(init_qp_attr(active, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTR)->attr.rq_psn, req.starting_psn);
+  EXPECT_EQ(init_qp_attr(active, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTS)->attr.sq_psn, rep.starting_psn);
 }
 
 TEST(CmConnection, QpAttributesFollowTheConnection) {
@@ -190,7 +199,7 @@ TEST(CmConnection, QpAttributesFollowTheConnection) {
   EXPECT_EQ(rtr->mask, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   EXPECT_EQ(rtr->attr.dest_qp_num, 0x22u);
-  EXPECT_EQ(rtr->attr.rq_psn, 0x300u);
+  EXPECT_EQ(rtr->attr.rq_psn, 0x100u);  // the REQ's own PSN (Negotiated)
   EXPECT_EQ(rtr->attr.path_mtu, IBV_MTU_4096);
   EXPECT_EQ(rtr->attr.ah_attr.is_global, 1);
   EXPECT_EQ(rtr->attr.ah_attr.port_num, 1);
@@ -200,7 +209,7 @@ TEST(CmConnection, QpAttributesFollowTheConnection) {
   ASSERT_TRUE(rts.has_value());
   EXPECT_EQ(rts->mask, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                            IBV_QP_MAX_QP_RD_ATOMIC);
-  EXPECT_EQ(rts->attr.sq_psn, 0x100u);
+  EXPECT_EQ(rts->attr.sq_psn, 0x300u);  // the REP's PSN
   EXPECT_EQ(rts->attr.retry_cnt, 6);
   EXPECT_EQ(rts->attr.rnr_retry, 3);
   EXPECT_EQ(rts->attr.max_rd_atomic, 4);
@@ -208,7 +217,8 @@ TEST(CmConnection, QpAttributesFollowTheConnection) {
 
   auto prtr = init_qp_attr(p.passive, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTR);
   EXPECT_EQ(prtr->attr.dest_qp_num, 0x11u);
-  EXPECT_EQ(prtr->attr.rq_psn, 0x100u);
+  EXPECT_EQ(prtr->attr.rq_psn, 0x300u);
+  EXPECT_EQ(init_qp_attr(p.passive, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTS)->attr.sq_psn, 0x100u);
 
   // UD: Q_Key at INIT, bare RTR, RTS with PSN 0.
   auto ud = init_qp_attr(fresh, IBV_QPT_UD, 1, 0, 0x01234567, IBV_QPS_INIT);
