@@ -49,8 +49,12 @@ enum class Counter : uint8_t {
   kSrcAddrDrops,         // packets for a connected QP from an address that is not its peer's, or not to its own
   kPkeyDrops,            // port: packets whose BTH P_Key matches no entry of the P_Key table
   kSendErr,              // port: packets the operating system refused to send
+  kClosedQpDrops,        // packets for a QP of ours that does not receive now: RESET, INIT or ERROR
+                         // (a responder), being destroyed, or without a requester (a response)
+  kStaleResponses,       // requester: responses that answered nothing outstanding (repeated ACKs,
+                         // a PSN never sent, a READ response out of its window): taken, no effect
 };
-inline constexpr std::size_t kCounterCount = static_cast<std::size_t>(Counter::kSendErr) + 1;
+inline constexpr std::size_t kCounterCount = static_cast<std::size_t>(Counter::kStaleResponses) + 1;
 
 struct CounterInfo {
   std::string_view name;
@@ -89,6 +93,8 @@ inline constexpr std::array<CounterInfo, kCounterCount> kCounterInfo = {{
     {"src_addr_drops", "packets for a connected QP dropped: not from its peer's address to its own"},
     {"pkey_drops", "packets dropped: their P_Key matches no entry of the P_Key table"},
     {"send_err", "packets the operating system refused to send"},
+    {"closed_qp_drops", "packets dropped: their QP does not receive now (RESET, INIT, ERROR, destroyed)"},
+    {"stale_responses", "responses that answered nothing outstanding (repeated ACKs, unsent PSNs)"},
 }};
 
 constexpr const CounterInfo& info(Counter c) { return kCounterInfo[static_cast<std::size_t>(c)]; }
@@ -117,7 +123,7 @@ constexpr bool bumped_by_initiators(Counter c) {
 // posts) next to kRdmaRecvs (its peer's, at every SEND it executes here), a
 // ping-pong of SENDs moved that line between the two cores at every message.
 inline constexpr std::size_t kInitiatorSlots = 8;
-inline constexpr std::size_t kOwnerSlots = 24;
+inline constexpr std::size_t kOwnerSlots = 32;
 inline constexpr std::size_t kCounterSlots = kOwnerSlots + kInitiatorSlots;
 inline constexpr std::array<uint8_t, kCounterCount> kCounterSlot = [] {
   std::array<uint8_t, kCounterCount> slot{};

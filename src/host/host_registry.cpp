@@ -18,7 +18,7 @@ namespace softhca::host {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667468636131ULL;  // "softhca1"
-constexpr uint32_t kVersion = 14;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
+constexpr uint32_t kVersion = 15;  // 2: the multicast group table; 3: the access fence; 4: counters; 5: the GSI agent;
                                   // 6: shared registered memory; 7: counters by writer, QP
                                   // destruction fenced by the access slots; 8: QP slots
                                   // carry the incarnation; 9: memory windows in the MR
@@ -26,7 +26,8 @@ constexpr uint32_t kVersion = 14;  // 2: the multicast group table; 3: the acces
                                   // span (whole pages only); 11: TGT QPs owned by the host;
                                   // 12: TGT QP holders carry their start time; 13: CQ producers
                                   // under an access announcement are not counted (SharedCq); 14: keys
-                                  // and QPNs drawn at random (no cursors), two more counters
+                                  // and QPNs drawn at random (no cursors), two more counters;
+                                  // 15: 32 owner counter slots, closed_qp_drops, stale_responses
 
 uint64_t now_ns() {
   timespec ts;

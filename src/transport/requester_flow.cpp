@@ -479,13 +479,21 @@ void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSin
 }
 
 void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_ns, PacketSink& out) {
-  if (failed_ || outstanding_.empty()) return;
+  // Every response that changes nothing is counted (stale_responses), so
+  // that a peer whose answers all go unheard shows in `softhca stat`.
+  if (failed_ || outstanding_.empty()) {
+    config_.counters.add(Counter::kStaleResponses);
+    return;
+  }
   const wire::Headers& h = packet.headers;
   const uint32_t psn = h.bth.psn;
   // A response names a PSN already sent. One at or past the furthest ever
   // sent (stale, or from nobody's responder) is dropped: an ACK of it
   // completed every message up to it, those the window had not sent yet too.
-  if (psn_diff(psn, sent_end_) >= 0) return;
+  if (psn_diff(psn, sent_end_) >= 0) {
+    config_.counters.add(Counter::kStaleResponses);
+    return;
+  }
   if (config_.selective && !peer_selective_ && !peer_plain_) {
     if ((h.bth.reserved7 & kSelective) != 0) {
       peer_selective_ = true;  // the responder keeps packets past a gap: a window of what it keeps
@@ -512,7 +520,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       }
       // A NAK acknowledges everything before the PSN it names.
       acknowledge_through(psn_add(psn, kPsnMask), now_ns, out);  // psn - 1
-      if (outstanding_.empty() || psn_diff(psn, outstanding_.front().first_psn) < 0) return;
+      if (outstanding_.empty() || psn_diff(psn, outstanding_.front().first_psn) < 0) {
+        config_.counters.add(Counter::kStaleResponses);
+        return;
+      }
       if (s.is_rnr_nak()) {
         count_received_answer(config_.counters, Answer::kRnrNak);
         if (after_rnr_nak(config_.rnr_retry, rnr_left_) == RetryVerdict::kGiveUp) {
@@ -596,7 +607,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
           break;
         }
       }
-      if (read == nullptr) return;
+      if (read == nullptr) {
+        config_.counters.add(Counter::kStaleResponses);
+        return;
+      }
       if (!starts_and_ends_right(*read, psn, packet.info.segment)) {
         config_.counters.add(Counter::kMalformedDrops);
         return;

@@ -357,7 +357,10 @@ void ResponderFlow::receive(const wire::ParsedPacket& packet, ResponderPort& por
   // the state for each message, but a PSN gap was NAKed before them: a QP
   // that went to ERROR, whose NAK was lost, NAKed each resend's second
   // packet (the first dropped silently), and each NAK drew the resend again.
-  if (!receives_in_state(port.qp().state)) return;
+  if (!receives_in_state(port.qp().state)) {
+    config_.counters.add(Counter::kClosedQpDrops);
+    return;
+  }
   // An opcode of another transport (UC at an RC QP, RC at a UC one) is
   // dropped and counted before its PSN means anything (as rxe's
   // check_type_psn): taken as the QP's own it was received, and ACKed.

@@ -579,9 +579,13 @@ TEST_F(PacketFlow, AnAckOfAPsnNeverSentCompletesNothing) {
   ack.headers.bth.dest_qpn = kRequesterQpn;
   ack.headers.bth.psn = 0x1000 + 200;  // the second message's PSN
   ack.headers.aeth = wire::Aeth{wire::Syndrome::ack(wire::Syndrome::kNoCredits), 2};
+  const uint64_t stale_before = requester_count(Counter::kStaleResponses);
   requester_->on_response(ack, now_, to_responder_);
   RequesterCompletion c;
   EXPECT_FALSE(requester_->pop_completion(c)) << "completed message " << c.position;
+  // Taken and counted (issue #41: a peer whose answers all go unheard must
+  // show in softhca stat).
+  EXPECT_EQ(requester_count(Counter::kStaleResponses), stale_before + 1);
 }
 
 // A responder whose QP went to ERROR (here: a WRITE to a key it may not
@@ -608,6 +612,8 @@ TEST_F(PacketFlow, AResponderInErrorSendsNoSequenceNaks) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
   EXPECT_LT(to_responder_.sent(), 100u) << "no storm of resends";
+  // Every resend the QP in ERROR dropped is counted.
+  EXPECT_GT(responder_count(Counter::kClosedQpDrops), 0u);
 }
 
 // The keys a message validated are checked again at each later packet, so

@@ -244,6 +244,8 @@ const Command kStatCommand = {
         "  icrc_err_drops, malformed_drops, unknown_qp_drops, send_err   port drops\n"
         "  src_addr_drops  packets for a connected QP not from its peer's address to its own\n"
         "  pkey_drops      packets of another partition (BTH P_Key)\n"
+        "  closed_qp_drops  packets for a QP that does not receive now (RESET, INIT, ERROR)\n"
+        "  stale_responses  responses that answered nothing outstanding (repeated ACKs)\n"
         "\n"
         "Processes on one host talk through shared memory, not packets: their\n"
         "messages show in rdma_sends, rdma_recvs, the NAK and retry counters, not\n"

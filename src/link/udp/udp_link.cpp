@@ -1211,7 +1211,10 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
   if (response) {
     {
       std::lock_guard guard(state.mutex);
-      if (state.closed || !state.requester) return;
+      if (state.closed || !state.requester) {
+        state.counters.add(Counter::kClosedQpDrops);
+        return;
+      }
       FlowSink sink(*this, from.dst, from.src, state.config.traffic_class, state.config.hop_limit, state.counters,
                     state.config.ifindex);
       state.requester->on_response(packet, monotonic_ns(), sink);
@@ -1219,17 +1222,23 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
     if (state.config.on_answers) state.config.on_answers();
     return;
   }
-  if (state.closed) return;
+  if (state.closed) {
+    state.counters.add(Counter::kClosedQpDrops);
+    return;
+  }
   if (!run.self_resolved) {
     run.self_resolved = true;
     // Ours, or a TGT QP (the host's) whose serving handle is ours.
-    if (!shm::resolve(host_, state.config.local_qpn, run.self) ||
-        (run.self.proc != host_.proc() && run.self.proc != host::kHostOwned))
-      return;
-    run.access.emplace(host_, run.self.proc);
-    run.self_usable = shm::still_there(run.self);
+    if (shm::resolve(host_, state.config.local_qpn, run.self) &&
+        (run.self.proc == host_.proc() || run.self.proc == host::kHostOwned)) {
+      run.access.emplace(host_, run.self.proc);
+      run.self_usable = shm::still_there(run.self);
+    }
   }
-  if (!run.self_usable) return;
+  if (!run.self_usable) {
+    state.counters.add(Counter::kClosedQpDrops);  // its slot is gone or changing hands
+    return;
+  }
   if (!run.sink)
     run.sink.emplace(FlowSink::Answers{}, *this, from.dst, from.src, state.config.traffic_class,
                      state.config.hop_limit, state.counters, state.config.ifindex);
