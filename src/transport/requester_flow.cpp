@@ -515,6 +515,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
         return;
       }
       if (s.is_ack()) {
+        if (psn_diff(psn, una_psn_) < 0) config_.counters.add(Counter::kStaleResponses);  // acknowledges nothing new
         acknowledge_through(psn, now_ns, out);
         return;
       }
