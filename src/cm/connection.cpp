@@ -51,6 +51,7 @@ Result<Step> Connection::connect(const ConnectArgs& args) {
   if (state_ != ConnState::kIdle || has_cm_) return fail(std::errc::invalid_argument);
   local_comm_id_ = args.local_comm_id;
   remote_comm_id_ = 0;
+  local_ca_guid_ = args.local_ca_guid;
   neg_ = Negotiated{};
   neg_.qp_type = args.qp_type;
   neg_.local_qpn = args.qpn & 0xFFFFFF;
@@ -316,6 +317,11 @@ Step Connection::on_rep(const RepMsg& rep) {
   neg_.initiator_depth = rep.responder_resources;
   neg_.responder_resources = rep.initiator_depth;
   neg_.rnr_retry_count = rep.rnr_retry_count;
+  // Our QP's ACK timeout: the REQ's path, with the ACK delay the peer's CA
+  // announces (cm_rep_handler does the same).
+  if (neg_.path.local_ack_timeout != 0)
+    neg_.path.local_ack_timeout =
+        cm_ack_timeout(rep.target_ack_delay, static_cast<uint8_t>(neg_.path.local_ack_timeout - 1));
   neg_.remote_srq = rep.srq;
   neg_.remote_ca_guid = rep.local_ca_guid;
   state_ = ConnState::kRepRcvd;
@@ -489,7 +495,12 @@ Step Connection::on_destroy() {
   Step step;
   switch (state_) {
     case ConnState::kReqSent: {
+      // The peer does not know our comm id's pair yet: ib_cm finds the
+      // connection a timeout REJ ends by the REJ's local comm id and the CA
+      // GUID in its additional reject information, big-endian.
       RejMsg rej = make_rej(static_cast<uint16_t>(RejReason::kTimeout), RejectedMessage::kOther, {});
+      rej.ari_length = 8;
+      for (std::size_t i = 0; i < 8; ++i) rej.ari[i] = static_cast<uint8_t>(local_ca_guid_ >> (56 - 8 * i));
       step.send = CmMessage(rej);
       break;
     }

@@ -43,6 +43,7 @@
 #include <span>
 
 #include "cm/mad_codec.hpp"
+#include "common/limits.hpp"
 #include "common/result.hpp"
 
 namespace softhca::cm {
@@ -123,6 +124,22 @@ inline constexpr uint8_t kDefaultMaxCmRetries = 15;
 inline constexpr uint8_t kPacketLifeTime = 16;           // ~268 ms
 inline constexpr uint8_t kMraServiceTimeout = 24;        // ~69 s
 
+// The QP's local ACK timeout (IBTA exponent) for a path whose packets live
+// up to 4.096 us * 2^packet_life_time and whose far end acknowledges within
+// 4.096 us * 2^ca_ack_delay: a round trip, or the ACK delay if longer, one
+// step more when the two are close, as the kernel's ib_cm computes it (for
+// the REQ's local ACK timeout, and at the REP for the active side's QP).
+constexpr uint8_t cm_ack_timeout(uint8_t ca_ack_delay, uint8_t packet_life_time) {
+  const int round_trip = packet_life_time + 1;
+  const int timeout = round_trip >= ca_ack_delay ? round_trip + (ca_ack_delay >= round_trip - 1 ? 1 : 0)
+                                                 : ca_ack_delay + (round_trip >= ca_ack_delay - 1 ? 1 : 0);
+  return static_cast<uint8_t>(timeout < 31 ? timeout : 31);
+}
+// 17 (~537 ms): what Linux sends since 6.2 (6.1's packet lifetime of 18 gives 19).
+inline constexpr uint8_t kDefaultLocalAckTimeout =
+    cm_ack_timeout(static_cast<uint8_t>(limits::kLocalCaAckDelay), kPacketLifeTime);
+static_assert(cm_ack_timeout(15, 18) == 19 && cm_ack_timeout(15, 16) == 17 && cm_ack_timeout(20, 16) == 20);
+
 // How long one side waits for its peer's CM, and how often it asks again.
 struct CmTimeouts {
   uint8_t response_timeout = kDefaultCmResponseTimeout;  // 5 bits, IBTA exponent
@@ -146,7 +163,7 @@ struct PathInfo {
   uint8_t hop_limit = 64;
   uint8_t traffic_class = 0;
   uint32_t flow_label = 0;
-  uint8_t local_ack_timeout = 14;  // 4.096 us * 2^14 = 67 ms
+  uint8_t local_ack_timeout = kDefaultLocalAckTimeout;  // the REQ's; the QP's timeout at RTS
 };
 
 // What the QPs on both ends are set up with; filled as the handshake runs.
@@ -302,6 +319,7 @@ class Connection {
   bool has_cm_ = false;
   uint32_t local_comm_id_ = 0;
   uint32_t remote_comm_id_ = 0;
+  uint64_t local_ca_guid_ = 0;  // the active side's, which its REJ for a timeout carries
   uint64_t service_id_ = 0;  // SIDR: echoed in the SIDR_REP
   Negotiated neg_;
 

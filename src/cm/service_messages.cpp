@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "cm/service.hpp"
+#include "cm/service_internal.hpp"
 #include "common/log.hpp"
 
 namespace softhca::cm {
@@ -87,6 +88,13 @@ void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
         mad->msg);
     auto it = ids_.find(local);
     CmId* id = it == ids_.end() ? nullptr : it->second;
+    if (const auto* rej = std::get_if<RejMsg>(&mad->msg); rej != nullptr && rej->remote_comm_id == 0) {
+      // A REJ for a REQ whose sender gave up before our REP (reason
+      // timeout): it names no comm id of ours; the connection is the one
+      // its sender's REQ made here.
+      auto passive = passive_by_peer_.find(detail::peer_key(from, rej->local_comm_id));
+      id = passive == passive_by_peer_.end() ? nullptr : passive->second;
+    }
     const bool stale = id == nullptr || id->destroying_ || !id->peer_.same_cm(from) ||
                        (id->conn_.remote_comm_id() != 0 && remote != 0 && id->conn_.remote_comm_id() != remote);
     if (stale) {

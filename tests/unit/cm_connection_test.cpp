@@ -179,6 +179,54 @@ TEST(CmConnection, EachQpReceivesFromThePsnItsOwnMessageAnnounces) {
   EXPECT_EQ(init_qp_attr(active, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTS)->attr.sq_psn, rep.starting_psn);
 }
 
+// The local ACK timeout as Linux's ib_cm derives it: the REQ carries one
+// for the path (packet lifetime and our CA's ACK delay), the passive QP
+// takes it as it is, and the active QP recomputes it with the ACK delay the
+// REP announces. (softhca sent 14, 67 ms: an rxe peer's QP then gave up on
+// a softhca responder descheduled for half a second.)
+TEST(CmConnection, AckTimeoutsAsLinuxDerivesThem) {
+  Connection active;
+  auto s1 = active.connect(connect_args());
+  ASSERT_TRUE(s1.has_value());
+  const auto& req = std::get<ReqMsg>(*s1->send);
+  EXPECT_EQ(req.primary_local_ack_timeout, 17);
+  Step ev;
+  Connection passive = Connection::from_req(req, kPassiveComm, 0x300, path_from(1, 1), kIpHeaderSize, ev);
+  auto s2 = passive.accept(accept_args());
+  ASSERT_TRUE(s2.has_value());
+  EXPECT_EQ(init_qp_attr(passive, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTS)->attr.timeout, 17);
+  RepMsg rep = std::get<RepMsg>(*s2->send);
+  EXPECT_EQ(rep.target_ack_delay, 15);
+  rep.target_ack_delay = 20;  // a slow CA: its delay dominates
+  active.on_message(CmMessage(rep));
+  EXPECT_EQ(init_qp_attr(active, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTS)->attr.timeout, 20);
+  // The kernel's values: 6.1's packet lifetime 18 gives 19; 6.2's 16, 17.
+  EXPECT_EQ(cm_ack_timeout(15, 18), 19);
+  EXPECT_EQ(cm_ack_timeout(15, 16), 17);
+  EXPECT_EQ(cm_ack_timeout(16, 14), 17);  // close: one step more
+  EXPECT_EQ(cm_ack_timeout(31, 31), 31);
+}
+
+// A REJ for a timeout, sent by an active side destroyed before the REP,
+// names the connection by its own comm id and its CA GUID (the additional
+// reject information, big-endian), which is how ib_cm finds it: it knows
+// no comm id of ours yet.
+TEST(CmConnection, ATimeoutRejCarriesTheActiveCaGuid) {
+  Connection active;
+  ConnectArgs args = connect_args();
+  args.local_ca_guid = 0x0102030405060708;
+  ASSERT_TRUE(active.connect(args).has_value());
+  Step s = active.on_destroy();
+  ASSERT_TRUE(s.send);
+  const auto& rej = std::get<RejMsg>(*s.send);
+  EXPECT_EQ(rej.reason, static_cast<uint16_t>(RejReason::kTimeout));
+  EXPECT_EQ(rej.local_comm_id, kActiveComm);
+  EXPECT_EQ(rej.remote_comm_id, 0u);
+  ASSERT_EQ(rej.ari_length, 8);
+  const uint8_t guid[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(std::memcmp(rej.ari.data(), guid, 8), 0);
+}
+
 TEST(CmConnection, QpAttributesFollowTheConnection) {
   Connection fresh;
   // Before any REQ: INIT without remote access, RTR/RTS impossible.
@@ -213,7 +261,7 @@ TEST(CmConnection, QpAttributesFollowTheConnection) {
   EXPECT_EQ(rts->attr.retry_cnt, 6);
   EXPECT_EQ(rts->attr.rnr_retry, 3);
   EXPECT_EQ(rts->attr.max_rd_atomic, 4);
-  EXPECT_EQ(rts->attr.timeout, 14);
+  EXPECT_EQ(rts->attr.timeout, 17);  // cm_ack_timeout(the REP's ACK delay 15, the REQ's 17 - 1)
 
   auto prtr = init_qp_attr(p.passive, IBV_QPT_RC, 1, 0, 0, IBV_QPS_RTR);
   EXPECT_EQ(prtr->attr.dest_qp_num, 0x11u);
