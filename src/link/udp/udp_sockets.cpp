@@ -13,6 +13,7 @@
 
 #include "common/log.hpp"
 #include "wire/icrc.hpp"
+#include "wire/ud_grh.hpp"
 
 namespace softhca::udp {
 namespace {
@@ -86,6 +87,10 @@ int bind_v6(uint16_t port, bool reuse) {
   // send (UDP_SEGMENT) is refused on a socket with UDP_NO_CHECK6_TX, and
   // every receiver takes a valid checksum (docs/architecture.md).
   set_int(fd, IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);
+  // Flow label 0, as rxe sends, rather than the kernel's per-flow hash: the
+  // ICRC masks it, and softhca cannot carry a QP's own label through a
+  // socket without a flow-label lease per label.
+  set_int(fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);
   if (reuse) accept_coalesced(fd);
   sockaddr_in6 a{};
   a.sin6_family = AF_INET6;
@@ -112,13 +117,22 @@ Result<std::unique_ptr<Sockets>> Sockets::open(const SocketOptions& options) {
   std::unique_ptr<Sockets> s(new Sockets());
   s->gso_.store(options.gso, std::memory_order_relaxed);
   s->recv4_ = bind_v4(wire::kRoceV2Port, true);
+  const int err4 = errno;
   s->recv6_ = bind_v6(wire::kRoceV2Port, true);
+  const int err6 = errno;
   if (s->recv4_ < 0 && s->recv6_ < 0) {
-    const int err = errno;
     SOFTHCA_WARN("udp link: cannot bind UDP port %u: %s; peers on other hosts cannot reach this process",
-                 wire::kRoceV2Port, std::strerror(err));
-    return fail(std::errc(err));
+                 wire::kRoceV2Port, std::strerror(err6));
+    return fail(std::errc(err6));
   }
+  // One family alone: say so, or its peers' packets vanish without a trace
+  // here (the kernel counts them, with a zero UDP checksum as checksum errors).
+  if (s->recv4_ < 0)
+    SOFTHCA_WARN("udp link: cannot bind UDP port %u on IPv4: %s; IPv4 peers cannot reach this process",
+                 wire::kRoceV2Port, std::strerror(err4));
+  if (s->recv6_ < 0 && err6 != EAFNOSUPPORT)
+    SOFTHCA_WARN("udp link: cannot bind UDP port %u on IPv6: %s; IPv6 peers cannot reach this process",
+                 wire::kRoceV2Port, std::strerror(err6));
   s->send4_ = bind_v4(0, false);
   s->send6_ = bind_v6(0, false);
   s->port4_ = local_port(s->send4_);
@@ -221,7 +235,15 @@ bool prepare(std::span<const OutgoingPacket> packets, PreparedSend& p, iovec* pi
   msg.msg_iov = pieces;
   msg.msg_iovlen = npieces;
   msg.msg_control = p.control;
-  const int hops = packet.hop_limit ? packet.hop_limit : 64;
+  // The hop limit of a unicast packet is the route's, whatever the QP's
+  // or AH's GRH says: on RoCE the kernel replaces it with the route's when
+  // it resolves the destination's MAC (ib_resolve_eth_dmac, at modify_qp
+  // and create_ah), for rxe and NICs alike; ibv_rc_pingpong's hop limit of
+  // 1 would otherwise keep its packets from crossing a router. A multicast
+  // group's packets keep the AH's. -1: the route's (RFC 3542; for IPv4 the
+  // option is left out).
+  const bool multicast = wire::is_multicast_gid(packet.dst.data());
+  const int hops = !multicast ? -1 : packet.hop_limit ? packet.hop_limit : 64;
   const int tclass = packet.traffic_class;
   cmsghdr* c;
   bool v4;
@@ -232,12 +254,12 @@ bool prepare(std::span<const OutgoingPacket> packets, PreparedSend& p, iovec* pi
     std::memcpy(&p.to.v4.sin_addr, packet.dst.data() + 12, 4);
     msg.msg_name = &p.to.v4;
     msg.msg_namelen = sizeof p.to.v4;
-    msg.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(int)) * 2;
+    msg.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(int)) * (hops < 0 ? 1 : 2);
     in_pktinfo info{};
     std::memcpy(&info.ipi_spec_dst, packet.src.data() + 12, 4);
     info.ipi_ifindex = static_cast<int>(packet.ifindex);
     c = put_cmsg(msg, nullptr, IPPROTO_IP, IP_PKTINFO, info);
-    c = put_cmsg(msg, c, IPPROTO_IP, IP_TTL, hops);
+    if (hops >= 0) c = put_cmsg(msg, c, IPPROTO_IP, IP_TTL, hops);
     c = put_cmsg(msg, c, IPPROTO_IP, IP_TOS, tclass);
     v4 = true;
   } else {
