@@ -855,8 +855,14 @@ void UdpLink::loop() {
     }
     if (!hand_over) handed_over_.store(false, std::memory_order_relaxed);
     was_handed_over = hand_over;
+    // Pollers read the IPv6 socket only once the process has received IPv6
+    // (v6_used_, which spares IPv4-only processes a system call per poll):
+    // until then this thread watches it even when it left the sockets to
+    // them, or the first IPv6 packets, and every one after, waited unread
+    // for as long as the application polled (issue #41).
+    const bool watch_v6 = !hand_over || !v6_used_.load(std::memory_order_relaxed);
     fds.assign({{hand_over ? -1 : sockets_->v4_fd(), POLLIN, 0},
-                {hand_over ? -1 : sockets_->v6_fd(), POLLIN, 0},
+                {watch_v6 ? sockets_->v6_fd() : -1, POLLIN, 0},
                 {wake_fd_, POLLIN, 0},
                 {handoff_fd_, POLLIN, 0}});
     {
