@@ -22,6 +22,7 @@ packages=(
   iproute2 procps                       # ss (readiness polling), ps/kill
   iperf3                                # a socket program over rsockets (librspreload; system.rsocket.iperf3)
   gdb                                   # stacks of a timed-out peer in the harness
+  qemu-system-x86 busybox-static socat  # the kernel's Soft-RoCE (rxe) in a guest as a peer (tests/rxe)
   pkg-config                            # install.find_package_and_pkg_config builds with softhca.pc
   dpkg-dev                              # dpkg-shlibdeps: the .deb's Depends (cpack -G DEB)
 )
