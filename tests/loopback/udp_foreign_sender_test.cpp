@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "loopback.hpp"
+#include "stat_counter.hpp"
 
 namespace {
 
@@ -106,22 +107,6 @@ std::vector<uint8_t> ipv4_packet(uint16_t id, std::vector<uint8_t> transport, bo
   return packet;
 }
 
-// The value `softhca stat -a --port` prints for counter `name`, or -1.
-long long port_counter(const std::string& name) {
-  const std::string command = std::string(SOFTHCA_TOOL) + " stat -a --port 2>/dev/null";
-  FILE* out = ::popen(command.c_str(), "r");
-  if (out == nullptr) return -1;
-  char line[512];
-  long long value = -1;
-  while (std::fgets(line, sizeof line, out) != nullptr) {
-    char key[128];
-    long long v = 0;
-    if (value < 0 && std::sscanf(line, " %127s %lld", key, &v) == 2 && name == key) value = v;
-  }
-  ::pclose(out);
-  return value;
-}
-
 class ForeignSender : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -182,7 +167,7 @@ TEST_F(ForeignSender, Ipv4DatagramsReachTheQpWhateverTheirIpId) {
 
   // A wrong ICRC is no ID's: dropped and counted. The good datagram sent
   // after it is the barrier: once it is received, the bad one was judged.
-  const long long drops_before = port_counter("icrc_err_drops");
+  const long long drops_before = stat_counter("--port", "icrc_err_drops");
   ASSERT_GE(drops_before, 0) << "softhca stat has no icrc_err_drops";
   const int bad_slot = static_cast<int>(ids.size());
   post_slot(into, bad_slot);
@@ -193,7 +178,7 @@ TEST_F(ForeignSender, Ipv4DatagramsReachTheQpWhateverTheirIpId) {
   ASSERT_EQ(::sendto(raw, good.data(), good.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to),
             static_cast<ssize_t>(good.size()));
   expect_received(into, bad_slot, 2, "the datagram after the corrupted one");
-  EXPECT_EQ(port_counter("icrc_err_drops"), drops_before + 1);
+  EXPECT_EQ(stat_counter("--port", "icrc_err_drops"), drops_before + 1);
   ::close(raw);
 }
 

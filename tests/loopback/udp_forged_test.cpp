@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "loopback.hpp"
+#include "stat_counter.hpp"
 
 namespace {
 
@@ -175,23 +176,6 @@ class Forger {
   int ear_ = -1;
   bool ok_ = false;
 };
-
-// The value `softhca stat ARGS -a` prints for counter `name` (its first
-// line), or -1.
-long long stat_counter(const std::string& args, const std::string& name) {
-  const std::string command = std::string(SOFTHCA_TOOL) + " stat -a " + args + " 2>/dev/null";
-  FILE* out = ::popen(command.c_str(), "r");
-  if (out == nullptr) return -1;
-  char line[512];
-  long long value = -1;
-  while (std::fgets(line, sizeof line, out) != nullptr) {
-    char key[128];
-    long long v = 0;
-    if (value < 0 && std::sscanf(line, " %127s %lld", key, &v) == 2 && name == key) value = v;
-  }
-  ::pclose(out);
-  return value;
-}
 
 class ForgedPackets : public ::testing::Test {
  protected:
