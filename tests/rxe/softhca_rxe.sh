@@ -178,8 +178,8 @@ for t in "${tries[@]}"; do
     ucmatose) srv="ucmatose -p $port -C 10 -b @ADDR@" cli="ucmatose -p $port -C 10 -s @ADDR@" ;;
     udaddy) srv="udaddy -C 10 -b @ADDR@" cli="udaddy -C 10 -s @ADDR@" ;;  # its port is fixed (7174)
     mckey) srv="mckey -m $group -C 10 -b @ADDR@" cli="mckey -m $group -C 10 -b @OWN@ -s" ready="log joined dgid" ;;
-    copy) srv="$build/bin/rdma_copy --port $port --server --bind @ADDR@ --output @OUT@"
-          cli="$build/bin/rdma_copy --port $port $RXE_STATE/copy.bin @ADDR@" ready="log listening on" ;;
+    copy) srv="@RDMA_COPY@ --port $port --server --bind @ADDR@ --output @OUT@"
+          cli="@RDMA_COPY@ --port $port @COPY_FILE@ @ADDR@" ready="log listening on" ;;
   esac
   case $prog in
     rping|ucmatose|udaddy) expect=$([[ $prog == rping ]] && echo "ping data" || echo "return status 0") ready=cm dev="" ;;
@@ -199,15 +199,22 @@ for t in "${tries[@]}"; do
     if ((oob4)); then c=${c//@SERVER@/$([[ $1 == host ]] && echo "$RXE_GUEST_IP4" || echo "$RXE_HOST_IP4")}
     else c=${c//@SERVER@/$peer}; fi
     c=${c//@OUT@/$out}
+    # The guest sees the host's root but not its /tmp (its own tmpfs), where
+    # a checkout may be: rdma_copy and the file to copy go through the share.
+    if [[ $1 == host ]]; then c=${c//@RDMA_COPY@/$build/bin/rdma_copy}; c=${c//@COPY_FILE@/$share/copy.bin}
+    else c=${c//@RDMA_COPY@//run/rxe/share/rdma_copy}; c=${c//@COPY_FILE@//run/rxe/share/copy.bin}; fi
     [[ $1 == guest && -n $dev && $c != *rdma_copy* ]] && c="${c%% *} $dev ${c#* }"
     # rdma_copy's RUNPATH names softhca's libraries; the guest runs rdma-core's.
     [[ $1 == guest && $c == *rdma_copy* ]] && c="env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu $c"
     echo "stdbuf -oL -eL $c"
   }
+  share=$(rxe_sharedir)
+  if [[ $prog == copy && ! -s $share/copy.bin ]]; then
+    cp "$build/bin/rdma_copy" "$share/rdma_copy" && head -c $((3 * 1024 * 1024 + 1234)) /dev/urandom >"$share/copy.bin" || exit 1
+  fi
   hcmd_s=$(side_cmd host server) gcmd_c=$(side_cmd guest client)
   gcmd_s=$(side_cmd guest server) hcmd_c=$(side_cmd host client)
   mkdir -p "$RXE_STATE/copy.out.$t"
-  [[ -s $RXE_STATE/copy.bin ]] || head -c $((3 * 1024 * 1024 + 1234)) /dev/urandom >"$RXE_STATE/copy.bin"
   pcap=$RXE_STATE/$t.pcap hout=$RXE_STATE/$t.host.out
   echo "=== $t: $prog over IPv$fam, server on $([[ $side == hs ]] && echo "softhca (host), client on rxe" || echo "rxe (guest), client on softhca")"
   setsid ip netns exec "$RXE_NS" tcpdump -i "$RXE_TAP" -nn -U --immediate-mode -Z root -w "$pcap" udp port 4791 \
