@@ -234,6 +234,8 @@ for t in "${tries[@]}"; do
       *) re=$([[ $ready == cm ]] && echo "cm: listening on" || echo "${ready#log }")
          for ((i = 0; i < 300; i++)); do grep -q -- "$re" "$hout" && break; kill -0 "$hp" 2>/dev/null || break; sleep 0.05; done ;;
     esac
+    # A diagnostic snapshot of the host side's UDP sockets 1 s in (printed
+    # if the try fails); it gates nothing.
     (sleep 1; rxe_host ss -uanpe >"$RXE_STATE/$t.sockets" 2>&1) &
     gout=$(rxe_run -t $((tlimit + 15)) "timeout $limit $gcmd_c"); grc=$?
     wait $!
@@ -258,7 +260,9 @@ for t in "${tries[@]}"; do
     cout=$(cat "$hout")
   fi
   ms=$((($(date +%s%N) - t0) / 1000000))
-  sleep 0.2   # the last packets reach the capture (tcpdump -U) before SIGINT
+  # Both programs have exited, so every packet they exchanged has passed the
+  # tap, where tcpdump (--immediate-mode) takes it. The capture only fails a
+  # try on a bad packet it holds, never on one it lacks.
   kill -INT "$cap" 2>/dev/null; wait "$cap" 2>/dev/null
   gafter=$(guest_counters) hafter=$(host_counters)
   wire=$(/usr/bin/python3 "$RXE_TESTS_DIR/pcap_summary.py" "$pcap" "softhca=$RXE_HOST_IP4" "rxe=$RXE_GUEST_IP4" \
