@@ -43,18 +43,21 @@ constexpr uint32_t kAckEveryPackets = 32;
 // again: a few round trips on a busy host, far below any ACK timeout.
 constexpr uint64_t kAskAgainAfterNs = 100'000;
 // When a requester hears nothing for this long after the last packet it
-// sent, it sends again from the oldest unacknowledged packet, once per
-// progress, without spending a retry: the last packets of a burst that are
-// lost leave the responder no later packet to see the gap by, and waiting
-// out the ACK timer (67 ms at perftest's timeout 14) for each such loss
-// made 1% loss cost most of the throughput. At most a quarter of the ACK
-// timeout.
+// sent, it probes: one packet again, asking for an ACK, without spending a
+// retry. The last packets of a burst that are lost leave the responder no
+// later packet to see the gap by, and waiting out the ACK timer (67 ms at
+// perftest's timeout 14) for each such loss made 1% loss cost most of the
+// throughput. At most a quarter of the ACK timeout. A probe that resent the
+// whole window instead made a peer that was merely slow (a host short of
+// cores, rxe in a slow guest) receive much of it twice (issue #42).
 constexpr uint64_t kTailProbeNs = 1'000'000;
-// Towards a responder that keeps packets past a gap (selective.hpp): four
-// of the least round trip, no sooner than 200 us (a descheduled thread
-// answers late without anything being lost).
-constexpr uint64_t kSelectiveProbeRoundTrips = 4;
-constexpr uint64_t kSelectiveProbeFloorNs = 200'000;
+// Once a round trip was timed, sooner: four of the least round trip, no
+// sooner than 200 us (a descheduled thread answers late without anything
+// being lost).
+constexpr uint64_t kProbeRoundTrips = 4;
+constexpr uint64_t kProbeFloorNs = 200'000;
+// Towards a responder that keeps packets past a gap, probes go on, each
+// twice as late, this many times.
 constexpr uint32_t kSelectiveProbeDoublings = 6;
 
 bool has_imm(Operation op) { return op == Operation::kSendWithImm || op == Operation::kWriteWithImm; }
@@ -172,8 +175,12 @@ bool RequesterFlow::starts_and_ends_right(const Outstanding& read, uint32_t psn,
   // PSN asked for with a response of its own. A MIDDLE or LAST at the first
   // PSN is no start of this READ's response: taken for one, its bytes
   // landed, and a one-packet READ completed on it.
-  if (psn == read.first_psn)
-    return read.npsn == 1 ? segment == wire::Segment::kOnly : segment == wire::Segment::kFirst;
+  // An ONLY at the first PSN of a longer READ answers a probe for it (a
+  // softhca responder's answer to a marked probe).
+  if (psn == read.first_psn) {
+    if (read.npsn == 1) return segment == wire::Segment::kOnly;
+    return segment == wire::Segment::kFirst || (read.asked_one && segment == wire::Segment::kOnly);
+  }
   if (psn == read.last_psn()) return segment == wire::Segment::kLast || segment == wire::Segment::kOnly;
   return true;
 }
@@ -224,17 +231,32 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
       // READ whose PSN falls inside an earlier one from that PSN on).
       // Asked again, it asks for a window's worth at a time, so that a lossy
       // path does not answer the whole rest once per lost packet.
+      //
+      // The tail probe asks for one packet: a READ stalled at a busy
+      // responder (its host short of cores), asked again for the rest, was
+      // answered twice (an 8 MiB READ: 8,192 packets for a probe). Its
+      // answer is a READ response ONLY, which tells it apart. Only once a
+      // response came: a responder that never had the READ would take a
+      // one-packet request from its first PSN for a new READ of one packet,
+      // and refuse every longer one from there as reaching past it. Before
+      // that the probe asks for the whole READ; a softhca responder answers
+      // that probe (marked) with the first packet alone when it has the READ.
       const uint32_t done = static_cast<uint32_t>(psn_diff(o.read_next, o.first_psn));
       const uint64_t offset = uint64_t{done} * config_.mtu;
-      const uint32_t packets = done == 0 ? o.npsn : std::min(o.npsn - done, window_);
+      const bool one = probing_ && done != 0;
+      const uint32_t packets = one ? 1 : done == 0 ? o.npsn : std::min(o.npsn - done, window_);
+      if (probing_ && done == 0 && config_.selective && !peer_plain_) o.asked_one = true;
       const uint64_t length = std::min<uint64_t>(m.length - offset, uint64_t{packets} * config_.mtu);
       h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kRcRdmaReadRequest);
       h.bth.psn = o.read_next;
       h.bth.ack_req = true;
       h.reth = wire::Reth{m.remote_addr + offset, m.rkey, static_cast<uint32_t>(length)};
-      o.read_asked = o.read_next;
-      o.read_asked_end = psn_add(o.read_next, packets);
-      o.responses_since_ask = 0;
+      if (!probing_) {  // the probe is an extra: the request it stands beside still counts
+        time_round_trip(o.read_next, now_ns);  // to its first response
+        o.read_asked = o.read_next;
+        o.read_asked_end = psn_add(o.read_next, packets);
+        o.responses_since_ask = 0;
+      }
       send_packet(h, m, out, nullptr, 0, 0);
       return;
     }
@@ -246,6 +268,7 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
       h.bth.ack_req = true;
       h.atomic_eth = wire::AtomicEth{m.remote_addr, m.rkey, m.op == Operation::kFetchAdd ? m.compare_add : m.swap,
                                      m.op == Operation::kFetchAdd ? 0 : m.compare_add};
+      time_round_trip(o.first_psn, now_ns);
       send_packet(h, m, out, nullptr, 0, 0);
       return;
     }
@@ -281,7 +304,8 @@ void RequesterFlow::transmit_packet(Outstanding& o, uint32_t index, uint64_t now
   // while a hole waits for its resend; asking on every packet sent then
   // would draw an ACK per packet, each letting one more out (no batching).
   if (fills_window && peer_selective_ && psn_diff(h.bth.psn, last_ack_req_psn_) < 16) fills_window = false;
-  h.bth.ack_req = config_.reliable && (last || (i % kAckEveryPackets) == kAckEveryPackets - 1 || fills_window);
+  h.bth.ack_req =
+      config_.reliable && (last || (i % kAckEveryPackets) == kAckEveryPackets - 1 || fills_window || probing_);
   if (h.bth.ack_req) {
     last_ack_req_psn_ = h.bth.psn;
     time_round_trip(h.bth.psn, now_ns);
@@ -336,6 +360,15 @@ void RequesterFlow::round_trip_answered(uint64_t now_ns) {
   timing_ = false;
   const uint64_t rtt = now_ns > timed_sent_ns_ ? now_ns - timed_sent_ns_ : 1;
   if (min_rtt_ns_ == 0 || rtt < min_rtt_ns_) min_rtt_ns_ = rtt;
+  // The smoothed round trip and its variation (RFC 6298's gains).
+  if (srtt_ns_ == 0) {
+    srtt_ns_ = rtt;
+    rttvar_ns_ = rtt / 2;
+  } else {
+    const uint64_t error = rtt > srtt_ns_ ? rtt - srtt_ns_ : srtt_ns_ - rtt;
+    rttvar_ns_ = (3 * rttvar_ns_ + error) / 4;
+    srtt_ns_ = (7 * srtt_ns_ + rtt) / 8;
+  }
   // What was acknowledged while it went there and back: the path's rate,
   // or less where the window or the application held it back.
   const uint64_t delivered = acked_total_ - timed_acked_before_;
@@ -365,6 +398,19 @@ void RequesterFlow::resend_range(uint32_t first, uint32_t count, uint64_t now_ns
       config_.counters.add(Counter::kRetransmittedPkts);
       transmit_packet(o, static_cast<uint32_t>(psn_diff(p, o.first_psn)), now_ns, out);
     }
+  }
+}
+
+void RequesterFlow::probe_newest(uint64_t now_ns, PacketSink& out) {
+  if (psn_diff(send_psn_, una_psn_) <= 0) return;  // nothing in flight
+  const uint32_t psn = psn_add(send_psn_, kPsnMask);  // the newest packet sent
+  for (Outstanding& o : outstanding_) {
+    if (psn_diff(psn, o.first_psn) < 0) return;
+    if (psn_diff(psn, o.last_psn()) > 0) continue;
+    config_.counters.add(Counter::kRetransmittedPkts);
+    const bool one_request = is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite;
+    transmit_packet(o, one_request ? 0 : static_cast<uint32_t>(psn_diff(psn, o.first_psn)), now_ns, out);
+    return;
   }
 }
 
@@ -398,11 +444,14 @@ void RequesterFlow::transmitted(uint64_t now_ns) {
 void RequesterFlow::arm_probe(uint64_t now_ns) {
   const uint64_t wait = ack_timeout_ns(config_.timeout);
   uint64_t delay = std::min(kTailProbeNs, wait / 4);
-  // Towards a responder that keeps packets past a gap a probe costs one
-  // packet, not a window: it may come sooner, a few round trips after the
-  // last packet sent (a lost resend of a burst's last hole waits for it).
-  if (peer_selective_ && min_rtt_ns_ != 0)
-    delay = std::min(delay, std::max(kSelectiveProbeFloorNs, kSelectiveProbeRoundTrips * min_rtt_ns_));
+  // A probe costs one packet, not a window: once a round trip was timed it
+  // comes a few round trips after the last packet sent (a lost resend of a
+  // burst's last hole, or a lost NAK, waits for it), but no sooner than the
+  // round trips seen lately vary: a peer that answers late now and then
+  // (rxe in an emulated guest, a host short of cores) is not probed at each.
+  if (min_rtt_ns_ != 0)
+    delay = std::min(wait / 4, std::max({kProbeFloorNs, kProbeRoundTrips * min_rtt_ns_,
+                                         2 * srtt_ns_ + 4 * rttvar_ns_}));
   // And probes again, each time twice as late, until progress: a probe whose
   // packet, reports or resends were lost would otherwise leave the hole to
   // the ACK timer (a tenth of a second at 20% loss, for each).
@@ -594,6 +643,7 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       iovec value{const_cast<uint64_t*>(&original), sizeof original};
       copy_iovecs(front.message.local, front.message.nlocal, &value, 1, sizeof original);
       advance_una(psn_add(psn, 1));
+      round_trip_answered(now_ns);
       complete_front(IBV_WC_SUCCESS);
       progress_made(now_ns);
       pump(now_ns, out);
@@ -614,6 +664,13 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       }
       if (!starts_and_ends_right(*read, psn, packet.info.segment)) {
         config_.counters.add(Counter::kMalformedDrops);
+        return;
+      }
+      // The answer to a request for one packet (the probe's) that the READ's
+      // own responses already brought: nothing to do.
+      const bool one_packet_answer = packet.info.segment == wire::Segment::kOnly && read->npsn > 1;
+      if (one_packet_answer && psn_diff(psn, read->read_next) < 0) {
+        config_.counters.add(Counter::kStaleResponses);
         return;
       }
       ++read->responses_since_ask;
@@ -639,8 +696,14 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       acknowledge_through(psn_add(first, kPsnMask), now_ns, out);
       Outstanding& front = outstanding_.front();
       if (front.first_psn != first) return;
+      // Every packet but the last carries a full MTU: a short one would
+      // leave a hole in the buffer that the READ then completed with.
       const uint64_t offset = uint64_t{static_cast<uint32_t>(psn_diff(psn, first))} * config_.mtu;
-      if (offset + packet.payload.size() > front.message.length) return;
+      const uint64_t expected_bytes = psn == front.last_psn() ? front.message.length - offset : config_.mtu;
+      if (packet.payload.size() != expected_bytes) {
+        config_.counters.add(Counter::kMalformedDrops);
+        return;
+      }
       iovec into[limits::kMaxSge + 1];
       const int n = slice_iovecs(front.message.local, front.message.nlocal, offset, packet.payload.size(), into);
       iovec from{const_cast<uint8_t*>(packet.payload.data()), packet.payload.size()};
@@ -648,10 +711,14 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
       front.read_next = psn_add(psn, 1);
       front.asked_again_ns = 0;  // it answers: a later loss may be inferred from an ACK again
       advance_una(psn_add(psn, 1));
+      round_trip_answered(now_ns);
       if (psn == front.last_psn()) {
         complete_front(IBV_WC_SUCCESS);
-      } else if (front.read_next == front.read_asked_end) {
-        transmit_packet(front, 0, now_ns, out);  // the next window's worth
+      } else if (front.read_next == front.read_asked_end || one_packet_answer) {
+        // The next window's worth; or the rest, when the probe's answer came
+        // before the READ's own responses: a responder answers in order, so
+        // it never had the first request (lost), or its responses were lost.
+        transmit_packet(front, 0, now_ns, out);
       }
       progress_made(now_ns);
       pump(now_ns, out);
@@ -664,27 +731,32 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
 
 void RequesterFlow::on_timer(uint64_t now_ns, PacketSink& out) {
   if (probe_at_ != 0 && now_ns >= probe_at_ && (deadline_ == 0 || now_ns < deadline_)) {
-    // Go-back-N: once (what it sends does not arm it again, only progress
-    // does). Selective: re-armed by its own packet, twice as late each time,
-    // seven times at most; then the ACK timer's (a responder in ERROR
-    // answers nothing, and probes cost no retry).
+    // Each probe is one packet that asks for an ACK; it costs no retry.
+    // Go-back-N: the newest packet, then once more the oldest (what it
+    // sends arms the next; after that only progress does). Selective:
+    // re-armed by its own packet, twice as late each time, seven times at
+    // most; then the ACK timer's (a responder in ERROR answers nothing).
     probe_at_ = 0;
-    if (peer_selective_ && probe_rounds_ < kSelectiveProbeDoublings) {
+    const uint32_t round = probe_rounds_;
+    if (probe_rounds_ < (peer_selective_ ? kSelectiveProbeDoublings : 1)) {
       ++probe_rounds_;
     } else {
       probe_spent_ = true;
     }
     if (failed_ || rnr_waiting_ || outstanding_.empty()) return;
-    // A responder that keeps packets past a gap has what came after the
-    // oldest unacknowledged one: that one alone, marked as the probe, which
-    // it answers with every hole it still has.
-    if (peer_selective_) {
-      probing_ = true;  // marked: the responder reports every hole it still has
+    probing_ = true;
+    if (peer_selective_ || round != 0) {
+      // A responder that keeps packets past a gap has what came after the
+      // oldest unacknowledged one: that one alone, marked as the probe,
+      // which it answers with every hole it still has. A go-back-N one
+      // whose NAK for a gap was lost answers nothing past the gap (it NAKs
+      // a gap once): the oldest packet is the one it waits for, and taking
+      // it lets it NAK the next gap again.
       resend_range(una_psn_, 1, now_ns, out);
-      probing_ = false;
     } else {
-      retransmit_from(una_psn_, now_ns, out);
+      probe_newest(now_ns, out);
     }
+    probing_ = false;
     return;
   }
   if (failed_ || deadline_ == 0 || now_ns < deadline_) return;

@@ -107,6 +107,7 @@ class RequesterFlow {
     // such ACKs ask again no sooner than kAskAgainAfterNs later.
     uint64_t asked_again_ns = 0;
     uint32_t responses_since_ask = 0;    // READ: response packets since its latest request
+    bool asked_one = false;              // READ: a marked probe asked for it before any response
     uint32_t last_psn() const;
   };
 
@@ -142,6 +143,12 @@ class RequesterFlow {
   // Sends again the packets of PSNs [first, first + count) that went out
   // before (selective recovery: a hole report, the tail probe).
   void resend_range(uint32_t first, uint32_t count, uint64_t now_ns, PacketSink& out);
+  // The tail probe towards a go-back-N responder: the newest packet sent,
+  // again, asking for an ACK. A responder that has it (it or its ACK was
+  // merely late) acknowledges everything; one that lost packets before it
+  // NAKs the first of them, and go-back-N resends from there. A slow peer
+  // costs one packet, not the window.
+  void probe_newest(uint64_t now_ns, PacketSink& out);
 
   RequesterConfig config_;
   std::deque<Outstanding> outstanding_;
@@ -179,6 +186,8 @@ class RequesterFlow {
   uint64_t timed_acked_before_ = 0;
   uint64_t acked_total_ = 0;            // packets acknowledged since the start
   uint64_t min_rtt_ns_ = 0;             // 0: none timed yet
+  uint64_t srtt_ns_ = 0;                // the smoothed round trip (0: none timed yet)
+  uint64_t rttvar_ns_ = 0;              // and its mean deviation
   // The delivery rates of the latest round trips timed, in packets per
   // millisecond: the fastest of them is the path's.
   static constexpr size_t kRateSamples = 8;

@@ -197,6 +197,13 @@ void ResponderFlow::duplicate(const wire::ParsedPacket& packet, ResponderPort& p
     again.request = request_of(packet, Operation::kRead);
     again.npsn = packets_for(again.request.length, config_.mtu);
     if (psn_diff(psn_add(again.psn, again.npsn), psn_add(r.psn, r.npsn)) > 0) return;  // not within the READ
+    // The requester's tail probe (softhca's): it asks whether the READ came,
+    // not for all of it again. Its first packet says so; the requester asks
+    // for the rest only if that comes before the READ's own responses.
+    if (peer_selective_ && (packet.headers.bth.reserved7 & kTailProbe) != 0 && again.npsn > 1) {
+      again.request.length = config_.mtu;
+      again.npsn = 1;
+    }
     iovec from;
     if (recheck_read(again.request, port, from).syndrome.answer == Answer::kAck) send_read_response(again, from, port, out);
     return;

@@ -40,7 +40,11 @@ inline constexpr uint8_t kResent = 0x02;
 // On a sequence NAK: a hole report (PSN: its first; MSN: its length), which
 // acknowledges nothing.
 inline constexpr uint8_t kHoleReport = 0x04;
-// On a request: sent by the tail probe; report every hole still open.
+// On a request: sent by the tail probe; report every hole still open. A
+// READ request so marked that repeats a READ already taken is answered
+// with its first response packet alone (an ONLY): the probe asks whether
+// the READ came, and a READ that is still being answered (a responder that
+// is slow, not a packet lost) was otherwise answered twice.
 inline constexpr uint8_t kTailProbe = 0x08;
 
 // PSNs past the expected one the responder keeps packets for; the

@@ -162,6 +162,14 @@ class PacketFlow : public ::testing::Test {
     return done;
   }
 
+  // Delivers what is still on both wires (after the last completion).
+  void drain() {
+    while (to_responder_.deliver_one([&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); }) ||
+           to_requester_.deliver_one(
+               [&](const wire::ParsedPacket& p) { requester_->on_response(p, now_, to_responder_); })) {
+    }
+  }
+
   static std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
     std::vector<uint8_t> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
@@ -767,17 +775,18 @@ TEST_F(PacketFlow, SilenceEndsInRetryExceededAfterRetryCntTimeouts) {
   const auto done = run(1);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].status, IBV_WC_RETRY_EXC_ERR);
-  EXPECT_EQ(to_responder_.sent(), 2u + retry_cnt) << "the first transmission, one tail probe, retry_cnt more";
+  EXPECT_EQ(to_responder_.sent(), 3u + retry_cnt)
+      << "the first transmission, two tail probes (the newest packet, then the oldest), retry_cnt more";
   EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), retry_cnt) << "one per expiry that sent again";
-  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 1u + retry_cnt);
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 2u + retry_cnt);
   EXPECT_EQ(now_, (retry_cnt + 1) * ack_timeout_ns(10));
 }
 
 // The last packet of a burst is lost: the responder has no later packet to
-// see the gap by and says nothing. The requester asks again from the oldest
-// unacknowledged packet a millisecond later (at most a quarter of the ACK
-// timeout; this test's is 4.2 ms), long before its ACK timer, and spends no
-// retry on it.
+// see the gap by and says nothing. The requester's tail probe sends the
+// newest packet again a millisecond later (no round trip timed yet; at most
+// a quarter of the ACK timeout, this test's is 4.2 ms), long before its ACK
+// timer, and spends no retry on it.
 TEST_F(PacketFlow, ALostTailIsProbedBeforeTheAckTimer) {
   start();
   auto data = pattern(4 * kMtu, 13);
@@ -791,6 +800,125 @@ TEST_F(PacketFlow, ALostTailIsProbedBeforeTheAckTimer) {
   EXPECT_EQ(now_, 1'000'000u) << "the probe, not the ACK timer";
   EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
   EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+}
+
+// A responder that is merely slow (off a core, as on a loaded host) while
+// a window is in flight: the tail probe resent the whole window, and every
+// packet of it arrived twice (ib_write_bw towards the kernel's rxe in a slow
+// guest resent 54% of its packets). A probe is one packet: the newest
+// first, then the oldest; nothing more until progress or the ACK timer.
+TEST_F(PacketFlow, AProbeOfAWindowInFlightIsOnePacket) {
+  start();
+  auto data = pattern(40 * kMtu, 21);
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  ASSERT_EQ(to_responder_.sent(), 40u);
+  std::vector<uint32_t> probed;
+  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
+    probed.push_back(h.bth.psn);
+    EXPECT_TRUE(h.bth.ack_req) << "a probe asks for an ACK";
+    return Wire::Fault{};
+  };
+  // The responder takes nothing until both probes are out.
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_NE(requester_->deadline(), 0u);
+    now_ = requester_->deadline();
+    requester_->on_timer(now_, to_responder_);
+  }
+  EXPECT_EQ(probed, (std::vector<uint32_t>{0x1000 + 39, 0x1000})) << "the newest packet, then the oldest";
+  EXPECT_LT(now_, ack_timeout_ns(10)) << "both before the ACK timer";
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  drain();
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 2u);
+  EXPECT_EQ(responder_count(Counter::kDuplicateRequest), 2u);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
+  EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+}
+
+// A packet lost in the middle of a burst and the NAK for it lost too: the
+// responder NAKs a gap once, so the newest packet, probed, draws nothing.
+// The second probe, the oldest unacknowledged packet, draws an ACK up to the
+// gap; probed again it fills the gap, and the next probe draws the NAK for
+// the rest. No ACK timeout expires, and only the packets past the gap are
+// sent again in full.
+TEST_F(PacketFlow, ALostNakIsRecoveredByTheProbesBeforeTheAckTimer) {
+  start();
+  auto data = pattern(10 * kMtu, 22);
+  to_responder_.fault = [](const wire::Headers&, uint64_t index) {
+    return index == 3 ? Wire::Fault{0, false} : Wire::Fault{};
+  };
+  bool nak_lost = false;
+  to_requester_.fault = [&](const wire::Headers& h, uint64_t) {
+    if (!nak_lost && h.aeth && h.aeth->syndrome.nak_code() == wire::NakCode::kPsnSequenceError) {
+      nak_lost = true;
+      return Wire::Fault{0, false};
+    }
+    return Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kWrite, data), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(nak_lost);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u) << "the probes, not the ACK timer";
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 5u + 6u) << "five probes, then PSN 4 to 9 again";
+  EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
+}
+
+// A READ whose responses stall halfway (the responder's host is busy): the
+// probe asks for one packet, from the first response still missing, not for
+// the rest of the READ (an 8 MiB READ was answered twice over for each
+// probe: ib_read_bw -a between two hosts received twice its data). The
+// probe's answer, behind the READ's own responses, changes nothing.
+TEST_F(PacketFlow, AProbeOfAReadThatIsAnsweringAsksForOnePacket) {
+  start();
+  auto remote = pattern(64 * kMtu, 23);
+  std::memcpy(port_.at(kIova), remote.data(), remote.size());
+  std::vector<uint8_t> local(remote.size(), 0);
+  requester_->post(message(1, Operation::kRead, local), now_, to_responder_);
+  ASSERT_TRUE(to_responder_.deliver_one([&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); }));
+  for (int i = 0; i < 10; ++i)
+    ASSERT_TRUE(to_requester_.deliver_one(
+        [&](const wire::ParsedPacket& p) { requester_->on_response(p, now_, to_responder_); }));
+  std::vector<uint32_t> asked;
+  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
+    if (h.reth) asked.push_back(h.reth->dma_length);
+    EXPECT_EQ(h.bth.psn, 0x1000u + 10) << "from the first response still missing";
+    return Wire::Fault{};
+  };
+  now_ = requester_->deadline();
+  requester_->on_timer(now_, to_responder_);
+  EXPECT_EQ(asked, (std::vector<uint32_t>{kMtu})) << "one packet";
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(local, remote);
+  drain();
+  EXPECT_EQ(asked.size(), 1u) << "the probe's answer asked for nothing more";
+  EXPECT_EQ(requester_count(Counter::kStaleResponses), 1u) << "the probe's answer came after the READ's own";
+  EXPECT_EQ(requester_count(Counter::kMalformedDrops), 0u);
+}
+
+// The same READ when its responses were lost from where it stalled: the
+// probe's one-packet answer comes first, which shows that the READ's own
+// responses will not, and the rest is asked for at once.
+TEST_F(PacketFlow, AProbeOfAReadWhoseResponsesWereLostAsksForTheRestOnItsAnswer) {
+  start();
+  auto remote = pattern(64 * kMtu, 24);
+  std::memcpy(port_.at(kIova), remote.data(), remote.size());
+  std::vector<uint8_t> local(remote.size(), 0);
+  to_requester_.fault = [](const wire::Headers&, uint64_t index) {
+    return index >= 10 && index < 64 ? Wire::Fault{0, false} : Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kRead, local), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(local, remote);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
+  EXPECT_EQ(to_responder_.sent(), 3u) << "the READ, the probe, the rest";
+  EXPECT_LT(now_, ack_timeout_ns(10));
 }
 
 // A responder that answers every packet with a sequence NAK for the same
@@ -1003,9 +1131,9 @@ TEST_F(TimedPacketFlow, AStreamThatKeepsSendingIsNotProbedWhileTheResponderStall
   EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
 }
 
-// The same stream with its last packet lost: the probe sends it again 1 ms
-// after it was sent, long before the ACK timer (4.2 ms here), spending no
-// retry.
+// The same stream with its last packet lost: the probe sends it again four
+// round trips (800 us here) after it was sent, long before the ACK timer
+// (4.2 ms here), spending no retry.
 TEST_F(TimedPacketFlow, ALostTailOfAStreamIsProbedAMillisecondAfterItWasSent) {
   start();
   TimedStream s;
@@ -1018,9 +1146,10 @@ TEST_F(TimedPacketFlow, ALostTailOfAStreamIsProbedAMillisecondAfterItWasSent) {
   for (const RequesterCompletion& c : done) EXPECT_EQ(c.status, IBV_WC_SUCCESS);
   EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 1u);
   EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
-  // Sent again at last_post + 1 ms, answered a round trip later.
-  EXPECT_GE(s.done_ns, s.last_post_ns + 1'000'000 + 2 * s.latency_ns);
-  EXPECT_LE(s.done_ns, s.last_post_ns + 1'000'000 + 2 * s.latency_ns + 20'000);
+  // Sent again at last_post + 4 round trips, answered a round trip later.
+  const uint64_t probe_ns = 4 * 2 * s.latency_ns;
+  EXPECT_GE(s.done_ns, s.last_post_ns + probe_ns + 2 * s.latency_ns);
+  EXPECT_LE(s.done_ns, s.last_post_ns + probe_ns + 2 * s.latency_ns + 20'000);
 }
 
 // Past a gap the responder NAKs once, and again only when the requester
@@ -1245,6 +1374,57 @@ class SelectiveFlow : public PacketFlow {
     };
   }
 };
+
+// A READ probed before any of its responses came, at a softhca responder
+// that has it and is merely slow: the probe must ask from the READ's first
+// PSN for all of it (a responder that lost the request would take a shorter
+// request for a new READ), and the responder, which sees the probe's mark,
+// answers with the first packet alone instead of the whole READ again.
+TEST_F(SelectiveFlow, AReadProbedBeforeItsResponsesIsAnsweredWithOnePacket) {
+  connect();
+  auto remote = pattern(64 * kMtu, 25);
+  std::memcpy(port_.at(kIova), remote.data(), remote.size());
+  std::vector<uint8_t> local(remote.size(), 0);
+  requester_->post(message(1, Operation::kRead, local), now_, to_responder_);
+  ASSERT_TRUE(to_responder_.deliver_one([&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); }));
+  const uint64_t responses = to_requester_.sent();
+  now_ = requester_->deadline();
+  requester_->on_timer(now_, to_responder_);
+  ASSERT_TRUE(to_responder_.deliver_one([&](const wire::ParsedPacket& p) { responder_->on_request(p, port_, to_requester_); }));
+  EXPECT_EQ(to_requester_.sent(), responses + 1) << "the probe drew one packet";
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(local, remote);
+  drain();
+  EXPECT_EQ(requester_count(Counter::kStaleResponses), 1u) << "its answer came behind the READ's own";
+  EXPECT_EQ(requester_count(Counter::kMalformedDrops), 0u);
+  EXPECT_EQ(responder_count(Counter::kDuplicateRequest), 1u);
+}
+
+// The same READ whose request was lost: the probe is the READ itself, and
+// the responder answers all of it.
+TEST_F(SelectiveFlow, AReadWhoseRequestWasLostIsAnsweredWholeOnTheProbe) {
+  connect();
+  auto remote = pattern(64 * kMtu, 26);
+  std::memcpy(port_.at(kIova), remote.data(), remote.size());
+  std::vector<uint8_t> local(remote.size(), 0);
+  bool lost = false;
+  to_responder_.fault = [&lost](const wire::Headers& h, uint64_t) {
+    if (!lost && h.reth) {
+      lost = true;
+      return Wire::Fault{0, false};
+    }
+    return Wire::Fault{};
+  };
+  requester_->post(message(1, Operation::kRead, local), now_, to_responder_);
+  const auto done = run(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(local, remote);
+  EXPECT_EQ(requester_count(Counter::kCompleterRetryErr), 0u);
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 1u) << "the probe";
+}
 
 TEST_F(SelectiveFlow, OnlyTheLostPacketsAreSentAgain) {
   ASSERT_NO_FATAL_FAILURE(connect());
