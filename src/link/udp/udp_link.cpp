@@ -326,6 +326,8 @@ class UdpLink final : public link::Link {
   void deliver_datagram(const wire::ParsedPacket& packet, const Received& from, shm::TargetQp& target);
   void change_membership(const uint8_t* mgid, uint32_t ifindex, int by);
   uint64_t run_timers(uint64_t now);
+  // Receives what waits in the sockets now, whoever else receives.
+  void receive_waiting();
 
   host::Attachment& host_;
   std::mutex start_mutex_;
@@ -818,9 +820,17 @@ void UdpLink::loop() {
   // (SOFTHCA_UDP_SPIN_US after the last packet), then sleeps in ppoll.
   uint64_t spin_until = 0;
   bool was_handed_over = false;
+  uint64_t timer_due = 0;  // the earliest requester timer, as the last round left it
   while (!stopping_.load()) {
     const uint64_t now_ns = monotonic_ns();
+    // A timer that came due while this thread, or the application thread
+    // receiving for it, was off a core finds the answers it waits for
+    // unread in the sockets: take them first. Fired before them, a tail
+    // probe or ACK timeout resent what had arrived (under CPU contention,
+    // most of what a descheduled peer made late).
+    if (timer_due != 0 && now_ns >= timer_due) receive_waiting();
     uint64_t deadline = run_timers(now_ns);
+    timer_due = deadline;
     if (faults_) {
       const uint64_t released = release_delayed(now_ns);
       if (released != 0 && (deadline == 0 || released < deadline)) deadline = released;
@@ -923,6 +933,12 @@ void UdpLink::receive_all() {
   receive_from(sockets_->v4_fd());
   if (v6_used_.load(std::memory_order_relaxed)) receive_from(sockets_->v6_fd());
   // New hand-off connections wake the link's thread, which accepts them.
+}
+
+void UdpLink::receive_waiting() {
+  std::lock_guard guard(receive_mutex_);
+  receive_from(sockets_->v4_fd());
+  receive_from(sockets_->v6_fd());
 }
 
 void UdpLink::receive_handoffs() {
