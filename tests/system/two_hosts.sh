@@ -11,6 +11,7 @@
 #                [--ready-log RE [--ready-count N]] [--server-persists] [--reject RE]...
 #                [--cut-after-packets N | --kill-after-packets N | --cut-when-client-says RE]
 #                [--client-fails-within SECS] [--static-neighbours] [--wire-icrc-check]
+#                [--max-resent PERCENT --softhca TOOL] [--busy N]
 #
 # --cut-after-packets N takes the server's host off the network (its veth
 # goes down and its processes are killed) once its veth has received N
@@ -37,6 +38,15 @@
 # does, so that the capture holds the very segments a wire would carry
 # rather than the unsegmented sends a veth passes on. Skipped (77) without
 # tcpdump, ethtool or scapy.
+#
+# --max-resent PERCENT judges what the transfer cost on the wire: each
+# host keeps softhca's files in a runtime directory of its own, and once
+# the programs are done `softhca stat --port` (TOOL) reads both hosts'
+# counters; the run fails when the packets requesters sent again
+# (retransmitted_pkts) or the responses that answered nothing
+# (stale_responses: a READ answered again, a repeated ACK) exceed PERCENT
+# of all packets sent. --busy N runs N busy loops beside the hosts for the
+# run, for a machine short of cores.
 #
 # In the commands, @SERVER@ and @CLIENT@ stand for the hosts' IPv4
 # addresses, @SERVER6@ and @CLIENT6@ for their IPv6 ones, @LL_GID@ for the
@@ -65,6 +75,7 @@ set -u -o pipefail
 
 name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" cut_link=1 cut_log="" fail_within=""
 expects=() rejects=() envs=() ready_log="" ready_count=1 server_persists=0 static_neighbours=0 wire_check=0
+max_resent="" softhca_tool="" busy=0
 while (($#)); do
   case $1 in
     --name) name=$2; shift ;;
@@ -85,6 +96,9 @@ while (($#)); do
     --client-fails-within) fail_within=$2; shift ;;
     --static-neighbours) static_neighbours=1 ;;
     --wire-icrc-check) wire_check=1 ;;
+    --max-resent) max_resent=$2; shift ;;
+    --softhca) softhca_tool=$2; shift ;;
+    --busy) busy=$2; shift ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "two_hosts.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -92,6 +106,9 @@ while (($#)); do
 done
 [[ -n $name && -n $libdir && -n $port && -n $server && -n $client ]] || { echo "two_hosts.sh: missing arguments (see --help)" >&2; exit 2; }
 [[ $ready_count =~ ^[1-9][0-9]*$ ]] || { echo "two_hosts.sh: --ready-count takes a whole number >= 1" >&2; exit 2; }
+[[ -z $max_resent || ( $max_resent =~ ^[0-9]+(\.[0-9]+)?$ && -x $softhca_tool ) ]] ||
+  { echo "two_hosts.sh: --max-resent takes a percentage and needs --softhca TOOL" >&2; exit 2; }
+[[ $busy =~ ^[0-9]+$ ]] || { echo "two_hosts.sh: --busy takes a whole number" >&2; exit 2; }
 
 if ((wire_check)); then
   for tool in tcpdump ethtool; do
@@ -181,11 +198,22 @@ expand() {
   echo "${s//@CLIENT@/$b_ip}"
 }
 
+# runtime_dir NS: where host NS keeps softhca's files with --max-resent.
+runtime_dir() { echo "$work/runtime-${1##*-}"; }
+if [[ -n $max_resent ]]; then
+  mkdir -m 700 "$(runtime_dir "$ns_a")" "$(runtime_dir "$ns_b")" || exit 1
+fi
+for ((i = 0; i < busy; i++)); do
+  setsid sh -c 'while :; do :; done' &
+  pids+=($!)
+done
+
 # run_on NS LOG CMD: CMD on host NS, in a mount namespace of its own with an
 # empty /dev/shm, in a process group of its own (setsid), bounded by timeout.
 run_on() {
   local ns=$1 log=$2 cmd=$3 env_args=""
   for e in "${envs[@]}"; do env_args+=" $(printf '%q' "$e")"; done
+  [[ -n $max_resent ]] && env_args+=" SOFTHCA_RUNTIME_DIR=$(printf '%q' "$(runtime_dir "$ns")")"
   # exec: the background job's own pid becomes the session and group leader,
   # so that `kill -- -PID` reaches everything it started.
   exec setsid ip netns exec "$ns" unshare -m --propagation private \
@@ -286,6 +314,24 @@ if [[ -n $capture_pid ]]; then
   sed "s/^/[$name wire] /" "$work/wire_check"
 fi
 ((cut)) || [[ $server_rc == 0 && $client_rc == 0 ]] || status=FAIL
+if [[ -n $max_resent ]]; then
+  # Both hosts' port counters, which count the processes that have ended.
+  for ns in "$ns_a" "$ns_b"; do
+    ip netns exec "$ns" env SOFTHCA_RUNTIME_DIR="$(runtime_dir "$ns")" "$softhca_tool" stat -a --port
+  done >"$work/stat" 2>&1
+  if ! verdict=$(awk -v limit="$max_resent" '
+      NF == 2 && $2 ~ /^[0-9]+$/ { sum[$1] += $2 }
+      END {
+        sent = sum["sent_pkts"]; resent = sum["retransmitted_pkts"]; stale = sum["stale_responses"]
+        printf "sent %d packets, resent %d (%.3f%%), stale responses %d (%.3f%%), duplicate requests %d; limit %s%%",
+          sent, resent, sent ? 100 * resent / sent : 0, stale, sent ? 100 * stale / sent : 0,
+          sum["duplicate_request"], limit
+        exit !(sent > 0 && 100 * resent <= limit * sent && 100 * stale <= limit * sent)
+      }' "$work/stat"); then
+    status=FAIL
+  fi
+  echo "[$name] on the wire: $verdict"
+fi
 for re in "${expects[@]}"; do
   grep -Eq -- "$re" "$work/client" || { echo "[$name] the client's output lacks /$re/"; status=FAIL; }
 done
