@@ -20,7 +20,7 @@ namespace softhca::cm {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f6674636d7031ULL;  // "softcmp1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: 32,768 bindings
 
 void init_layout(PortTableLayout* layout) {
   host::init_robust_mutex(&layout->mutex);
