@@ -209,6 +209,11 @@ void RequesterFlow::send_packet(wire::Headers& h, const OutgoingMessage& m, Pack
     h.bth.opcode = wire::xrc_twin(h.bth.opcode);
     h.xrceth = wire::Xrceth{m.xrc_srqn & wire::kMax24};
   }
+  // Every packet of a PSN sent before is counted as sent again, whatever
+  // sends it (go-back-N, a hole's resend, a probe, a READ asked again):
+  // counted by the PSNs a go-back-N rewound over instead, a READ asked again
+  // counted each response packet it covered, not the one request.
+  if (config_.reliable && psn_diff(h.bth.psn, sent_end_) < 0) config_.counters.add(Counter::kRetransmittedPkts);
   if (config_.selective && !peer_plain_) {
     h.bth.reserved7 = kSelective;
     if (psn_diff(h.bth.psn, sent_end_) < 0) h.bth.reserved7 |= kResent;
@@ -330,10 +335,6 @@ void RequesterFlow::retransmit_from(uint32_t psn, uint64_t now_ns, PacketSink& o
       psn = o.read_next;
     break;
   }
-  if (psn_diff(send_psn_, psn) > 0) {
-    const auto again = static_cast<uint32_t>(psn_diff(send_psn_, psn));
-    config_.counters.add(Counter::kRetransmittedPkts, again);
-  }
   // A timed packet sent again: its ACK no longer times one round trip.
   if (timing_ && psn_diff(timed_psn_, psn) >= 0) timing_ = false;
   send_psn_ = psn;
@@ -385,7 +386,6 @@ void RequesterFlow::resend_range(uint32_t first, uint32_t count, uint64_t now_ns
     if (psn_diff(o.first_psn, end) >= 0 || psn_diff(o.first_psn, send_psn_) >= 0) break;
     if (psn_diff(o.last_psn(), first) < 0 || psn_diff(o.last_psn(), una_psn_) < 0) continue;
     if (is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite) {
-      config_.counters.add(Counter::kRetransmittedPkts);
       transmit_packet(o, 0, now_ns, out);  // a READ asks from its first missing response
       continue;
     }
@@ -395,7 +395,6 @@ void RequesterFlow::resend_range(uint32_t first, uint32_t count, uint64_t now_ns
     if (psn_diff(from, una_psn_) < 0) from = una_psn_;
     for (uint32_t p = from; psn_diff(p, end) < 0 && psn_diff(p, o.last_psn()) <= 0 && psn_diff(p, send_psn_) < 0;
          p = psn_add(p, 1)) {
-      config_.counters.add(Counter::kRetransmittedPkts);
       transmit_packet(o, static_cast<uint32_t>(psn_diff(p, o.first_psn)), now_ns, out);
     }
   }
@@ -407,7 +406,6 @@ void RequesterFlow::probe_newest(uint64_t now_ns, PacketSink& out) {
   for (Outstanding& o : outstanding_) {
     if (psn_diff(psn, o.first_psn) < 0) return;
     if (psn_diff(psn, o.last_psn()) > 0) continue;
-    config_.counters.add(Counter::kRetransmittedPkts);
     const bool one_request = is_read_or_atomic(o) || o.message.op == Operation::kAtomicWrite;
     transmit_packet(o, one_request ? 0 : static_cast<uint32_t>(psn_diff(psn, o.first_psn)), now_ns, out);
     return;
@@ -501,8 +499,14 @@ void RequesterFlow::acknowledge_through(uint32_t psn, uint64_t now_ns, PacketSin
       // go-back-N resends is ACKed past it again: asking again on each ACK
       // made a storm, so at most once per kAskAgainAfterNs (on a lossy path
       // the response to the asking again is lost too, and waiting for the
-      // ACK timer each time made a run of atomics crawl).
-      if (front.asked_again_ns == 0 || now_ns >= front.asked_again_ns + kAskAgainAfterNs) {
+      // ACK timer each time made a run of atomics crawl), and no sooner than
+      // the asking could have been answered: the responses of the READs
+      // behind a READ whose responses were lost (each a sign of that loss)
+      // made ib_read_bw at 1% loss ask for the whole window again about
+      // every 100 us while they came, and a third of what it received was
+      // answered twice.
+      const uint64_t answer_ns = std::max(kAskAgainAfterNs, srtt_ns_ + 4 * rttvar_ns_);
+      if (front.asked_again_ns == 0 || now_ns >= front.asked_again_ns + answer_ns) {
         front.asked_again_ns = now_ns == 0 ? 1 : now_ns;
         retransmit_from(front.first_psn, now_ns, out);
       }
@@ -686,7 +690,6 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
             psn_diff(psn, read->read_seen) <= 0 && read->responses_since_ask >= std::max<uint32_t>(1, asked / 2);
         read->read_seen = psn;
         if (psn_diff(psn, read->read_next) > 0 && (read->read_asked != read->read_next || new_round)) {
-          config_.counters.add(Counter::kRetransmittedPkts);
           transmit_packet(*read, 0, now_ns, out);
         }
         return;
