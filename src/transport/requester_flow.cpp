@@ -144,6 +144,14 @@ void RequesterFlow::pump(uint64_t now_ns, PacketSink& out) {
       continue;
     }
     if (psn_diff(send_psn_, una_psn_) >= static_cast<int32_t>(window_)) return;
+    // After a loss (a window below its most), a READ goes out only once all
+    // its response packets fit in the window, or alone: a READ's responses
+    // lost make every READ in flight behind them be answered again, and at
+    // 5% loss ib_read_bw -s 65536 (16 READs of 64 packets in flight) had
+    // 37 times the packets it needed sent (11 MB/s).
+    if (o.message.op == Operation::kRead && window_ < max_window() && psn_diff(send_psn_, una_psn_) > 0 &&
+        psn_diff(psn_add(o.first_psn, o.npsn), una_psn_) > static_cast<int32_t>(window_))
+      return;
     // No more READs and atomics in flight than the responder keeps to
     // answer again: one it forgot could never be answered on a retry.
     if (is_read_or_atomic(o) && rd_atomic_in_flight >= rd_atomic_limit) return;
@@ -690,6 +698,10 @@ void RequesterFlow::on_response(const wire::ParsedPacket& packet, uint64_t now_n
             psn_diff(psn, read->read_seen) <= 0 && read->responses_since_ask >= std::max<uint32_t>(1, asked / 2);
         read->read_seen = psn;
         if (psn_diff(psn, read->read_next) > 0 && (read->read_asked != read->read_next || new_round)) {
+          // A loss: fewer READ responses in flight from now on (pump), as a
+          // sequence NAK makes fewer requests (each READ behind the lost
+          // packet is answered again whole).
+          shrink_window(window_ / 2);
           transmit_packet(*read, 0, now_ns, out);
         }
         return;
