@@ -16,6 +16,7 @@ packages=(
   libpcap-dev                           # the udp link's captures (SOFTHCA_PCAP)
   tshark                                # decodes those captures in system.pcap_capture
   tcpdump ethtool python3-scapy         # the wire's ICRCs, GSO segments' IDs included (two_hosts.wire_icrc.*)
+  nftables                              # loss on the hosts' own input, not softhca's (two_hosts.*.loss5)
   ucx-utils                             # comparison peer for bench/peers; ucx_info/ucx_perftest system tests
   openmpi-bin libopenmpi-dev            # Open MPI's ucx pml on softhca (system.mpi.*; built only if MPI is found)
   python3 python3-pyverbs

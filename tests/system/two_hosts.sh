@@ -11,7 +11,7 @@
 #                [--ready-log RE [--ready-count N]] [--server-persists] [--reject RE]...
 #                [--cut-after-packets N | --kill-after-packets N | --cut-when-client-says RE]
 #                [--client-fails-within SECS] [--static-neighbours] [--wire-icrc-check]
-#                [--max-resent PERCENT --softhca TOOL] [--busy N]
+#                [--max-resent PERCENT --softhca TOOL] [--busy N] [--loss PERCENT]
 #
 # --cut-after-packets N takes the server's host off the network (its veth
 # goes down and its processes are killed) once its veth has received N
@@ -46,7 +46,12 @@
 # (retransmitted_pkts) or the responses that answered nothing
 # (stale_responses: a READ answered again, a repeated ACK) exceed PERCENT
 # of all packets sent. --busy N runs N busy loops beside the hosts for the
-# run, for a machine short of cores.
+# run, for a machine short of cores. --loss PERCENT drops that share of the
+# RoCEv2 datagrams (UDP port 4791) each host receives, at random, in the
+# host's own nftables: loss that softhca does not inject and cannot see
+# coming (skipped, 77, without nft or ethtool). The veths then segment GSO
+# sends before they pass them on, so that each datagram is dropped on its
+# own, as on a wire, not a run of up to 64 with the send that carried them.
 #
 # In the commands, @SERVER@ and @CLIENT@ stand for the hosts' IPv4
 # addresses, @SERVER6@ and @CLIENT6@ for their IPv6 ones, @LL_GID@ for the
@@ -75,7 +80,7 @@ set -u -o pipefail
 
 name="" libdir="" port="" timeout=60 server="" client="" cut_packets="" cut_link=1 cut_log="" fail_within=""
 expects=() rejects=() envs=() ready_log="" ready_count=1 server_persists=0 static_neighbours=0 wire_check=0
-max_resent="" softhca_tool="" busy=0
+max_resent="" softhca_tool="" busy=0 loss=""
 while (($#)); do
   case $1 in
     --name) name=$2; shift ;;
@@ -99,6 +104,7 @@ while (($#)); do
     --max-resent) max_resent=$2; shift ;;
     --softhca) softhca_tool=$2; shift ;;
     --busy) busy=$2; shift ;;
+    --loss) loss=$2; shift ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "two_hosts.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -109,6 +115,12 @@ done
 [[ -z $max_resent || ( $max_resent =~ ^[0-9]+(\.[0-9]+)?$ && -x $softhca_tool ) ]] ||
   { echo "two_hosts.sh: --max-resent takes a percentage and needs --softhca TOOL" >&2; exit 2; }
 [[ $busy =~ ^[0-9]+$ ]] || { echo "two_hosts.sh: --busy takes a whole number" >&2; exit 2; }
+[[ -z $loss || $loss =~ ^[1-9][0-9]?$ ]] || { echo "two_hosts.sh: --loss takes a percentage, 1 to 99" >&2; exit 2; }
+if [[ -n $loss ]]; then
+  for tool in nft ethtool; do
+    command -v "$tool" >/dev/null || { echo "[$name] SKIP: $tool is not installed"; exit 77; }
+  done
+fi
 
 if ((wire_check)); then
   for tool in tcpdump ethtool; do
@@ -157,6 +169,21 @@ if ((static_neighbours)); then
   mac_b=$(ip netns exec "$ns_b" cat "/sys/class/net/$veth_b/address") || exit 1
   for ip in "$a_ip" "$a_ip6"; do ip -n "$ns_b" neigh replace "$ip" lladdr "$mac_a" dev "$veth_b" nud permanent || exit 1; done
   for ip in "$b_ip" "$b_ip6"; do ip -n "$ns_a" neigh replace "$ip" lladdr "$mac_b" dev "$veth_a" nud permanent || exit 1; done
+fi
+
+if [[ -n $loss ]]; then
+  ip netns exec "$ns_a" ethtool -K "$veth_a" tx-udp-segmentation off >/dev/null &&
+    ip netns exec "$ns_b" ethtool -K "$veth_b" tx-udp-segmentation off >/dev/null || exit 1
+  for ns in "$ns_a" "$ns_b"; do
+    ip netns exec "$ns" nft -f - <<EOF || exit 1
+table inet softhca_loss {
+  chain input {
+    type filter hook input priority 0; policy accept;
+    udp dport 4791 numgen random mod 100 < $loss counter drop
+  }
+}
+EOF
+  done
 fi
 
 capture_pid=""
@@ -340,6 +367,12 @@ for re in "${rejects[@]}"; do
 done
 if grep -Eq "symbol lookup error|no version information available|ERROR: (Address|Thread)Sanitizer" "$work/server" "$work/client"; then
   echo "[$name] a loader or sanitizer error"; status=FAIL
+fi
+if [[ -n $loss ]]; then
+  for ns in "$ns_a" "$ns_b"; do
+    echo "[$name] nftables dropped on ${ns##*-}: $(ip netns exec "$ns" nft list table inet softhca_loss 2>/dev/null |
+      grep -o 'packets [0-9]*' | head -1)"
+  done
 fi
 echo "[$name] $status (server exit $server_rc, client exit $client_rc)"
 [[ $status == PASS ]]
