@@ -531,6 +531,27 @@ Step Connection::on_destroy() {
   return step;
 }
 
+std::optional<Connection::Departure> Connection::departure() const {
+  if (!has_cm_) return std::nullopt;
+  // REP_SENT too: the peer may have sent the RTU that was lost, and be
+  // connected, or disconnecting with a DREQ of its own that was lost too
+  // (on_destroy's REJ ends it only in the handshake). Such a peer, its DREQ
+  // unanswered once this process is gone, waited out all its retries.
+  if (state_ == ConnState::kEstablished || state_ == ConnState::kRepSent) {
+    Departure d;
+    d.dreq.local_comm_id = local_comm_id_;
+    d.dreq.remote_comm_id = remote_comm_id_;
+    d.dreq.remote_qpn = neg_.remote_qpn;
+    d.wait_ms = answer_ms_;
+    d.retries = max_retries_;
+    return d;
+  }
+  if (state_ == ConnState::kDreqSent && awaited_) {
+    if (const auto* dreq = std::get_if<DreqMsg>(&*awaited_)) return Departure{*dreq, wait_ms_, retries_left_};
+  }
+  return std::nullopt;
+}
+
 Step Connection::on_exit() {
   if (state_ == ConnState::kTimewait) {
     DrepMsg drep;

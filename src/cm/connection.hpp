@@ -291,6 +291,20 @@ class Connection {
   // The peer process is gone: what its CM would have sent while destroying
   // its end (REJ in the handshake, DREQ/DREP when connected).
   Step on_peer_lost();
+  // What must go on being sent once this id is destroyed, or its process
+  // exits, for the peer to learn that the connection ended: the DREQ of a
+  // connection that is established (on_destroy sends it), or waits for the
+  // RTU, or whose DREQ waits for its DREP, with the wait and retries it has
+  // left. The kernel's CM
+  // sends it once and forgets it with the id, so a lost DREQ left the peer
+  // connected for ever: rping's server at 20% loss, after its client had
+  // disconnected and exited (issue #42). Ask before on_destroy or on_exit.
+  struct Departure {
+    DreqMsg dreq;
+    uint32_t wait_ms = 0;
+    uint8_t retries = 0;
+  };
+  std::optional<Departure> departure() const;
   // This id is being destroyed: the message that tells the peer (the kernel's
   // cm_destroy_id), and the connection is idle afterwards.
   Step on_destroy();

@@ -49,6 +49,13 @@ namespace {
 // How long a disconnected connection stays in timewait before TIMEWAIT_EXIT:
 // about the kernel's (4.096 us << the RoCE ack timeout of ~17).
 constexpr std::chrono::milliseconds kTimewait{500};
+// At exit, unanswered DREQs go again this often, for this long at most: the
+// exit waits for their DREPs (a peer that answers at all answers within a
+// round trip; at 20% loss each way, 30 tries all fail with p = 0.36^30).
+constexpr uint32_t kExitResendMs = 50;
+constexpr uint32_t kExitLingerMs = 1500;
+// A DREP at exit goes this many more times, kExitResendMs apart.
+constexpr uint8_t kExitRepeats = 3;
 
 alignas(std::mutex) unsigned char g_init_mu_storage[sizeof(std::mutex)];
 std::mutex* g_init_mu = new (g_init_mu_storage) std::mutex;
@@ -71,6 +78,7 @@ void service_atfork_child() {
 void service_atexit() {
   if (g_service == nullptr || g_service_pid != ::getpid()) return;
   g_service->tell_other_hosts_at_exit();
+  g_service->linger_at_exit();
   g_service->table_->unregister_process(g_service->proc_);
   g_service->transport_->leave_at_exit();
 }
@@ -87,8 +95,16 @@ void Service::tell_other_hosts_at_exit() {
     std::lock_guard g(mu_);
     for (auto& [comm, id] : ids_) {
       if (id->destroying_ || !id->peer_.on_other_host()) continue;
+      if (const auto d = id->conn_.departure()) depart_locked(id, *d);
+      const bool timewait = id->conn_.state() == ConnState::kTimewait;
       Step step = id->conn_.on_exit();
-      if (step.send) out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kIgnore));
+      if (!step.send) continue;
+      out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kIgnore));
+      // The DREP that answered the peer's DREQ may have been lost, and once
+      // this process is gone nobody answers the peer's DREQ again: it would
+      // wait out every retry (rdma_server at 20% loss, whose client had
+      // exited). It goes a few more times while the exit lingers.
+      if (timewait) repeat_at_exit_locked(id->comm_id_, out.back());
     }
   }
   send_all(std::move(out));
@@ -170,6 +186,8 @@ int Service::next_timeout_ms() {
   if (!timewait_.empty()) next = timewait_.begin()->first;
   if (!retransmit_.empty() && (!next || retransmit_.begin()->first < *next)) next = retransmit_.begin()->first;
   if (!addr_checks_.empty() && (!next || addr_checks_.begin()->first < *next)) next = addr_checks_.begin()->first;
+  for (const auto& [comm, d] : departures_)
+    if (!next || d.next < *next) next = d.next;
   if (!next) return -1;
   const auto left = *next - std::chrono::steady_clock::now();
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
@@ -197,7 +215,96 @@ void Service::fire_timers() {
       SOFTHCA_DEBUG("cm: id %u: no answer to %s in time, sending it again", comm, message_name(*step.send));
     apply_step_locked(id, std::move(step), out);
   }
+  fire_departures_locked(now, out);
   send_all(lk, std::move(out));
+}
+
+void Service::depart_locked(CmId* id, const Connection::Departure& d) {
+  Departure dep;
+  dep.dreq = message_to_peer_locked(id, CmMessage(d.dreq), IfUnreachable::kIgnore);
+  dep.dreq.comm_id = 0;  // no id to fail
+  dep.wait_ms = exiting_ ? kExitResendMs : d.wait_ms;
+  dep.retries = d.retries;
+  dep.next = std::chrono::steady_clock::now() + std::chrono::milliseconds(dep.wait_ms);
+  departures_[id->comm_id_] = std::move(dep);
+  transport_->wake();  // the CM thread's poll picks up the new deadline
+}
+
+void Service::repeat_at_exit_locked(uint32_t comm, const Outgoing& message) {
+  Departure dep;
+  dep.dreq = message;
+  dep.dreq.comm_id = 0;
+  dep.wait_ms = kExitResendMs;
+  dep.retries = kExitRepeats;
+  dep.repeat_only = true;
+  dep.next = std::chrono::steady_clock::now() + std::chrono::milliseconds(dep.wait_ms);
+  departures_[comm] = std::move(dep);
+}
+
+void Service::remember_drep_locked(uint32_t comm, const Outgoing& drep) {
+  Departure dep;
+  dep.dreq = drep;
+  dep.dreq.comm_id = 0;
+  dep.wait_ms = kExitResendMs;
+  dep.retries = 0;  // sent only if the exit comes first (linger_at_exit)
+  dep.repeat_only = true;
+  dep.next = std::chrono::steady_clock::now() + kTimewait;
+  departures_[comm] = std::move(dep);
+  transport_->wake();
+}
+
+void Service::end_departure_locked(uint32_t local, const Peer& from) {
+  const auto it = departures_.find(local);
+  if (it == departures_.end() || it->second.repeat_only || !it->second.dreq.to.same_cm(from)) return;
+  departures_.erase(it);
+  if (departures_.empty()) departures_cv_.notify_all();
+}
+
+void Service::fire_departures_locked(std::chrono::steady_clock::time_point now, std::vector<Outgoing>& out) {
+  for (auto it = departures_.begin(); it != departures_.end();) {
+    Departure& d = it->second;
+    if (d.next > now) {
+      ++it;
+      continue;
+    }
+    if (d.retries == 0) {
+      SOFTHCA_DEBUG("cm: comm id %u: no DREP for the DREQ of a destroyed id; giving up", it->first);
+      it = departures_.erase(it);
+      if (departures_.empty()) departures_cv_.notify_all();
+      continue;
+    }
+    --d.retries;
+    out.push_back(d.dreq);
+    d.next = now + std::chrono::milliseconds(d.wait_ms);
+    ++it;
+  }
+}
+
+void Service::linger_at_exit() {
+  std::unique_lock lk(mu_);
+  if (departures_.empty()) return;
+  // The DREQs that are not answered yet go again, often, while the process
+  // still may: once it is gone nobody sends them (docs/architecture.md,
+  // "A connection outlives its id").
+  exiting_ = true;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [comm, d] : departures_) {
+    if (d.repeat_only) {
+      if (d.retries == 0) {  // an id destroyed in TIMEWAIT lately: its DREP again
+        d.retries = kExitRepeats + 1;
+        d.next = now;
+      }
+      continue;
+    }
+    d.wait_ms = kExitResendMs;
+    d.retries = std::max<uint8_t>(d.retries, kExitLingerMs / kExitResendMs);
+    d.next = std::min(d.next, now + std::chrono::milliseconds(kExitResendMs));
+  }
+  transport_->wake();
+  if (!departures_cv_.wait_until(lk, now + std::chrono::milliseconds(kExitLingerMs),
+                                 [this] { return departures_.empty(); }))
+    SOFTHCA_INFO("cm: %zu peer(s) on other hosts did not answer the disconnection before the exit",
+                 departures_.size());
 }
 
 std::optional<std::pair<uint32_t, CmId*>> Service::pop_due_locked(

@@ -425,6 +425,34 @@ class Service {
   std::multimap<std::chrono::steady_clock::time_point, uint32_t> retransmit_;
   // When to look again at the next hop of a waiting address resolution (comm IDs).
   std::multimap<std::chrono::steady_clock::time_point, uint32_t> addr_checks_;
+  // Connections to another host whose id is gone (destroyed, or its process
+  // exiting) while the peer has not answered their DREQ: the DREQ goes again
+  // until the DREP, or the peer's DREQ, comes, or the retries run out
+  // (Connection::departure); at exit also the DREPs of connections in
+  // TIMEWAIT, a few times over. By the gone id's comm ID.
+  struct Departure {
+    Outgoing dreq;
+    uint32_t wait_ms = 0;
+    uint8_t retries = 0;
+    std::chrono::steady_clock::time_point next;
+    bool repeat_only = false;  // a DREP repeated at exit: no answer ends it
+  };
+  std::unordered_map<uint32_t, Departure> departures_;
+  // The process exits: departures go again every kExitResendMs, and the
+  // exiting thread waits (kExitLingerMs at most) until none is left.
+  bool exiting_ = false;
+  std::condition_variable departures_cv_;
+  void depart_locked(CmId* id, const Connection::Departure& d);
+  // Ends the departure of comm ID `local` (a DREP or the peer's DREQ came).
+  void end_departure_locked(uint32_t local, const Peer& from);
+  // At exit: `message` (a DREP) goes kExitRepeats more times while the exit
+  // lingers, answered or not.
+  void repeat_at_exit_locked(uint32_t comm, const Outgoing& message);
+  // An id destroyed in TIMEWAIT: its DREP, to repeat should the process exit
+  // within the timewait (nobody answers the peer's DREQ once it is gone).
+  void remember_drep_locked(uint32_t comm, const Outgoing& drep);
+  void fire_departures_locked(std::chrono::steady_clock::time_point now, std::vector<Outgoing>& out);
+  void linger_at_exit();
   std::vector<CmId*> listeners_;
   uint32_t comm_id_seed_ = 0;
   uint64_t tid_counter_ = 0;

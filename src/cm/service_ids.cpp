@@ -61,6 +61,13 @@ Result<void> Service::destroy_id(CmId* id) {
 
 void Service::tear_down_locked(CmId* id, std::vector<Outgoing>& out) {
   id->destroying_ = true;
+  if (const auto d = id->conn_.departure(); d && id->peer_.on_other_host()) depart_locked(id, *d);
+  if (id->conn_.state() == ConnState::kTimewait && id->peer_.on_other_host()) {
+    // Its DREP may have been lost; should the process exit before the
+    // peer's DREQ comes again, the exit repeats it (remember_drep_locked).
+    Step drep = id->conn_.on_exit();
+    if (drep.send) remember_drep_locked(id->comm_id_, message_to_peer_locked(id, *drep.send, IfUnreachable::kIgnore));
+  }
   Step step = id->conn_.on_destroy();
   if (step.send && id->peer_.known())
     out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kIgnore));

@@ -97,6 +97,11 @@ void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
     }
     const bool stale = id == nullptr || id->destroying_ || !id->peer_.same_cm(from) ||
                        (id->conn_.remote_comm_id() != 0 && remote != 0 && id->conn_.remote_comm_id() != remote);
+    // A departed connection's DREQ is answered (its DREP), or crossed by the
+    // peer's own DREQ: the peer knows; the departure ends. (At exit the id
+    // may still be there, disconnected by the exit.)
+    if (std::holds_alternative<DrepMsg>(mad->msg) || std::holds_alternative<DreqMsg>(mad->msg))
+      end_departure_locked(local, from);
     if (stale) {
       SOFTHCA_DEBUG("cm: dropping a %s for comm id %u, which has no such peer", message_name(mad->msg), local);
       if (const auto* dreq = std::get_if<DreqMsg>(&mad->msg)) {

@@ -56,6 +56,58 @@ Established establish(CmTimeouts t) {
   return e;
 }
 
+// What goes on being sent once an id is destroyed, or its process exits
+// (the service keeps sending it to a peer on another host until the DREP
+// comes): the DREQ of a connection that is established, waits for its RTU,
+// or waits for its DREQ's DREP, with the retries that wait has left; nothing
+// in the handshake (a REJ, once, ends that) or once disconnected.
+TEST(CmRetransmit, AConnectionOutlivesItsIdUntilItsDreqIsAnswered) {
+  {
+    Established e = establish(CmTimeouts{8, 3});
+    const auto d = e.active.departure();
+    ASSERT_TRUE(d.has_value());
+    EXPECT_EQ(d->dreq.local_comm_id, kActiveComm);
+    EXPECT_EQ(d->dreq.remote_comm_id, kPassiveComm);
+    EXPECT_EQ(d->dreq.remote_qpn, 0x22u);
+    EXPECT_EQ(d->retries, 3);
+    EXPECT_GT(d->wait_ms, 0u);
+    EXPECT_TRUE(std::holds_alternative<DreqMsg>(*e.active.on_destroy().send)) << "the first DREQ";
+  }
+  {
+    // Disconnecting, one DREQ already sent again: two retries are left.
+    Established e = establish(CmTimeouts{8, 3});
+    auto dreq = e.passive.disconnect();
+    ASSERT_TRUE(dreq && dreq->send);
+    expire(e.passive);
+    const auto d = e.passive.departure();
+    ASSERT_TRUE(d.has_value());
+    EXPECT_EQ(d->dreq.local_comm_id, kPassiveComm);
+    EXPECT_EQ(d->retries, 2);
+    EXPECT_FALSE(e.passive.on_destroy().send) << "the DREQ went already; the departure sends it again";
+  }
+  {
+    // The passive side waits for the RTU (lost): its peer may be connected.
+    Connection active;
+    auto req = active.connect(connect_args(CmTimeouts{8, 3}));
+    Step ev;
+    Connection passive =
+        Connection::from_req(std::get<ReqMsg>(*req->send), kPassiveComm, 0x300, PathInfo{}, kIpHeaderSize, ev);
+    ASSERT_TRUE(passive.accept(accept_args()));
+    ASSERT_EQ(passive.state(), ConnState::kRepSent);
+    ASSERT_TRUE(passive.departure().has_value());
+    EXPECT_FALSE(active.departure().has_value()) << "REQ_SENT: a REJ ends it";
+  }
+  {
+    Established e = establish(CmTimeouts{8, 3});
+    auto dreq = e.active.disconnect();
+    e.active.on_message(*e.passive.on_message(*dreq->send).send);  // the DREP
+    EXPECT_EQ(e.active.state(), ConnState::kTimewait);
+    EXPECT_FALSE(e.active.departure().has_value());
+    EXPECT_FALSE(e.passive.departure().has_value());
+  }
+  EXPECT_FALSE(Connection().departure().has_value());
+}
+
 TEST(CmRetransmit, IbaTimesInMillisecondsAsTheKernelRoundsThem) {
   EXPECT_EQ(iba_time_ms(0), 1u);
   EXPECT_EQ(iba_time_ms(8), 1u);
