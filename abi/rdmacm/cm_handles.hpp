@@ -118,6 +118,15 @@ void sync_id(IdHandle* h);
 int modify_qp_rtr(IdHandle* h, uint8_t resp_res);
 int modify_qp_rts(IdHandle* h, uint8_t init_depth);
 int modify_qp_err(rdma_cm_id* id);
+// rdma_disconnect, before modify_qp_err: an RC QP in RTS goes to SQD, and
+// this waits (200 ms at most) until the sends it had started are done. A
+// NIC puts a send on the wire within microseconds of its post, so a send
+// posted just before rdma_disconnect has reached the peer there, and the
+// move to ERROR flushes nothing that was under way; here a send still being
+// resent after a loss was flushed, and the peer waited for it for ever
+// (ucmatose's replies at 20% loss between two hosts). Sends not started
+// yet stay queued, and ERROR flushes them as before.
+void drain_send_queue(rdma_cm_id* id);
 void destroy_cqs(rdma_cm_id* id);
 // The RTU after CONNECT_RESPONSE (rdma_establish, or with a QP inside
 // rdma_get_cm_event; connect.cpp).

@@ -175,6 +175,7 @@ int rdma_disconnect(rdma_cm_id* id) {
   return cm_call([&] {
     IdHandle* h = to_handle(id);
     if (id->verbs == nullptr) return set_errno(EINVAL);
+    drain_send_queue(id);
     if (modify_qp_err(id) != 0) return -1;
     auto r = service()->disconnect(h->impl);
     if (!r) return set_errno(r.error());

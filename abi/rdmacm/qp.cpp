@@ -1,12 +1,17 @@
 // QPs and SRQs on rdma_cm ids, and the state moves librdmacm makes on them,
 // all through the public verbs API: the attributes come from the CM
 // (rdma_init_qp_attr), the calls are plain ibv_modify_qp.
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "cm_handles.hpp"
 
 namespace softhca::rdmacm {
 namespace {
+
+// How long rdma_disconnect lets the sends already on the wire finish.
+constexpr std::chrono::milliseconds kDisconnectDrain{200};
 
 int modify_from_cm(IdHandle* h, ibv_qp_state state, ibv_qp_attr& attr, int& mask) {
   attr.qp_state = state;
@@ -107,6 +112,22 @@ int modify_qp_rts(IdHandle* h, uint8_t init_depth) {
   if (init_depth != RDMA_MAX_INIT_DEPTH) attr.max_rd_atomic = init_depth;
   if (int rc = ibv_modify_qp(qp, &attr, mask); rc != 0) return set_errno(rc);
   return 0;
+}
+
+void drain_send_queue(rdma_cm_id* id) {
+  if (id->qp == nullptr || (id->qp->qp_type != IBV_QPT_RC && id->qp->qp_type != IBV_QPT_XRC_SEND)) return;
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (ibv_query_qp(id->qp, &attr, IBV_QP_STATE, &init) != 0 || attr.qp_state != IBV_QPS_RTS) return;
+  attr = ibv_qp_attr{};
+  attr.qp_state = IBV_QPS_SQD;
+  if (ibv_modify_qp(id->qp, &attr, IBV_QP_STATE) != 0) return;
+  const auto until = std::chrono::steady_clock::now() + kDisconnectDrain;
+  for (;;) {
+    if (ibv_query_qp(id->qp, &attr, IBV_QP_STATE, &init) != 0 || attr.sq_draining == 0) return;
+    if (std::chrono::steady_clock::now() >= until) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 int modify_qp_err(rdma_cm_id* id) {

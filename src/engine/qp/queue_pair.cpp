@@ -337,7 +337,7 @@ Result<void> QueuePair::modify(const ibv_qp_attr& attr, int mask) {
     flush_send_locked();
     flush_recv();
   }
-  if (to == IBV_QPS_SQD && sq_head_ == sq_tail_.load(std::memory_order_relaxed)) {
+  if (to == IBV_QPS_SQD && sq_sent_ == sq_tail_.load(std::memory_order_relaxed)) {
     mark_sq_drained(attrs_);
     if (attrs_.en_sqd_async_notify) raise_event(IBV_EVENT_SQ_DRAINED);
   }
@@ -639,6 +639,13 @@ void QueuePair::finish_send_locked(const SendWqe& wqe, ibv_wc_status status) {
   if (!staging_.empty()) staging_.erase(position);
   sq_tail_.store(position + 1, std::memory_order_release);
   if (sq_sent_ - position == 0) sq_sent_ = position + 1;  // a synchronous link: sent follows tail
+  // In SQD the send queue has drained once every WR it had started is done
+  // (the ones not started stay queued).
+  if (attrs_.sq_draining && sq_sent_ == position + 1 &&
+      shared_->state.load(std::memory_order_relaxed) == IBV_QPS_SQD) {
+    mark_sq_drained(attrs_);
+    if (attrs_.en_sqd_async_notify) raise_event(IBV_EVENT_SQ_DRAINED);
+  }
   if (status == IBV_WC_SUCCESS && !signaled(wqe)) return;
   host::Cqe cqe{};
   cqe.wr_id = wqe.wr_id;
