@@ -104,7 +104,7 @@ void Service::tell_other_hosts_at_exit() {
       // this process is gone nobody answers the peer's DREQ again: it would
       // wait out every retry (rdma_server at 20% loss, whose client had
       // exited). It goes a few more times while the exit lingers.
-      if (timewait) repeat_at_exit_locked(id->comm_id_, out.back());
+      if (timewait) remember_drep_locked(id->comm_id_, out.back());
     }
   }
   send_all(std::move(out));
@@ -219,43 +219,33 @@ void Service::fire_timers() {
   send_all(lk, std::move(out));
 }
 
-void Service::depart_locked(CmId* id, const Connection::Departure& d) {
+void Service::keep_departure_locked(uint32_t comm, Outgoing message, uint32_t wait_ms, uint8_t retries,
+                                    std::chrono::milliseconds first_in, bool repeat_only) {
   Departure dep;
-  dep.dreq = message_to_peer_locked(id, CmMessage(d.dreq), IfUnreachable::kIgnore);
-  dep.dreq.comm_id = 0;  // no id to fail
-  dep.wait_ms = exiting_ ? kExitResendMs : d.wait_ms;
-  dep.retries = d.retries;
-  dep.next = std::chrono::steady_clock::now() + std::chrono::milliseconds(dep.wait_ms);
-  departures_[id->comm_id_] = std::move(dep);
+  dep.message = std::move(message);
+  dep.message.comm_id = 0;  // no id to fail
+  dep.wait_ms = wait_ms;
+  dep.retries = retries;
+  dep.repeat_only = repeat_only;
+  dep.next = std::chrono::steady_clock::now() + first_in;
+  departures_[comm] = std::move(dep);
   transport_->wake();  // the CM thread's poll picks up the new deadline
 }
 
-void Service::repeat_at_exit_locked(uint32_t comm, const Outgoing& message) {
-  Departure dep;
-  dep.dreq = message;
-  dep.dreq.comm_id = 0;
-  dep.wait_ms = kExitResendMs;
-  dep.retries = kExitRepeats;
-  dep.repeat_only = true;
-  dep.next = std::chrono::steady_clock::now() + std::chrono::milliseconds(dep.wait_ms);
-  departures_[comm] = std::move(dep);
+void Service::depart_locked(CmId* id, const Connection::Departure& d) {
+  const uint32_t wait_ms = exiting_ ? kExitResendMs : d.wait_ms;
+  keep_departure_locked(id->comm_id_, message_to_peer_locked(id, CmMessage(d.dreq), IfUnreachable::kIgnore), wait_ms,
+                        d.retries, std::chrono::milliseconds(wait_ms), false);
 }
 
 void Service::remember_drep_locked(uint32_t comm, const Outgoing& drep) {
-  Departure dep;
-  dep.dreq = drep;
-  dep.dreq.comm_id = 0;
-  dep.wait_ms = kExitResendMs;
-  dep.retries = 0;  // sent only if the exit comes first (linger_at_exit)
-  dep.repeat_only = true;
-  dep.next = std::chrono::steady_clock::now() + kTimewait;
-  departures_[comm] = std::move(dep);
-  transport_->wake();
+  // Sent only if the exit comes within the timewait (linger_at_exit).
+  keep_departure_locked(comm, drep, kExitResendMs, 0, kTimewait, true);
 }
 
 void Service::end_departure_locked(uint32_t local, const Peer& from) {
   const auto it = departures_.find(local);
-  if (it == departures_.end() || it->second.repeat_only || !it->second.dreq.to.same_cm(from)) return;
+  if (it == departures_.end() || it->second.repeat_only || !it->second.message.to.same_cm(from)) return;
   departures_.erase(it);
   if (departures_.empty()) departures_cv_.notify_all();
 }
@@ -268,13 +258,13 @@ void Service::fire_departures_locked(std::chrono::steady_clock::time_point now, 
       continue;
     }
     if (d.retries == 0) {
-      SOFTHCA_DEBUG("cm: comm id %u: no DREP for the DREQ of a destroyed id; giving up", it->first);
+      if (!d.repeat_only) SOFTHCA_DEBUG("cm: comm id %u: no DREP for the DREQ of a destroyed id; giving up", it->first);
       it = departures_.erase(it);
       if (departures_.empty()) departures_cv_.notify_all();
       continue;
     }
     --d.retries;
-    out.push_back(d.dreq);
+    out.push_back(d.message);
     d.next = now + std::chrono::milliseconds(d.wait_ms);
     ++it;
   }
@@ -289,11 +279,9 @@ void Service::linger_at_exit() {
   exiting_ = true;
   const auto now = std::chrono::steady_clock::now();
   for (auto& [comm, d] : departures_) {
-    if (d.repeat_only) {
-      if (d.retries == 0) {  // an id destroyed in TIMEWAIT lately: its DREP again
-        d.retries = kExitRepeats + 1;
-        d.next = now;
-      }
+    if (d.repeat_only) {  // a connection in TIMEWAIT: its DREP, sent once already, again
+      d.retries = kExitRepeats;
+      d.next = now + std::chrono::milliseconds(kExitResendMs);
       continue;
     }
     d.wait_ms = kExitResendMs;

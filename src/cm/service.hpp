@@ -431,7 +431,7 @@ class Service {
   // (Connection::departure); at exit also the DREPs of connections in
   // TIMEWAIT, a few times over. By the gone id's comm ID.
   struct Departure {
-    Outgoing dreq;
+    Outgoing message;  // the DREQ (or, repeat_only, the DREP)
     uint32_t wait_ms = 0;
     uint8_t retries = 0;
     std::chrono::steady_clock::time_point next;
@@ -445,12 +445,12 @@ class Service {
   void depart_locked(CmId* id, const Connection::Departure& d);
   // Ends the departure of comm ID `local` (a DREP or the peer's DREQ came).
   void end_departure_locked(uint32_t local, const Peer& from);
-  // At exit: `message` (a DREP) goes kExitRepeats more times while the exit
-  // lingers, answered or not.
-  void repeat_at_exit_locked(uint32_t comm, const Outgoing& message);
-  // An id destroyed in TIMEWAIT: its DREP, to repeat should the process exit
-  // within the timewait (nobody answers the peer's DREQ once it is gone).
+  // A connection in TIMEWAIT (its id destroyed, or the process exiting): its
+  // DREP, sent kExitRepeats more times should the process exit within the
+  // timewait, answered or not (nobody answers the peer's DREQ once it is gone).
   void remember_drep_locked(uint32_t comm, const Outgoing& drep);
+  void keep_departure_locked(uint32_t comm, Outgoing message, uint32_t wait_ms, uint8_t retries,
+                             std::chrono::milliseconds first_in, bool repeat_only);
   void fire_departures_locked(std::chrono::steady_clock::time_point now, std::vector<Outgoing>& out);
   void linger_at_exit();
   std::vector<CmId*> listeners_;
