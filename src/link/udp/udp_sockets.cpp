@@ -116,6 +116,14 @@ uint16_t local_port(int fd) {
 Result<std::unique_ptr<Sockets>> Sockets::open(const SocketOptions& options) {
   std::unique_ptr<Sockets> s(new Sockets());
   s->gso_.store(options.gso, std::memory_order_relaxed);
+  if (!options.receive) {
+    s->send4_ = bind_v4(0, false);
+    s->send6_ = bind_v6(0, false);
+    if (s->send4_ < 0 && s->send6_ < 0) return fail(std::errc(errno));
+    s->port4_ = local_port(s->send4_);
+    s->port6_ = local_port(s->send6_);
+    return s;
+  }
   s->recv4_ = bind_v4(wire::kRoceV2Port, true);
   const int err4 = errno;
   s->recv6_ = bind_v6(wire::kRoceV2Port, true);

@@ -58,12 +58,14 @@ inline constexpr size_t kGsoMaxBytes = 65000;
 size_t gso_run(std::span<const OutgoingPacket> packets, size_t most);
 
 struct SocketOptions {
-  bool gso = true;  // send runs as GSO messages (SOFTHCA_UDP_GSO)
+  bool gso = true;      // send runs as GSO messages (SOFTHCA_UDP_GSO)
+  bool receive = true;  // false: send sockets only, port 4791 left to the processes that receive
 };
 
 class Sockets {
  public:
-  // Fails only when neither IP version can receive on port 4791.
+  // Fails only when neither IP version can receive on port 4791 (or, with
+  // options.receive false, send).
   static Result<std::unique_ptr<Sockets>> open(const SocketOptions& options = {});
   ~Sockets();
   Sockets(const Sockets&) = delete;
