@@ -11,6 +11,9 @@ include(CMakePackageConfigHelpers)
 set_target_properties(softhca_rdmacm PROPERTIES INSTALL_RPATH "$ORIGIN")
 install(TARGETS softhca_verbs softhca_rdmacm
         LIBRARY DESTINATION ${SOFTHCA_INSTALL_PRIVATE_LIBDIR})
+# The host's CM agent beside them: the CM starts it from the directory of
+# the librdmacm.so.1 it runs in (src/cm/agent_launcher.cpp).
+install(TARGETS softhca_cm_agent RUNTIME DESTINATION ${SOFTHCA_INSTALL_PRIVATE_LIBDIR})
 
 # ---- the tool ----------------------------------------------------------------
 # The installed copy (tools/softhca/CMakeLists.txt); it links our

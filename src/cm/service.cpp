@@ -19,6 +19,7 @@
 #include "common/log.hpp"
 #include "common/limits.hpp"
 #include "engine/device/device_info.hpp"
+#include "host/host_identity.hpp"
 #include "host/host_registry.hpp"
 
 namespace softhca::cm {
@@ -141,10 +142,19 @@ Result<void> Service::start() {
   const std::string path = *dir + "/cm-" + std::to_string(pid) + ".sock";
   auto local = LocalTransport::open(path);
   if (!local) return fail(local.error());
-  auto proc = table_->register_process(pid, host::process_start_time(pid), path);
+  start_time_ = host::process_start_time(pid);
+  auto proc = table_->register_process(pid, start_time_, path);
   if (!proc) return fail(proc.error());
   proc_ = *proc;
   transport_ = std::make_unique<RoutingTransport>(std::move(*local), *table_, proc_, pid);
+  if (auto departures = DepartureTable::open()) {
+    departure_table_ = *departures;
+    if (auto host_dir = host::host_directory()) agent_ = std::make_unique<AgentLauncher>(*host_dir);
+  } else {
+    SOFTHCA_WARN("cm: no departure table (%s): connections of this process to other hosts stay up for their peers "
+                 "if it is killed",
+                 std::make_error_code(departures.error()).message().c_str());
+  }
   comm_id_seed_ = detail::rng()();
 
   // The CM thread takes no asynchronous signals: they belong to the
@@ -230,6 +240,61 @@ void Service::keep_departure_locked(uint32_t comm, Outgoing message, uint32_t wa
   dep.next = std::chrono::steady_clock::now() + first_in;
   departures_[comm] = std::move(dep);
   transport_->wake();  // the CM thread's poll picks up the new deadline
+  if (!repeat_only) sync_will_locked(comm, nullptr);
+}
+
+void Service::sync_will_locked(uint32_t comm, const CmId* id) {
+  if (departure_table_ == nullptr) return;
+  // What would reach the peer: a departure under way, or the DREQ the id's
+  // connection would send.
+  std::optional<std::pair<Peer, MadBytes>> will;
+  const auto dep = departures_.find(comm);
+  if (dep != departures_.end() && !dep->second.repeat_only) {
+    will.emplace(dep->second.message.to, dep->second.message.bytes);
+  } else if (id != nullptr && !id->destroying_ && id->peer_.on_other_host()) {
+    if (const auto d = id->conn_.departure())
+      will.emplace(id->peer_, encode(Mad{uint64_t{comm} << 32, CmMessage(d->dreq)}));
+  }
+  const auto written = wills_.find(comm);
+  if (!will || !will->first.host) {
+    if (written == wills_.end()) return;
+    departure_table_->free(written->second, static_cast<uint32_t>(::getpid()), comm);
+    wills_.erase(written);
+    return;
+  }
+  if (written != wills_.end()) return;  // the record stands: the same connection, the same peer
+  DepartureRecord r;
+  r.pid = static_cast<uint32_t>(::getpid());
+  r.start_time = start_time_;
+  r.local_comm_id = comm;
+  r.local = will->first.host->local;
+  r.remote = will->first.host->remote;
+  r.mad = will->second;
+  // The kernel's CM retries the DREQ of a destroyed id with the connection's
+  // wait and retries; the agent does the same.
+  if (id != nullptr) {
+    if (const auto d = id->conn_.departure()) {
+      r.wait_ms = d->wait_ms;
+      r.retries = d->retries;
+    }
+  }
+  if (dep != departures_.end()) {
+    r.wait_ms = dep->second.wait_ms;
+    r.retries = dep->second.retries;
+  }
+  auto slot = departure_table_->write(std::nullopt, r);
+  if (!slot) {
+    SOFTHCA_DEBUG("cm: the departure table is full; comm id %u has no record", comm);
+    return;
+  }
+  wills_.emplace(comm, *slot);
+  if (agent_) agent_->ensure_running();
+}
+
+void Service::end_orphan_departure_locked(uint32_t local, const Peer& from) {
+  if (departure_table_ == nullptr || !from.host) return;
+  if (departure_table_->end(local, from.host->remote))
+    SOFTHCA_DEBUG("cm: comm id %u of a process that is gone: its peer answered the agent's DREQ", local);
 }
 
 void Service::depart_locked(CmId* id, const Connection::Departure& d) {
@@ -248,6 +313,8 @@ void Service::end_departure_locked(uint32_t local, const Peer& from) {
   if (it == departures_.end() || it->second.repeat_only || !it->second.message.to.same_cm(from)) return;
   departures_.erase(it);
   if (departures_.empty()) departures_cv_.notify_all();
+  const auto id = ids_.find(local);
+  sync_will_locked(local, id == ids_.end() ? nullptr : id->second);
 }
 
 void Service::fire_departures_locked(std::chrono::steady_clock::time_point now, std::vector<Outgoing>& out) {
@@ -259,8 +326,11 @@ void Service::fire_departures_locked(std::chrono::steady_clock::time_point now, 
     }
     if (d.retries == 0) {
       if (!d.repeat_only) SOFTHCA_DEBUG("cm: comm id %u: no DREP for the DREQ of a destroyed id; giving up", it->first);
+      const uint32_t comm = it->first;
       it = departures_.erase(it);
       if (departures_.empty()) departures_cv_.notify_all();
+      const auto id = ids_.find(comm);
+      sync_will_locked(comm, id == ids_.end() ? nullptr : id->second);
       continue;
     }
     --d.retries;
@@ -340,6 +410,7 @@ void Service::apply_step_locked(CmId* id, Step&& step, std::vector<Outgoing>& ou
     }
   }
   if (!id->destroying_) sync_retransmit_timer_locked(id);
+  sync_will_locked(id->comm_id_, id);
 }
 
 }  // namespace softhca::cm

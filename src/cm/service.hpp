@@ -57,7 +57,9 @@
 #include <vector>
 
 #include "cm/address.hpp"
+#include "cm/agent_launcher.hpp"
 #include "cm/connection.hpp"
+#include "cm/departure_table.hpp"
 #include "cm/port_table.hpp"
 #include "cm/transport.hpp"
 #include "common/result.hpp"
@@ -459,6 +461,22 @@ class Service {
 
   PortTable* table_ = nullptr;
   uint32_t proc_ = 0;
+  uint64_t start_time_ = 0;  // this process's (host::process_start_time)
+  // What the host's CM agent must send for this process's connections to
+  // other hosts should the process die: a record in the departure table
+  // (cm/departure_table.hpp) while a connection has a departure (its id's,
+  // or one in departures_), by comm ID, with its slot. nullptr: no table.
+  DepartureTable* departure_table_ = nullptr;
+  std::unique_ptr<AgentLauncher> agent_;
+  std::unordered_map<uint32_t, uint32_t> wills_;
+  // Writes or frees the record of comm ID `comm` (`id` its id, or nullptr
+  // once it is gone) as its departure now stands.
+  void sync_will_locked(uint32_t comm, const CmId* id);
+  // A DREP or DREQ from another host for comm ID `local`, which is neither
+  // an id nor a departure of ours: a process of this host that is gone,
+  // whose DREQ the agent sent (the answer may reach any process of the
+  // host). Its record, if any, ends.
+  void end_orphan_departure_locked(uint32_t local, const Peer& from);
   std::unique_ptr<Transport> transport_;
   std::function<engine::Node*()> node_source_;
 

@@ -71,6 +71,7 @@ void Service::tear_down_locked(CmId* id, std::vector<Outgoing>& out) {
   Step step = id->conn_.on_destroy();
   if (step.send && id->peer_.known())
     out.push_back(message_to_peer_locked(id, *step.send, IfUnreachable::kIgnore));
+  sync_will_locked(id->comm_id_, id);
   cancel_retransmit_timer_locked(id);
   cancel_addr_query_locked(id);
   if (id->listening_) std::erase(listeners_, id);

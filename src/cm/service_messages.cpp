@@ -100,8 +100,13 @@ void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
     // A departed connection's DREQ is answered (its DREP), or crossed by the
     // peer's own DREQ: the peer knows; the departure ends. (At exit the id
     // may still be there, disconnected by the exit.)
-    if (std::holds_alternative<DrepMsg>(mad->msg) || std::holds_alternative<DreqMsg>(mad->msg))
+    if (std::holds_alternative<DrepMsg>(mad->msg) || std::holds_alternative<DreqMsg>(mad->msg)) {
+      // Neither an id nor a departure of ours: a process of this host that
+      // is gone, whose DREQ the host's CM agent sent.
+      const bool ours = !stale || departures_.contains(local);
       end_departure_locked(local, from);
+      if (!ours) end_orphan_departure_locked(local, from);
+    }
     if (stale) {
       SOFTHCA_DEBUG("cm: dropping a %s for comm id %u, which has no such peer", message_name(mad->msg), local);
       if (const auto* dreq = std::get_if<DreqMsg>(&mad->msg)) {

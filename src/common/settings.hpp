@@ -36,6 +36,7 @@ enum class SettingId : uint8_t {
   kRuntimeDir,
   kCmResponseTimeout,
   kCmMaxRetries,
+  kCmAgent,
   kLink,
   kFault,
   kPcap,
@@ -134,6 +135,21 @@ inline constexpr std::array kSettings = {
         .min = 0,
         .max = 15,
         .default_value = 15,
+    },
+    Setting{
+        .id = SettingId::kCmAgent,
+        .name = "SOFTHCA_CM_AGENT",
+        .type = SettingType::kChoice,
+        .default_text = "on",
+        .help = "start the host's CM agent, which disconnects a dead process's connections to other hosts",
+        .note = "the kernel's CM sends the DREQs of a killed process and retries them until answered; "
+                "softhca's CM lives in the process, so a process connected to another host writes "
+                "what it would send into a table of the runtime directory, and softhca-cm-agent (beside "
+                "the libraries; started by the first process that needs it, gone once no connection "
+                "is left) sends the DREQs of processes that died. off: never started. Read when the CM "
+                "starts",
+        .choices = kOnOffNames,
+        .default_value = 0,
     },
     Setting{
         .id = SettingId::kLink,

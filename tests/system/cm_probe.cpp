@@ -11,6 +11,16 @@
 //     ADDR_ERROR -ETIMEDOUT, after which resolving again is allowed (and
 //     destroyed mid-way too). Exit 0 when all of that held.
 //
+//   cm_probe killed-when-connected ADDR PORT
+//     A child process connects to a listener at ADDR:PORT (no QP) and, once
+//     connected, kills itself with SIGKILL: nothing of it runs to disconnect.
+//     Exit 0 when the child died so.
+//
+//   cm_probe await-disconnect PORT SECS
+//     Listens on 0.0.0.0:PORT, accepts one connection (no QP), prints every
+//     event until DISCONNECTED ("DISCONNECTED, status N, T ms after the
+//     accept") and exits 0; exit 1 when none came within SECS seconds.
+//
 //   cm_probe disconnect-after-cut ADDR PORT
 //     Connects to a listener at ADDR:PORT (no QP: the connection only, so
 //     CONNECT_RESPONSE, then rdma_establish), prints "established", waits
@@ -25,10 +35,14 @@
 #include <netdb.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -126,26 +140,103 @@ bool expect(rdma_event_channel* ch, rdma_cm_event_type want) {
   return true;
 }
 
-int disconnect_after_cut(const char* host, const char* port) {
+// Connects `id` (on `ch`) to a listener at host:port without a QP (only the
+// connection is under test). false on anything unexpected.
+bool connect_without_qp(const char* host, const char* port, rdma_event_channel* ch, rdma_cm_id* id) {
   sockaddr_storage dst;
-  if (!parse(host, port, dst)) return 2;
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
+  if (!parse(host, port, dst)) return false;
   if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) != 0 ||
       !expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED))
-    return 2;
-  if (rdma_resolve_route(id, 2000) != 0 || !expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED)) return 2;
+    return false;
+  if (rdma_resolve_route(id, 2000) != 0 || !expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED)) return false;
   rdma_conn_param param{};
-  param.qp_num = 0x123;  // no QP: only the connection is under test
+  param.qp_num = 0x123;
   param.retry_count = 7;
   // Without a QP the REP comes as CONNECT_RESPONSE, and rdma_establish
   // sends the RTU (no event follows on this side).
-  if (rdma_connect(id, &param) != 0 || !expect(ch, RDMA_CM_EVENT_CONNECT_RESPONSE)) return 2;
+  if (rdma_connect(id, &param) != 0 || !expect(ch, RDMA_CM_EVENT_CONNECT_RESPONSE)) return false;
   if (rdma_establish(id) != 0) {
     std::printf("rdma_establish: %s\n", std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+// A child process connects and is killed (SIGKILL) once connected: nothing
+// of it runs to disconnect. Exit 0 when the child died of that signal.
+int killed_when_connected(const char* host, const char* port) {
+  const pid_t child = fork();
+  if (child < 0) return 2;
+  if (child == 0) {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    rdma_cm_id* id = nullptr;
+    if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) _exit(2);
+    if (!connect_without_qp(host, port, ch, id)) _exit(2);
+    std::printf("established; the connected process kills itself\n");
+    raise(SIGKILL);
+    _exit(3);
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child) return 2;
+  const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  std::printf("the connected process %s\n", killed ? "was killed (SIGKILL)" : "did not die as planned");
+  return killed ? 0 : 2;
+}
+
+// Listens on PORT (any IPv4 address), accepts one connection without a QP,
+// and waits up to SECS seconds for its DISCONNECTED. Exit 0 when it came.
+int await_disconnect(const char* port, const char* secs) {
+  sockaddr_storage any;
+  if (!parse("0.0.0.0", port, any)) return 2;
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* listener = nullptr;
+  if (ch == nullptr || rdma_create_id(ch, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
+  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&any)) != 0 || rdma_listen(listener, 1) != 0) {
+    std::printf("cannot listen: %s\n", std::strerror(errno));
     return 2;
   }
+  std::printf("await-disconnect: listening\n");
+  rdma_cm_event* ev = next_event(ch, 30'000);
+  if (ev == nullptr || ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+    std::printf("expected a connection request, got %s\n", ev ? rdma_event_str(ev->event) : "nothing");
+    return 2;
+  }
+  rdma_cm_id* conn = ev->id;
+  rdma_ack_cm_event(ev);
+  rdma_conn_param param{};
+  param.qp_num = 0x456;
+  if (rdma_accept(conn, &param) != 0) {
+    std::printf("rdma_accept: %s\n", std::strerror(errno));
+    return 2;
+  }
+  const auto began = std::chrono::steady_clock::now();
+  const auto limit = began + std::chrono::seconds(std::atoi(secs));
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(limit - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || (ev = next_event(ch, static_cast<int>(left.count()))) == nullptr) {
+      std::printf("no DISCONNECTED within %s s\n", secs);
+      return 1;
+    }
+    const rdma_cm_event_type type = ev->event;
+    const int status = ev->status;
+    rdma_ack_cm_event(ev);
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began).count();
+    std::printf("%s, status %d, %lld ms after the accept\n", rdma_event_str(type), status, static_cast<long long>(ms));
+    if (type == RDMA_CM_EVENT_DISCONNECTED) break;
+    if (type != RDMA_CM_EVENT_ESTABLISHED) return 2;
+  }
+  rdma_destroy_id(conn);
+  rdma_destroy_id(listener);
+  rdma_destroy_event_channel(ch);
+  return 0;
+}
+
+int disconnect_after_cut(const char* host, const char* port) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
+  if (!connect_without_qp(host, port, ch, id)) return 2;
   std::printf("established\n");
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -183,6 +274,10 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "resolve-pending" && argc == 3) return resolve_pending(argv[2]);
   if (mode == "disconnect-after-cut" && argc == 4) return disconnect_after_cut(argv[2], argv[3]);
-  std::fprintf(stderr, "usage: cm_probe resolve-pending ADDR | disconnect-after-cut ADDR PORT\n");
+  if (mode == "killed-when-connected" && argc == 4) return killed_when_connected(argv[2], argv[3]);
+  if (mode == "await-disconnect" && argc == 4) return await_disconnect(argv[2], argv[3]);
+  std::fprintf(stderr,
+               "usage: cm_probe resolve-pending ADDR | disconnect-after-cut ADDR PORT |\n"
+               "                killed-when-connected ADDR PORT | await-disconnect PORT SECS\n");
   return 2;
 }
