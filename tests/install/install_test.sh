@@ -85,7 +85,7 @@ timeout "$limit" cmake --install "$build" --prefix "$prefix" >"$tmp/install.log"
 
 step "installed layout"
 for f in bin/softhca \
-         "$libdir/softhca/libibverbs.so.1" "$libdir/softhca/librdmacm.so.1" \
+         "$libdir/softhca/libibverbs.so.1" "$libdir/softhca/librdmacm.so.1" "$libdir/softhca/softhca-cm-agent" \
          include/softhca/softhca.hpp include/softhca/cm.hpp \
          "$libdir/pkgconfig/softhca.pc" \
          "$libdir/cmake/softhca/softhcaConfig.cmake" \
@@ -95,12 +95,16 @@ for f in bin/softhca \
   [[ -e $prefix/$f ]] || fail "not installed: $f"
 done
 [[ -x $prefix/bin/softhca ]] || fail "bin/softhca is not executable"
+# The CM starts the agent from beside the librdmacm.so.1 it runs in.
+[[ -x $prefix/$libdir/softhca/softhca-cm-agent ]] || fail "softhca-cm-agent is not executable"
+"$prefix/$libdir/softhca/softhca-cm-agent" --help | grep -q "host's softhca CM agent" ||
+  fail "softhca-cm-agent --help does not describe it"
 shadowing=$(find "$prefix/$libdir" -mindepth 1 -maxdepth 1 -name 'lib*')
 [[ -z $shadowing ]] || fail "libraries directly in $libdir, where they would shadow rdma-core's:"$'\n'"$shadowing"
 # Everything installed lies in one of the shipped places (no test, bench or
 # example binary, no stray header).
 stray=$(cd "$prefix" && find . ! -type d | sed 's|^\./||' | grep -Ev \
-  "^(bin/softhca|$libdir/softhca/lib(ibverbs|rdmacm)\.so[.0-9]*|include/softhca/[a-z_]+\.hpp|$libdir/pkgconfig/softhca\.pc|$libdir/cmake/softhca/softhca[A-Za-z-]*\.cmake|share/doc/softhca/.*)$" || true)
+  "^(bin/softhca|$libdir/softhca/lib(ibverbs|rdmacm)\.so[.0-9]*|$libdir/softhca/softhca-cm-agent|include/softhca/[a-z_]+\.hpp|$libdir/pkgconfig/softhca\.pc|$libdir/cmake/softhca/softhca[A-Za-z-]*\.cmake|share/doc/softhca/.*)$" || true)
 [[ -z $stray ]] || fail "installed files outside the shipped layout:"$'\n'"$stray"
 
 step "the installed tool"
