@@ -1490,6 +1490,37 @@ TEST_F(SelectiveFlow, OnlyTheLostPacketsAreSentAgain) {
   EXPECT_EQ(now_, 0u) << "no timer was needed";
 }
 
+// The connection's very first packet lost: the responder, which turns
+// selective only at the request of the PSN it expects, reports the gap with
+// an unmarked NAK. That NAK must not make the requester take it for a plain
+// responder: once the first packet came, the answers are marked, and from
+// then on only lost packets go again.
+TEST_F(SelectiveFlow, AConnectionWhoseFirstPacketIsLostStillRecoversSelectively) {
+  start_selective();
+  bool first_lost = false;
+  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
+    if (!first_lost && h.bth.psn == 0x1000) {
+      first_lost = true;
+      return Wire::Fault{0, false};
+    }
+    return Wire::Fault{};
+  };
+  auto first = pattern(4 * kMtu, 3);
+  requester_->post(message(0, Operation::kWrite, first), now_, to_responder_);
+  ASSERT_EQ(run(1).size(), 1u);
+  ASSERT_TRUE(first_lost);
+  const uint64_t resent_before = requester_count(Counter::kRetransmittedPkts);
+  auto data = pattern(64 * 1024, 2);
+  std::set<uint32_t> dropped;
+  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
+    if (h.bth.psn % 7 == 3 && dropped.insert(h.bth.psn).second) return Wire::Fault{0, false};
+    return Wire::Fault{};
+  };
+  ASSERT_NO_FATAL_FAILURE(write_whole(data));
+  ASSERT_GT(dropped.size(), 5u);
+  EXPECT_EQ(requester_count(Counter::kRetransmittedPkts) - resent_before, dropped.size());
+}
+
 TEST_F(SelectiveFlow, AResendLostAgainIsReportedAgainByALaterOne) {
   ASSERT_NO_FATAL_FAILURE(connect());
   auto data = pattern(32 * kMtu, 4);
@@ -1604,10 +1635,12 @@ TEST_F(SelectiveFlow, EitherEndAloneKeepsToGoBackN) {
     EXPECT_EQ(std::memcmp(port_.at(kIova), data.data(), data.size()), 0);
     EXPECT_FALSE(marked_answer) << "requester selective: " << requester_side;
     EXPECT_EQ(marked_request, requester_side);
-    // Once an unmarked answer came, the requester's reserved bits are zero again.
-    EXPECT_FALSE(last_marked);
     // Go-back-N: packets 2, 3 and 4 again.
     EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), 3u) << "requester selective: " << requester_side;
+    // Once an unmarked ACK came, the requester's reserved bits are zero again.
+    requester_->post(message(2, Operation::kWrite, data), now_, to_responder_);
+    ASSERT_EQ(run(1).size(), 1u);
+    EXPECT_FALSE(last_marked);
   }
 }
 
