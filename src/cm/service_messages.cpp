@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "cm/refusals.hpp"
 #include "cm/service.hpp"
 #include "cm/service_internal.hpp"
 #include "common/log.hpp"
@@ -112,9 +113,7 @@ void Service::on_message(const Peer& from, std::span<const uint8_t> bytes) {
       if (const auto* dreq = std::get_if<DreqMsg>(&mad->msg)) {
         // The kernel's CM answers a DREQ for an id it no longer has, so the
         // peer does not wait for its DREP timeout.
-        DrepMsg drep;
-        drep.remote_comm_id = dreq->local_comm_id;
-        out.push_back({from, 0, encode(Mad{mad->tid, CmMessage(drep)})});
+        out.push_back({from, 0, encode(Mad{mad->tid, CmMessage(answer_unknown_dreq(*dreq))})});
       }
     } else {
       apply_step_locked(id, id->conn_.on_message(mad->msg), out);

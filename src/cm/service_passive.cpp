@@ -8,6 +8,7 @@
 #include <span>
 #include <variant>
 
+#include "cm/refusals.hpp"
 #include "cm/service.hpp"
 #include "cm/service_internal.hpp"
 #include "common/log.hpp"
@@ -115,10 +116,8 @@ void Service::on_sidr_req(const Peer& from, const Mad& mad, std::vector<Outgoing
 
   auto ids = new_request_id_locked(from, req.service_id, req.private_data);
   if (!ids) {
-    SidrRepMsg rep;
-    rep.request_id = req.request_id;
-    rep.status = static_cast<uint8_t>(ids.error() == Refusal::kBacklogFull ? SidrStatus::kReject : SidrStatus::kUnsupported);
-    rep.service_id = req.service_id;
+    const SidrRepMsg rep = refuse_sidr_req(
+        req, ids.error() == Refusal::kBacklogFull ? SidrStatus::kReject : SidrStatus::kUnsupported);
     out.push_back({from, 0, encode(Mad{mad.tid, CmMessage(rep)})});
     return;
   }
@@ -143,11 +142,8 @@ void Service::on_req(const Peer& from, const Mad& mad, std::vector<Outgoing>& ou
 
   auto ids = new_request_id_locked(from, req.service_id, req.private_data);
   if (!ids) {
-    RejMsg rej;
-    rej.remote_comm_id = req.local_comm_id;
-    rej.message_rejected = RejectedMessage::kReq;
-    rej.reason = static_cast<uint16_t>(ids.error() == Refusal::kBacklogFull ? RejReason::kNoResources
-                                                                            : RejReason::kInvalidServiceId);
+    const RejMsg rej =
+        refuse_req(req, ids.error() == Refusal::kBacklogFull ? RejReason::kNoResources : RejReason::kInvalidServiceId);
     out.push_back({from, 0, encode(Mad{mad.tid, CmMessage(rej)})});
     return;
   }
