@@ -23,6 +23,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string_view>
 
 #include "cm/agent_launcher.hpp"
@@ -110,13 +111,16 @@ int run() {
     return 1;
   }
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) return 0;  // another agent runs
-  auto table = cm::DepartureTable::open();
-  auto ports = cm::PortTable::open();
-  auto registry = host::HostRegistry::open();
-  if (!table || !ports || !registry) {
+  auto opened_table = cm::DepartureTable::open();
+  auto opened_ports = cm::PortTable::open();
+  auto opened_registry = host::HostRegistry::open();
+  if (!opened_table || !opened_ports || !opened_registry) {
     SOFTHCA_WARN("cm agent: cannot open the host's tables in %s", dir->c_str());
     return 1;
   }
+  const std::unique_ptr<cm::DepartureTable> table(*opened_table);
+  const std::unique_ptr<cm::PortTable> ports(*opened_ports);
+  const std::unique_ptr<host::HostRegistry> registry(*opened_registry);
   auto sender = udp::ManagementSender::open();
   if (!sender) {
     SOFTHCA_WARN("cm agent: no UDP socket: %s", std::make_error_code(sender.error()).message().c_str());
@@ -128,11 +132,11 @@ int run() {
   auto idle_since = Clock::now();
   for (;;) {
     const auto now = Clock::now();
-    for (const auto& send : agent.look(**table, now)) {
+    for (const auto& send : agent.look(*table, now)) {
       if (auto r = (*sender)->send(send.local, send.remote, send.mad); !r)
         SOFTHCA_DEBUG("cm agent: cannot send a DREQ: %s", std::make_error_code(r.error()).message().c_str());
     }
-    const bool alone = !host_has_processes(**registry);
+    const bool alone = !host_has_processes(*registry);
     if (alone && !listener) {
       if (auto l = udp::ManagementListener::open()) {
         listener = std::move(*l);
@@ -144,11 +148,11 @@ int run() {
     }
     if (!agent.table_was_empty()) {
       idle_since = now;
-    } else if (now - idle_since >= (alone ? kIdleExitAlone : kIdleExit) && (*table)->lock_if_idle()) {
+    } else if (now - idle_since >= (alone ? kIdleExitAlone : kIdleExit) && table->lock_if_idle()) {
       // Still empty, and nobody can write a record before the flock goes:
       // whoever writes next finds no agent and starts one.
       ::close(lock_fd);
-      (*table)->unlock_after_idle();
+      table->unlock_after_idle();
       SOFTHCA_DEBUG("cm agent: no connection left; exiting");
       return 0;
     }
@@ -162,7 +166,7 @@ int run() {
       fds[1].fd = lfds[1];
     }
     if (::poll(fds, 2, static_cast<int>(std::max<long long>(ms, 0))) > 0 && listener) {
-      for (const auto& arrived : listener->take()) answer(arrived, **table, **ports, **sender);
+      for (const auto& arrived : listener->take()) answer(arrived, *table, *ports, **sender);
     }
   }
 }
