@@ -245,50 +245,58 @@ void Service::keep_departure_locked(uint32_t comm, Outgoing message, uint32_t wa
 
 void Service::sync_will_locked(uint32_t comm, const CmId* id) {
   if (departure_table_ == nullptr) return;
-  // What would reach the peer: a departure under way, or the DREQ the id's
-  // connection would send.
-  std::optional<std::pair<Peer, MadBytes>> will;
+  // What must reach the peer should this process die now: a departure under
+  // way, the DREQ the id's connection would send (retried), or in the
+  // handshake what destroying the id sends (a REJ, a SIDR_REP; once, as
+  // the kernel's CM sends it for a process killed mid-handshake).
+  struct Will {
+    Peer to;
+    MadBytes bytes;
+    uint32_t wait_ms = 0;
+    uint8_t retries = 0;
+  };
+  std::optional<Will> will;
   const auto dep = departures_.find(comm);
   if (dep != departures_.end() && !dep->second.repeat_only) {
-    will.emplace(dep->second.message.to, dep->second.message.bytes);
+    will = Will{dep->second.message.to, dep->second.message.bytes, dep->second.wait_ms, dep->second.retries};
   } else if (id != nullptr && !id->destroying_ && id->peer_.on_other_host()) {
-    if (const auto d = id->conn_.departure())
-      will.emplace(id->peer_, encode(Mad{uint64_t{comm} << 32, CmMessage(d->dreq)}));
+    const uint64_t tid = uint64_t{comm} << 32;
+    if (const auto d = id->conn_.departure()) {
+      will = Will{id->peer_, encode(Mad{tid, CmMessage(d->dreq)}), d->wait_ms, d->retries};
+    } else if (id->conn_.has_cm()) {
+      Connection destroyed = id->conn_;
+      if (const Step step = destroyed.on_destroy(); step.send)
+        will = Will{id->peer_, encode(Mad{tid, *step.send}), 0, 0};
+    }
   }
   const auto written = wills_.find(comm);
-  if (!will || !will->first.host) {
+  if (!will || !will->to.host) {
     if (written == wills_.end()) return;
-    departure_table_->free(written->second, static_cast<uint32_t>(::getpid()), comm);
+    departure_table_->free(written->second.slot, static_cast<uint32_t>(::getpid()), comm);
     wills_.erase(written);
     return;
   }
-  if (written != wills_.end()) return;  // the record stands: the same connection, the same peer
+  // The same message to the same peer stands as written.
+  uint64_t digest = 0xcbf29ce484222325ULL;  // FNV-1a
+  for (const uint8_t b : will->bytes) digest = (digest ^ b) * 0x100000001b3ULL;
+  if (written != wills_.end() && written->second.digest == digest) return;
   DepartureRecord r;
   r.pid = static_cast<uint32_t>(::getpid());
   r.start_time = start_time_;
   r.local_comm_id = comm;
-  r.local = will->first.host->local;
-  r.remote = will->first.host->remote;
-  r.mad = will->second;
-  // The kernel's CM retries the DREQ of a destroyed id with the connection's
-  // wait and retries; the agent does the same.
-  if (id != nullptr) {
-    if (const auto d = id->conn_.departure()) {
-      r.wait_ms = d->wait_ms;
-      r.retries = d->retries;
-    }
-  }
-  if (dep != departures_.end()) {
-    r.wait_ms = dep->second.wait_ms;
-    r.retries = dep->second.retries;
-  }
-  auto slot = departure_table_->write(std::nullopt, r);
+  r.local = will->to.host->local;
+  r.remote = will->to.host->remote;
+  r.mad = will->bytes;
+  r.wait_ms = will->wait_ms;
+  r.retries = will->retries;
+  const bool fresh = written == wills_.end();
+  auto slot = departure_table_->write(fresh ? std::nullopt : std::optional<uint32_t>(written->second.slot), r);
   if (!slot) {
     SOFTHCA_DEBUG("cm: the departure table is full; comm id %u has no record", comm);
     return;
   }
-  wills_.emplace(comm, *slot);
-  if (agent_) agent_->ensure_running();
+  wills_[comm] = WillRecord{*slot, digest};
+  if (fresh && agent_) agent_->ensure_running();
 }
 
 void Service::end_orphan_departure_locked(uint32_t local, const Peer& from) {

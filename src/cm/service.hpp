@@ -465,10 +465,15 @@ class Service {
   // What the host's CM agent must send for this process's connections to
   // other hosts should the process die: a record in the departure table
   // (cm/departure_table.hpp) while a connection has a departure (its id's,
-  // or one in departures_), by comm ID, with its slot. nullptr: no table.
+  // or one in departures_) or is in its handshake (what destroying its id
+  // sends), by comm ID, with its slot. nullptr: no table.
   DepartureTable* departure_table_ = nullptr;
   std::unique_ptr<AgentLauncher> agent_;
-  std::unordered_map<uint32_t, uint32_t> wills_;
+  struct WillRecord {
+    uint32_t slot = 0;
+    uint64_t digest = 0;  // of the MAD written, to tell a new one
+  };
+  std::unordered_map<uint32_t, WillRecord> wills_;
   // Writes or frees the record of comm ID `comm` (`id` its id, or nullptr
   // once it is gone) as its departure now stands.
   void sync_will_locked(uint32_t comm, const CmId* id);

@@ -16,10 +16,16 @@
 //     connected, kills itself with SIGKILL: nothing of it runs to disconnect.
 //     Exit 0 when the child died so.
 //
-//   cm_probe await-disconnect PORT SECS
+//   cm_probe killed-before-rtu ADDR PORT
+//     The same, killed once the REP came, before its RTU: the kernel's CM
+//     sends a REJ for such a process.
+//
+//   cm_probe await-disconnect PORT SECS   (await-reject PORT SECS)
 //     Listens on 0.0.0.0:PORT, accepts one connection (no QP), prints every
 //     event until DISCONNECTED ("DISCONNECTED, status N, T ms after the
 //     accept") and exits 0; exit 1 when none came within SECS seconds.
+//     await-reject waits for REJECTED instead (the connection never
+//     established).
 //
 //   cm_probe disconnect-after-cut ADDR PORT
 //     Connects to a listener at ADDR:PORT (no QP: the connection only, so
@@ -142,7 +148,8 @@ bool expect(rdma_event_channel* ch, rdma_cm_event_type want) {
 
 // Connects `id` (on `ch`) to a listener at host:port without a QP (only the
 // connection is under test). false on anything unexpected.
-bool connect_without_qp(const char* host, const char* port, rdma_event_channel* ch, rdma_cm_id* id) {
+bool connect_without_qp(const char* host, const char* port, rdma_event_channel* ch, rdma_cm_id* id,
+                        bool establish = true) {
   sockaddr_storage dst;
   if (!parse(host, port, dst)) return false;
   if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) != 0 ||
@@ -155,6 +162,7 @@ bool connect_without_qp(const char* host, const char* port, rdma_event_channel* 
   // Without a QP the REP comes as CONNECT_RESPONSE, and rdma_establish
   // sends the RTU (no event follows on this side).
   if (rdma_connect(id, &param) != 0 || !expect(ch, RDMA_CM_EVENT_CONNECT_RESPONSE)) return false;
+  if (!establish) return true;
   if (rdma_establish(id) != 0) {
     std::printf("rdma_establish: %s\n", std::strerror(errno));
     return false;
@@ -162,15 +170,23 @@ bool connect_without_qp(const char* host, const char* port, rdma_event_channel* 
   return true;
 }
 
-// A child process connects and is killed (SIGKILL) once connected: nothing
-// of it runs to disconnect. Exit 0 when the child died of that signal.
-int killed_when_connected(const char* host, const char* port) {
+// A child process connects and is killed (SIGKILL) once connected (or,
+// `before_rtu`, once the REP came and before it sends the RTU): nothing of
+// it runs to disconnect. Exit 0 when the child died of that signal.
+int killed_when_connected(const char* host, const char* port, bool before_rtu) {
   const pid_t child = fork();
   if (child < 0) return 2;
   if (child == 0) {
     rdma_event_channel* ch = rdma_create_event_channel();
     rdma_cm_id* id = nullptr;
     if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) _exit(2);
+    if (before_rtu) {
+      if (!connect_without_qp(host, port, ch, id, /*establish=*/false)) _exit(2);
+      std::printf("the REP came; the connecting process kills itself before its RTU\n");
+      std::fflush(stdout);
+      raise(SIGKILL);
+      _exit(3);
+    }
     if (!connect_without_qp(host, port, ch, id)) _exit(2);
     std::printf("established; the connected process kills itself\n");
     raise(SIGKILL);
@@ -184,8 +200,9 @@ int killed_when_connected(const char* host, const char* port) {
 }
 
 // Listens on PORT (any IPv4 address), accepts one connection without a QP,
-// and waits up to SECS seconds for its DISCONNECTED. Exit 0 when it came.
-int await_disconnect(const char* port, const char* secs) {
+// and waits up to SECS seconds for its DISCONNECTED (or `want`). Exit 0
+// when it came.
+int await_disconnect(const char* port, const char* secs, rdma_cm_event_type want) {
   sockaddr_storage any;
   if (!parse("0.0.0.0", port, any)) return 2;
   rdma_event_channel* ch = rdma_create_event_channel();
@@ -214,7 +231,7 @@ int await_disconnect(const char* port, const char* secs) {
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(limit - std::chrono::steady_clock::now());
     if (left.count() <= 0 || (ev = next_event(ch, static_cast<int>(left.count()))) == nullptr) {
-      std::printf("no DISCONNECTED within %s s\n", secs);
+      std::printf("no %s within %s s\n", rdma_event_str(want), secs);
       return 1;
     }
     const rdma_cm_event_type type = ev->event;
@@ -223,7 +240,7 @@ int await_disconnect(const char* port, const char* secs) {
     const auto ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began).count();
     std::printf("%s, status %d, %lld ms after the accept\n", rdma_event_str(type), status, static_cast<long long>(ms));
-    if (type == RDMA_CM_EVENT_DISCONNECTED) break;
+    if (type == want) break;
     if (type != RDMA_CM_EVENT_ESTABLISHED) return 2;
   }
   rdma_destroy_id(conn);
@@ -274,10 +291,13 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "resolve-pending" && argc == 3) return resolve_pending(argv[2]);
   if (mode == "disconnect-after-cut" && argc == 4) return disconnect_after_cut(argv[2], argv[3]);
-  if (mode == "killed-when-connected" && argc == 4) return killed_when_connected(argv[2], argv[3]);
-  if (mode == "await-disconnect" && argc == 4) return await_disconnect(argv[2], argv[3]);
+  if (mode == "killed-when-connected" && argc == 4) return killed_when_connected(argv[2], argv[3], false);
+  if (mode == "killed-before-rtu" && argc == 4) return killed_when_connected(argv[2], argv[3], true);
+  if (mode == "await-disconnect" && argc == 4) return await_disconnect(argv[2], argv[3], RDMA_CM_EVENT_DISCONNECTED);
+  if (mode == "await-reject" && argc == 4) return await_disconnect(argv[2], argv[3], RDMA_CM_EVENT_REJECTED);
   std::fprintf(stderr,
                "usage: cm_probe resolve-pending ADDR | disconnect-after-cut ADDR PORT |\n"
-               "                killed-when-connected ADDR PORT | await-disconnect PORT SECS\n");
+               "                killed-when-connected ADDR PORT | killed-before-rtu ADDR PORT |\n"
+               "                await-disconnect PORT SECS | await-reject PORT SECS\n");
   return 2;
 }

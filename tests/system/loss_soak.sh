@@ -61,7 +61,8 @@ for program in "${programs[@]}"; do
     rdma_copy) args=(--server "$build/bin/rdma_copy --server --port 7191 --output $work/copy.out"
                      --client "$build/bin/rdma_copy --port 7191 $work/file.bin @SERVER@") ;;
     killed_peer) args=(--server "$build/bin/cm_probe await-disconnect 7174 20"
-                       --client "$build/bin/cm_probe killed-when-connected @SERVER@ 7174" --expect "was killed") ;;
+                       --client "$build/bin/cm_probe killed-when-connected @SERVER@ 7174" --expect "was killed"
+                       --env SOFTHCA_CM_RESPONSE_TIMEOUT=16) ;;  # cm_probe waits 10 s for each event
     *) echo "loss_soak.sh: unknown program $program" >&2; exit 2 ;;
   esac
   passed=0 failed=0 began=$(date +%s)
