@@ -16,10 +16,13 @@
 #     though packets are lost and reordered;
 #   - RC, UC and UD, every opcode and size, lossless (UC and UD lose
 #     messages under loss by design, and integrity_peer counts every one).
-# Judged: every run of every stream ends "integrity: ... all correct"; the
-# script prints the runs per stream and the port counters of each host
-# (softhca stat: resends, drops), and exits non-zero on any failed run
-# (whose output it keeps). KEEP_WORK=1 keeps all outputs.
+# Judged: every run of every stream ends "integrity: ... all correct",
+# except that a UC or UD message that never arrived (those transports do
+# not recover, and a loaded host's kernel drops datagrams) counts as
+# "lost", not failed; the script prints the runs per stream, each host's
+# kernel UDP counters and softhca port counters (resends, drops), and exits
+# non-zero on any failed run (whose output it keeps). KEEP_WORK=1 keeps all
+# outputs.
 set -u -o pipefail
 
 name=three_hosts_soak build="" minutes=30 fault="loss=0.01,reorder=0.01"
@@ -124,19 +127,28 @@ echo "[$name] ${#streams[@]} streams for $minutes minute(s) (fault on the lossy 
 # bounded by 180 s); then the servers are stopped.
 for pid in "${clients[@]}"; do wait "$pid"; done
 for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done
-total_ok=0 total_bad=0
+# A UC or UD message that did not arrive is what those transports promise
+# (no recovery), and the kernel drops datagrams on a loaded host: such runs
+# count as "lost", not as failures, and the hosts' UDP drop counters are
+# printed beside them. A UC RDMA WRITE whose packets were partly lost leaves
+# the target's bytes undefined (IBTA), so its memory check counts as lost
+# too. Anything else (an RC failure, a wrong byte in a message that came) fails.
+unreliable='FAILED at case [0-9]+ of [0-9]+ \((UC|UD) [A-Z_]+ [0-9]+ B x[0-9]+\): server: ([0-9]+ of [0-9]+ receive completions came|memory:)'
+total_ok=0 total_lost=0 total_bad=0
 for s in "${streams[@]}"; do
-  ok=$(grep -c '^ok$' "$work/client-$s" 2>/dev/null)
-  bad=$(grep -vc '^ok$' "$work/client-$s" 2>/dev/null)
-  echo "[$name] $s: ${ok:-0} runs all correct, ${bad:-0} failed"
-  grep -v '^ok$' "$work/client-$s" 2>/dev/null | sed "s/^/[$name]   /" | head -5
-  total_ok=$((total_ok + ${ok:-0})) total_bad=$((total_bad + ${bad:-0}))
+  log=$work/client-$s
+  ok=$(grep -c '^ok$' "$log" 2>/dev/null)
+  lost=$(grep -v '^ok$' "$log" 2>/dev/null | grep -Ec -- "$unreliable")
+  bad=$(grep -v '^ok$' "$log" 2>/dev/null | grep -Evc -- "$unreliable")
+  echo "[$name] $s: ${ok:-0} runs all correct, ${lost:-0} with a UC/UD message lost, ${bad:-0} failed"
+  grep -v '^ok$' "$log" 2>/dev/null | grep -Ev -- "$unreliable" | sed "s/^/[$name]   /" | head -5
+  total_ok=$((total_ok + ${ok:-0})) total_lost=$((total_lost + ${lost:-0})) total_bad=$((total_bad + ${bad:-0}))
 done
 for h in "${hosts[@]}"; do
-  echo "[$name] host $h:"
+  echo "[$name] host $h: kernel UDP $(ip netns exec "${ns[$h]}" awk '$1 == "Udp:" && $2 == "InDatagrams" { for (i = 2; i <= NF; i++) k[i] = $i } $1 == "Udp:" && $2 ~ /^[0-9]+$/ { for (i = 2; i <= NF; i++) if (k[i] ~ /Errors|InDatagrams/) printf "%s %s ", k[i], $i }' /proc/net/snmp)"
   ip netns exec "${ns[$h]}" env SOFTHCA_RUNTIME_DIR="$work/runtime-$h" "$tool" stat --port 2>&1 |
     grep -E 'sent_pkts|rcvd_pkts|retransmitted|seq|drops|retry' | sed "s/^/[$name]   /"
 done
 ((total_ok > 0 && total_bad == 0)) || status=FAIL
-echo "[$name] $status: $total_ok runs all correct, $total_bad failed"
+echo "[$name] $status: $total_ok runs all correct, $total_lost with a UC/UD message lost, $total_bad failed"
 [[ $status == PASS ]]
