@@ -24,12 +24,14 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "cm/agent_launcher.hpp"
 #include "cm/departure_agent.hpp"
 #include "cm/departure_table.hpp"
 #include "cm/host_routing.hpp"
+#include "cm/local_transport.hpp"
 #include "cm/mad_codec.hpp"
 #include "cm/port_table.hpp"
 #include "cm/refusals.hpp"
@@ -76,19 +78,31 @@ bool host_has_processes(const host::HostRegistry& registry) {
   return false;
 }
 
-// What came to the host's QP1 while the agent held the port: answered as
-// the kernel's CM answers for an id it does not have, unless a live process
-// turns out to be meant (it started meanwhile; the peer will ask again and
-// reach it once the agent lets go of the port).
+// What came to the host's QP1 while the agent held the port. A MAD for a
+// live process (one that started since the agent's last look, and binds the
+// port too, but the kernel gave this flow to the agent) is passed on to it
+// over the local CM transport, as processes pass on each other's MADs
+// (cm/host_routing.hpp). The rest is answered as the kernel's CM answers
+// for an id it does not have.
 void answer(const udp::ArrivedGsi& arrived, cm::DepartureTable& departures, cm::PortTable& ports,
-            udp::ManagementSender& sender) {
+            cm::LocalTransport& local, udp::ManagementSender& sender) {
   const auto mad = cm::decode(arrived.mad);
   if (!mad) return;
+  const cm::MadRoute route = cm::route_of(*mad);
+  std::optional<cm::ListenerInfo> owner;
+  if (route.by == cm::MadRoute::By::kListener) owner = ports.find_listener(route.listener);
+  if (route.by == cm::MadRoute::By::kCommId) owner = ports.find_process(cm::comm_id_owner(route.comm_id));
+  if (owner) {
+    cm::RelayedMad relayed;
+    relayed.remote = arrived.src;
+    relayed.local = arrived.dst;
+    relayed.mad = arrived.mad;
+    if (auto r = local.send(cm::Peer{owner->pid, owner->socket_path, std::nullopt}, cm::encode_relayed(relayed)); !r)
+      SOFTHCA_DEBUG("cm agent: cannot pass a MAD on to process %u", owner->pid);
+    return;
+  }
   if (const auto* drep = std::get_if<cm::DrepMsg>(&mad->msg)) departures.end(drep->remote_comm_id, arrived.src);
   if (const auto* dreq = std::get_if<cm::DreqMsg>(&mad->msg)) departures.end(dreq->remote_comm_id, arrived.src);
-  const cm::MadRoute route = cm::route_of(*mad);
-  if (route.by == cm::MadRoute::By::kListener && ports.find_listener(route.listener)) return;
-  if (route.by == cm::MadRoute::By::kCommId && ports.find_process(cm::comm_id_owner(route.comm_id))) return;
   const auto reply = cm::answer_for_nobody(*mad);
   if (!reply) return;
   SOFTHCA_DEBUG("cm agent: answering a %s for nobody with a %s", cm::message_name(mad->msg),
@@ -121,6 +135,13 @@ int run() {
   const std::unique_ptr<cm::DepartureTable> table(*opened_table);
   const std::unique_ptr<cm::PortTable> ports(*opened_ports);
   const std::unique_ptr<host::HostRegistry> registry(*opened_registry);
+  auto endpoints = cm::endpoint_directory();
+  auto local = endpoints ? cm::LocalTransport::open(*endpoints + "/cm-agent-" + std::to_string(::getpid()) + ".sock")
+                         : Result<std::unique_ptr<cm::LocalTransport>>(fail(endpoints.error()));
+  if (!local) {
+    SOFTHCA_WARN("cm agent: no local CM endpoint: %s", std::make_error_code(local.error()).message().c_str());
+    return 1;
+  }
   auto sender = udp::ManagementSender::open();
   if (!sender) {
     SOFTHCA_WARN("cm agent: no UDP socket: %s", std::make_error_code(sender.error()).message().c_str());
@@ -154,6 +175,7 @@ int run() {
       ::close(lock_fd);
       table->unlock_after_idle();
       SOFTHCA_DEBUG("cm agent: no connection left; exiting");
+      (*local)->leave_at_exit();
       return 0;
     }
     auto wake = now + kLookEvery;
@@ -166,7 +188,7 @@ int run() {
       fds[1].fd = lfds[1];
     }
     if (::poll(fds, 2, static_cast<int>(std::max<long long>(ms, 0))) > 0 && listener) {
-      for (const auto& arrived : listener->take()) answer(arrived, *table, *ports, **sender);
+      for (const auto& arrived : listener->take()) answer(arrived, *table, *ports, **local, **sender);
     }
   }
 }
