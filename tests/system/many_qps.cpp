@@ -120,6 +120,15 @@ Side open_side(const Options& o) {
   return s;
 }
 
+void close_side(Side& s, ibv_mr* words_mr) {
+  for (ibv_qp* qp : s.qps) ibv_destroy_qp(qp);
+  ibv_dereg_mr(words_mr);
+  ibv_dereg_mr(s.mr);
+  ibv_destroy_cq(s.cq);
+  ibv_dealloc_pd(s.pd);
+  ibv_close_device(s.ctx);
+}
+
 void create_qps(Side& s, const Options& o) {
   for (uint32_t i = 0; i < o.qps; ++i) {
     ibv_qp_init_attr init{};
@@ -310,12 +319,7 @@ int run_server(const Options& o) {
   std::printf("many_qps: checked %" PRIu64 " messages on %u QPs, all correct\n", checked, o.qps);
   // The client tears down after it has the summary.
   auto bye = ch->recv(deadline);
-  for (ibv_qp* qp : s.qps) ibv_destroy_qp(qp);
-  ibv_dereg_mr(words_mr);
-  ibv_dereg_mr(s.mr);
-  ibv_destroy_cq(s.cq);
-  ibv_dealloc_pd(s.pd);
-  ibv_close_device(s.ctx);
+  close_side(s, words_mr);
   return checked == uint64_t{o.qps} * o.rounds ? 0 : 1;
 }
 
@@ -373,12 +377,7 @@ int run_client(const Options& o) {
   Msg bye;
   bye.type = MsgType::kBye;
   ch->send(bye);
-  for (ibv_qp* qp : s.qps) ibv_destroy_qp(qp);
-  ibv_dereg_mr(words_mr);
-  ibv_dereg_mr(s.mr);
-  ibv_destroy_cq(s.cq);
-  ibv_dealloc_pd(s.pd);
-  ibv_close_device(s.ctx);
+  close_side(s, words_mr);
   return checked == uint64_t{o.qps} * o.rounds ? 0 : 1;
 }
 

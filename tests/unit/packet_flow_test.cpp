@@ -1402,6 +1402,17 @@ class SelectiveFlow : public PacketFlow {
     EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
     EXPECT_EQ(std::memcmp(port_.at(kIova + kMtu), data.data(), data.size()), 0);
   }
+  // A 64 KiB WRITE whose every 7th packet loses its first transmission
+  // (their PSNs go to `dropped`), run until it completes whole.
+  void write_losing_every_seventh(std::set<uint32_t>& dropped) {
+    auto data = pattern(64 * 1024, 2);
+    to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
+      if (h.bth.psn % 7 == 3 && dropped.insert(h.bth.psn).second) return Wire::Fault{0, false};
+      return Wire::Fault{};
+    };
+    ASSERT_NO_FATAL_FAILURE(write_whole(data));
+    ASSERT_GT(dropped.size(), 5u);
+  }
   // A 20% lossy path with duplicates and reordering, seeded.
   std::function<Wire::Fault(const wire::Headers&, uint64_t)> lossy(uint64_t seed) {
     auto x = std::make_shared<uint64_t>(seed * 0x9E3779B97F4A7C15ULL);
@@ -1473,15 +1484,8 @@ TEST_F(SelectiveFlow, AReadWhoseRequestWasLostIsAnsweredWholeOnTheProbe) {
 
 TEST_F(SelectiveFlow, OnlyTheLostPacketsAreSentAgain) {
   ASSERT_NO_FATAL_FAILURE(connect());
-  auto data = pattern(64 * 1024, 2);
   std::set<uint32_t> dropped;
-  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
-    // The first transmission of every 7th packet is lost.
-    if (h.bth.psn % 7 == 3 && dropped.insert(h.bth.psn).second) return Wire::Fault{0, false};
-    return Wire::Fault{};
-  };
-  ASSERT_NO_FATAL_FAILURE(write_whole(data));
-  ASSERT_GT(dropped.size(), 5u);
+  ASSERT_NO_FATAL_FAILURE(write_losing_every_seventh(dropped));
   // Each hole reported once and resent once; nothing that arrived came again.
   EXPECT_EQ(requester_count(Counter::kRetransmittedPkts), dropped.size());
   EXPECT_EQ(responder_count(Counter::kSentSeqNak), dropped.size());
@@ -1510,14 +1514,8 @@ TEST_F(SelectiveFlow, AConnectionWhoseFirstPacketIsLostStillRecoversSelectively)
   ASSERT_EQ(run(1).size(), 1u);
   ASSERT_TRUE(first_lost);
   const uint64_t resent_before = requester_count(Counter::kRetransmittedPkts);
-  auto data = pattern(64 * 1024, 2);
   std::set<uint32_t> dropped;
-  to_responder_.fault = [&](const wire::Headers& h, uint64_t) {
-    if (h.bth.psn % 7 == 3 && dropped.insert(h.bth.psn).second) return Wire::Fault{0, false};
-    return Wire::Fault{};
-  };
-  ASSERT_NO_FATAL_FAILURE(write_whole(data));
-  ASSERT_GT(dropped.size(), 5u);
+  ASSERT_NO_FATAL_FAILURE(write_losing_every_seventh(dropped));
   EXPECT_EQ(requester_count(Counter::kRetransmittedPkts) - resent_before, dropped.size());
 }
 
