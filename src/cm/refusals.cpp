@@ -25,13 +25,4 @@ DrepMsg answer_unknown_dreq(const DreqMsg& dreq) {
   return drep;
 }
 
-std::optional<Mad> answer_for_nobody(const Mad& mad) {
-  if (const auto* req = std::get_if<ReqMsg>(&mad.msg))
-    return Mad{mad.tid, CmMessage(refuse_req(*req, RejReason::kInvalidServiceId))};
-  if (const auto* sidr = std::get_if<SidrReqMsg>(&mad.msg))
-    return Mad{mad.tid, CmMessage(refuse_sidr_req(*sidr, SidrStatus::kUnsupported))};
-  if (const auto* dreq = std::get_if<DreqMsg>(&mad.msg)) return Mad{mad.tid, CmMessage(answer_unknown_dreq(*dreq))};
-  return std::nullopt;
-}
-
 }  // namespace softhca::cm

@@ -146,9 +146,8 @@ inline constexpr std::array kSettings = {
                 "softhca's CM lives in the process, so a process connected to another host writes "
                 "what it would send into a table of the runtime directory, and softhca-cm-agent (beside "
                 "the libraries; started by the first process that needs it, gone once no connection "
-                "is left) sends the DREQs of processes that died; while no process of the host is left, it "
-                "also answers for them on port 4791 (DREP, REJ, SIDR_REP). off: never started. Read when "
-                "the CM starts",
+                "is left) sends the DREQs of processes that died. off: never started. Read when the CM "
+                "starts",
         .choices = kOnOffNames,
         .default_value = 0,
     },

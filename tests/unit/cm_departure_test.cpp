@@ -194,67 +194,30 @@ TEST(GsiDatagram, IsAUdSendFromQp1ToQp1WithTheGsiQkeyAndAValidIcrc) {
   EXPECT_FALSE(wire::parse(std::span<const uint8_t>(image, *n), *bytes).has_value());
 }
 
-TEST(GsiDatagram, ParsedBackAsTheMadItCarries) {
-  wire::Gid src{}, dst{};
-  src[10] = src[11] = dst[10] = dst[11] = 0xFF;
-  src[15] = 1;
-  dst[15] = 2;
-  MadBytes mad{};
-  mad[0] = 1;
-  mad[255] = 0x5A;
-  auto bytes = udp::gsi_datagram(src, dst, 50000, 3, mad);
-  ASSERT_TRUE(bytes);
-  udp::Received from;
-  from.src = src;
-  from.dst = dst;
-  from.src_port = 50000;
-  from.length = bytes->size();
-  const auto arrived = udp::parse_gsi_datagram(from, *bytes);
-  ASSERT_TRUE(arrived);
-  EXPECT_EQ(arrived->src, src);
-  EXPECT_EQ(arrived->dst, dst);
-  EXPECT_TRUE(std::equal(mad.begin(), mad.end(), arrived->mad.begin()));
-  // Not from where it says (the ICRC covers the addresses), or changed on the way: nothing.
-  from.src[15] = 9;
-  EXPECT_FALSE(udp::parse_gsi_datagram(from, *bytes));
-  from.src = src;
-  (*bytes)[5] ^= 0x01;  // a changed byte (the BTH's destination QPN): the ICRC no longer holds
-  EXPECT_FALSE(udp::parse_gsi_datagram(from, *bytes));
-}
-
-TEST(Refusals, AHostWithNobodyAnswersAsTheKernelsCmDoesForIdsItLacks) {
+TEST(Refusals, AsTheKernelsCmAnswersForIdsItLacks) {
   ReqMsg req;
   req.local_comm_id = 0x1234;
-  req.service_id = 0x0106000000001C06ULL;
-  auto rej = answer_for_nobody(Mad{77, CmMessage(req)});
-  ASSERT_TRUE(rej);
-  EXPECT_EQ(rej->tid, 77u);
-  ASSERT_TRUE(std::holds_alternative<RejMsg>(rej->msg));
-  EXPECT_EQ(std::get<RejMsg>(rej->msg).remote_comm_id, 0x1234u);
-  EXPECT_EQ(std::get<RejMsg>(rej->msg).reason, static_cast<uint16_t>(RejReason::kInvalidServiceId));
-  EXPECT_EQ(std::get<RejMsg>(rej->msg).message_rejected, RejectedMessage::kReq);
+  const RejMsg rej = refuse_req(req, RejReason::kInvalidServiceId);
+  EXPECT_EQ(rej.remote_comm_id, 0x1234u);
+  EXPECT_EQ(rej.local_comm_id, 0u);
+  EXPECT_EQ(rej.reason, static_cast<uint16_t>(RejReason::kInvalidServiceId));
+  EXPECT_EQ(rej.message_rejected, RejectedMessage::kReq);
 
   SidrReqMsg sidr;
   sidr.request_id = 0x55;
   sidr.service_id = 0x0111000000001C06ULL;
-  auto rep = answer_for_nobody(Mad{78, CmMessage(sidr)});
-  ASSERT_TRUE(rep && std::holds_alternative<SidrRepMsg>(rep->msg));
-  EXPECT_EQ(std::get<SidrRepMsg>(rep->msg).request_id, 0x55u);
-  EXPECT_EQ(std::get<SidrRepMsg>(rep->msg).status, static_cast<uint8_t>(SidrStatus::kUnsupported));
-  EXPECT_EQ(std::get<SidrRepMsg>(rep->msg).service_id, sidr.service_id);
+  const SidrRepMsg rep = refuse_sidr_req(sidr, SidrStatus::kUnsupported);
+  EXPECT_EQ(rep.request_id, 0x55u);
+  EXPECT_EQ(rep.status, static_cast<uint8_t>(SidrStatus::kUnsupported));
+  EXPECT_EQ(rep.service_id, sidr.service_id);
 
+  // ib_cm's DREP for a DREQ it has no id for names both comm IDs.
   DreqMsg dreq;
   dreq.local_comm_id = 0x10;
   dreq.remote_comm_id = 0x20;
-  auto drep = answer_for_nobody(Mad{79, CmMessage(dreq)});
-  ASSERT_TRUE(drep && std::holds_alternative<DrepMsg>(drep->msg));
-  EXPECT_EQ(std::get<DrepMsg>(drep->msg).local_comm_id, 0x20u);
-  EXPECT_EQ(std::get<DrepMsg>(drep->msg).remote_comm_id, 0x10u);
-
-  // Answers to requests nobody here sent get nothing.
-  EXPECT_FALSE(answer_for_nobody(Mad{80, CmMessage(DrepMsg{})}));
-  EXPECT_FALSE(answer_for_nobody(Mad{81, CmMessage(RepMsg{})}));
-  EXPECT_FALSE(answer_for_nobody(Mad{82, CmMessage(RejMsg{})}));
+  const DrepMsg drep = answer_unknown_dreq(dreq);
+  EXPECT_EQ(drep.local_comm_id, 0x20u);
+  EXPECT_EQ(drep.remote_comm_id, 0x10u);
 }
 
 }  // namespace
