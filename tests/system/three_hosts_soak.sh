@@ -78,6 +78,8 @@ for h in "${hosts[@]}"; do
   mkdir -m 700 "$work/runtime-$h" || exit 1
 done
 
+# (CMD's `timeout` runs with --foreground: by default it puts itself in a
+# process group of its own, which the clean-up's group kill would miss.)
 # loop_on HOST LOG DEADLINE CMD: CMD on HOST again and again until DEADLINE
 # (seconds since the epoch), in a mount namespace of its own with an empty
 # /dev/shm and the host's runtime directory; each run's verdict line goes
@@ -115,9 +117,9 @@ for h in "${hosts[@]}"; do
       opts="" env="env"
     fi
     common="--gid-index 0 --port $port --timeout 170 $opts"
-    loop_on "$to" "$work/server-$h$to-$kind" "$server_deadline" "$env timeout 180 $peer --server $common" &
+    loop_on "$to" "$work/server-$h$to-$kind" "$server_deadline" "$env timeout --foreground 180 $peer --server $common" &
     pids+=($!)
-    loop_on "$h" "$work/client-$h$to-$kind" "$deadline" "$env timeout 180 $peer $common ${ip[$to]}" &
+    loop_on "$h" "$work/client-$h$to-$kind" "$deadline" "$env timeout --foreground 180 $peer $common ${ip[$to]}" &
     pids+=($!) clients+=($!)
     streams+=("$h$to-$kind")
   done
