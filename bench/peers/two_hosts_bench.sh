@@ -3,17 +3,21 @@
 # namespaces on a veth pair, against what the same pair does without it.
 #
 #   bench/peers/two_hosts_bench.sh [--reps N] [--libdir DIR] [--mtu BYTES] [--duration SECONDS]
+#                                  [--only lat|bw]
 #
 # Runs as root (it makes the namespaces: 198.18.0.1 and .2, removed at the
 # end). Each repetition measures, interleaved:
 #   udp one-way     build/bin/udp_pingpong: half a UDP round trip, median (us)
 #   write_lat       ib_write_lat -s 2 on softhca: t_typical (us)
+#   send_lat        ib_send_lat -s 2 on softhca: t_typical (us)
+#   ucx_tcp_lat     ucx_perftest -t ucp_put_lat -s 2, UCX_TLS=tcp: median (us)
 #   write_bw        ib_write_bw -s 65536 on softhca: BW average (MB/s)
 #   ucx_tcp_bw      ucx_perftest -t tag_bw -s 65536, UCX_TLS=tcp: overall (MB/s)
 #   write_bw_loss1  ib_write_bw -s 65536 with SOFTHCA_FAULT=loss=0.01 at both ends
-# and prints every sample, the medians, and the ratios issue #9 sets bars on:
-#   write_lat / udp one-way (<= 2), write_bw / ucx_tcp_bw (>= 0.5),
-#   write_bw_loss1 / write_bw (>= 0.5).
+# and prints every sample, the medians, and the ratios issues #9 and #42 set
+# bars on: write_lat and send_lat / ucx_tcp_lat (<= 1.2) and / udp one-way
+# (<= 1.0), write_bw / ucx_tcp_bw (>= 1.0), write_bw_loss1 / write_bw
+# (>= 0.5). --only lat runs the first five, --only bw the last three.
 # --duration: the bandwidth runs last SECONDS each (ib_write_bw -D;
 # ucx_perftest, which has no such option, makes SECONDS x 30,000 transfers,
 # about as long at 2 GB/s) instead of 5,000 transfers each: a third of a
@@ -21,7 +25,7 @@
 # in an interleaved rotation as much as with the build.
 set -u -o pipefail
 
-reps=3 duration=
+reps=3 duration= only=
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 libdir=$root/build/lib
 mtu=1500
@@ -31,11 +35,13 @@ while (($#)); do
     --libdir) libdir=$2; shift ;;
     --mtu) mtu=$2; shift ;;
     --duration) duration=$2; shift ;;
+    --only) only=$2; shift ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+[[ -z $only || $only == lat || $only == bw ]] || { echo "--only takes lat or bw" >&2; exit 2; }
 if [[ -n $duration ]] && ! [[ $duration =~ ^([1-9]|[1-2][0-9]|30)$ ]]; then
   echo "--duration takes whole seconds, 1 to 30" >&2
   exit 2
@@ -106,34 +112,54 @@ pair() {
 
 sv="LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 declare -A samples
+lat() { [[ $only != bw ]]; }
+bw() { [[ $only != lat ]]; }
 for ((r = 1; r <= reps; r++)); do
-  v=$( (on "$a" -- "$bindir/udp_pingpong" -s -p 19800) >/dev/null 2>&1 & echo $!)
-  pids+=("$v")
-  wait_port "$a" 19800 u
-  x=$(on "$b" -- "$bindir/udp_pingpong" -c 198.18.0.1 -p 19800 -n 20000 | awk '{print $4}')
-  kill -KILL -- "-$v" 2>/dev/null
-  samples[udp]+="$x "
-  x=$(pair write_lat 18515 t '/^ *2 /{print $5}' "$sv" -- "$sv" -- ib_write_lat -x 0 -s 2 -n 5000)
-  samples[write_lat]+="$x "
-  x=$(pair write_bw 18515 t '/^ *65536 /{print $4}' "$sv" -- "$sv" -- ib_write_bw -x 0 -s 65536 "${bw_amount[@]}")
-  samples[write_bw]+="$x "
-  x=$(pair ucx 13337 t '/^Final:/{print $7}' UCX_TLS=tcp -- UCX_TLS=tcp -- ucx_perftest -p 13337 -t tag_bw -s 65536 -n "$ucx_iters")
-  samples[ucx_tcp_bw]+="$x "
-  x=$(pair loss 18515 t '/^ *65536 /{print $4}' "$sv" SOFTHCA_FAULT=loss=0.01,seed=$r -- "$sv" SOFTHCA_FAULT=loss=0.01,seed=$((r + 100)) -- \
-      ib_write_bw -x 0 -s 65536 "${bw_amount[@]}")
-  samples[write_bw_loss1]+="$x "
-  echo "rep $r: udp ${samples[udp]##* } write_lat ... done" >&2
+  if lat; then
+    v=$( (on "$a" -- "$bindir/udp_pingpong" -s -p 19800) >/dev/null 2>&1 & echo $!)
+    pids+=("$v")
+    wait_port "$a" 19800 u
+    x=$(on "$b" -- "$bindir/udp_pingpong" -c 198.18.0.1 -p 19800 -n 20000 | awk '{print $4}')
+    kill -KILL -- "-$v" 2>/dev/null
+    samples[udp]+="$x "
+    x=$(pair write_lat 18515 t '/^ *2 /{print $5}' "$sv" -- "$sv" -- ib_write_lat -x 0 -s 2 -n 5000)
+    samples[write_lat]+="$x "
+    x=$(pair send_lat 18515 t '/^ *2 /{print $5}' "$sv" -- "$sv" -- ib_send_lat -x 0 -s 2 -n 5000)
+    samples[send_lat]+="$x "
+    x=$(pair ucx_lat 13337 t '/^Final:/{print $3}' UCX_TLS=tcp -- UCX_TLS=tcp -- ucx_perftest -p 13337 -t ucp_put_lat -s 2 -n 20000)
+    samples[ucx_tcp_lat]+="$x "
+  fi
+  if bw; then
+    x=$(pair write_bw 18515 t '/^ *65536 /{print $4}' "$sv" -- "$sv" -- ib_write_bw -x 0 -s 65536 "${bw_amount[@]}")
+    samples[write_bw]+="$x "
+    x=$(pair ucx 13337 t '/^Final:/{print $7}' UCX_TLS=tcp -- UCX_TLS=tcp -- ucx_perftest -p 13337 -t tag_bw -s 65536 -n "$ucx_iters")
+    samples[ucx_tcp_bw]+="$x "
+    x=$(pair loss 18515 t '/^ *65536 /{print $4}' "$sv" SOFTHCA_FAULT=loss=0.01,seed=$r -- "$sv" SOFTHCA_FAULT=loss=0.01,seed=$((r + 100)) -- \
+        ib_write_bw -x 0 -s 65536 "${bw_amount[@]}")
+    samples[write_bw_loss1]+="$x "
+  fi
+  echo "rep $r of $reps done" >&2
 done
 
 median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "nan"}'; }
 echo "samples (reps=$reps, veth MTU $mtu${duration:+, ${duration} s per bandwidth run}):"
 declare -A m
-for k in udp write_lat write_bw ucx_tcp_bw write_bw_loss1; do
+keys=()
+lat && keys+=(udp write_lat send_lat ucx_tcp_lat)
+bw && keys+=(write_bw ucx_tcp_bw write_bw_loss1)
+for k in "${keys[@]}"; do
   m[$k]=$(echo "${samples[$k]}" | median)
   printf '  %-16s %s -> median %s\n' "$k" "${samples[$k]}" "${m[$k]}"
 done
 ratio() { awk -v x="$1" -v y="$2" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "nan" }'; }
 echo "ratios:"
-echo "  write_lat / udp one-way:     $(ratio "${m[write_lat]}" "${m[udp]}")   (bar <= 2)"
-echo "  write_bw / ucx tcp tag_bw:   $(ratio "${m[write_bw]}" "${m[ucx_tcp_bw]}")   (bar >= 0.5)"
-echo "  write_bw at 1% loss / 0%:    $(ratio "${m[write_bw_loss1]}" "${m[write_bw]}")   (bar >= 0.5)"
+if lat; then
+  echo "  write_lat / ucx tcp put_lat:  $(ratio "${m[write_lat]}" "${m[ucx_tcp_lat]}")   (bar <= 1.2)"
+  echo "  send_lat / ucx tcp put_lat:   $(ratio "${m[send_lat]}" "${m[ucx_tcp_lat]}")   (bar <= 1.2)"
+  echo "  write_lat / udp one-way:      $(ratio "${m[write_lat]}" "${m[udp]}")   (bar <= 1.0)"
+  echo "  send_lat / udp one-way:       $(ratio "${m[send_lat]}" "${m[udp]}")   (bar <= 1.0)"
+fi
+if bw; then
+  echo "  write_bw / ucx tcp tag_bw:    $(ratio "${m[write_bw]}" "${m[ucx_tcp_bw]}")   (bar >= 1.0)"
+  echo "  write_bw at 1% loss / 0%:     $(ratio "${m[write_bw_loss1]}" "${m[write_bw]}")   (bar >= 0.5)"
+fi
