@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <tuple>
+#include <utility>
 
 namespace softhca::udp {
 namespace {
@@ -97,6 +99,32 @@ TEST(PollerHandover, APollerThatRanWithoutPollingWhilePacketsWaitedBacksOff) {
   h.sample(again, 80 * kMs);
   const uint64_t later = again + PollerHandover::kLookEveryNs;
   EXPECT_EQ(h.paused(later, 80 * kMs + PollerHandover::kLookEveryNs, true), 2 * PollerHandover::kFirstBackoffNs);
+}
+
+TEST(PollerHandover, APauseLongAfterTheLastStartsShortAgain) {
+  PollerHandover h(kSustain);
+  uint64_t t = kMs;
+  uint64_t cpu = 50 * kMs;
+  // Pauses that follow each other double...
+  const auto bad_pause = [&](uint64_t at) {
+    const uint64_t last = poll_from(h, at, at + kSustain + kUs);
+    EXPECT_EQ(h.look(last), Look::kPolling);
+    h.sample(last, cpu);
+    const uint64_t now = last + PollerHandover::kLookEveryNs;
+    cpu += PollerHandover::kLookEveryNs;
+    EXPECT_EQ(h.look(now), Look::kPaused);
+    return std::pair{now, h.paused(now, cpu, true)};
+  };
+  auto [now, pause] = bad_pause(t);
+  EXPECT_EQ(pause, PollerHandover::kFirstBackoffNs);
+  std::tie(now, pause) = bad_pause(now + pause);
+  EXPECT_EQ(pause, 2 * PollerHandover::kFirstBackoffNs);
+  std::tie(now, pause) = bad_pause(now + pause);
+  EXPECT_EQ(pause, 4 * PollerHandover::kFirstBackoffNs);
+  // ...one long after the last is a fluke: short again.
+  t = now + PollerHandover::kForgetAfterBackoffs * 8 * PollerHandover::kFirstBackoffNs + kMs;
+  std::tie(now, pause) = bad_pause(t);
+  EXPECT_EQ(pause, PollerHandover::kFirstBackoffNs);
 }
 
 TEST(PollerHandover, APollerThatDidNotRunOrLeftNothingWaitingCostsNothing) {

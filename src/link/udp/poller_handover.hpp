@@ -17,7 +17,11 @@
 //   they waited up to kLookEveryNs: no handing over for a while then
 //   (kFirstBackoffNs, doubling at each such look up to kMaxBackoffNs), so
 //   that such an application pays a millisecond now and then, not at every
-//   message. A poller that did not run (preempted, or asleep) costs nothing
+//   message. Such a look long after the last one (kForgetAfterBackoffs of
+//   the pause it would start) starts a short pause again: a ping-pong whose
+//   replies come with their ACKs (AckPiggyback) waits that way only when
+//   an ACK once came alone, and it lost the sockets for a tenth of a
+//   second at the first time, and for longer at each. A poller that did not run (preempted, or asleep) costs nothing
 //   of that kind: the link's thread takes what waits and hands the sockets
 //   over again at the next poll.
 // Pure: `now` and the poller's CPU time come in. Any thread may call
@@ -37,7 +41,8 @@ class PollerHandover {
   static constexpr uint64_t kStretchGapNs = 10'000'000;
   // How often the link thread looks while it has handed the sockets over.
   static constexpr uint64_t kLookEveryNs = 1'000'000;
-  static constexpr uint64_t kFirstBackoffNs = 100'000'000;
+  static constexpr uint64_t kFirstBackoffNs = 4'000'000;
+  static constexpr uint64_t kForgetAfterBackoffs = 64;
   static constexpr uint64_t kMaxBackoffNs = 60'000'000'000;
 
   // `sustain_ns`: how long pollers must have polled before the sockets are
@@ -104,6 +109,9 @@ class PollerHandover {
     }
     sampled_cpu_ns_ = 0;
     if (!packets_waiting || !ran) return 0;
+    if (last_backoff_ns_ != 0 && now_ns - last_backoff_ns_ > kForgetAfterBackoffs * backoff_ns_)
+      backoff_ns_ = kFirstBackoffNs;
+    last_backoff_ns_ = now_ns;
     const uint64_t backoff = backoff_ns_;
     not_before_ns_ = now_ns + backoff;
     backoff_ns_ = backoff >= kMaxBackoffNs / 2 ? kMaxBackoffNs : backoff * 2;
@@ -119,6 +127,7 @@ class PollerHandover {
   // The link thread's.
   uint64_t not_before_ns_ = 0;  // no handing over before this
   uint64_t backoff_ns_ = kFirstBackoffNs;  // the next pause's length
+  uint64_t last_backoff_ns_ = 0;           // when the last pause began (0: none yet)
   uint64_t sampled_at_ns_ = 0;
   uint64_t sampled_cpu_ns_ = 0;
 };

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -34,6 +35,7 @@
 #include "link/link.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
+#include "link/udp/ack_piggyback.hpp"
 #include "link/udp/fault_schedule.hpp"
 #include "link/udp/pcap_writer.hpp"
 #include "link/udp/poller_handover.hpp"
@@ -41,6 +43,7 @@
 #include "transport/admission.hpp"
 #include "transport/requester_flow.hpp"
 #include "transport/responder_flow.hpp"
+#include "transport/selective.hpp"
 #include "wire/packet.hpp"
 #include "wire/ud_grh.hpp"
 
@@ -112,6 +115,14 @@ std::string group_name(const wire::Gid& group) {
 
 // The flow a batched packet belongs to, as the capture and the fault
 // schedule see it.
+// An ACK with nothing but the acknowledgement in it (no NAK, hole report or
+// probe's answer): one that may wait for a request to carry it.
+bool is_plain_ack(const wire::Headers& h) {
+  const auto op = static_cast<wire::Opcode>(h.bth.opcode);
+  return (op == wire::Opcode::kRcAcknowledge || op == wire::Opcode::kXrcAcknowledge) && h.aeth &&
+         h.aeth->syndrome.is_ack() && (h.bth.reserved7 & ~transport::kSelective) == 0;
+}
+
 wire::UdpFlow flow_of(const OutgoingPacket& p, uint16_t src_port) {
   wire::UdpFlow flow;
   flow.src_gid = p.src;
@@ -133,6 +144,7 @@ struct SendBatch {
   std::array<OutgoingPacket, kPackets> packets{};
   std::array<uint16_t, kPackets> source_ports{};  // for the capture
   size_t count = 0;
+  bool plain_acks = true;  // answers that are all plain ACKs, which may wait (AckPiggyback)
   uint8_t* slot(size_t i) { return storage.data() + i * kSlotBytes; }
 };
 
@@ -221,6 +233,7 @@ class UdpLink final : public link::Link {
       // Connected QPs: a poller that keeps at it may have the sockets to
       // itself (PollerHandover): it is polling while it receives, and
       // polled when done. Its CQ is empty: the clock read costs it nothing.
+      release_due_acks(monotonic_ns());
       handover_->receiving(true);
       receive_all();
       handover_->receiving(false);
@@ -232,6 +245,7 @@ class UdpLink final : public link::Link {
   }
   void pollers_rest() override {
     if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return;
+    release_held_acks();  // the thread sleeps: no request of its will carry them
     handover_->resting();
     // The link's thread, if it left the sockets to the pollers, takes them
     // back now (seq_cst: see loop()).
@@ -251,8 +265,25 @@ class UdpLink final : public link::Link {
   // The batch that collects responders' answers while received packets are
   // handled (under receive_mutex_), and its sending.
   std::unique_ptr<SendBatch>& answers() { return answers_; }
-  void send_answers() {
-    if (answers_) send_batch(std::move(answers_));
+  // After a batch of received datagrams: the answers leave, or plain ACKs
+  // wait for a request (AckPiggyback).
+  void send_answers();
+  // A requester's packets (or a UD datagram): ACKs held for a request
+  // leave behind them, in the same system call.
+  void send_requests(std::unique_ptr<SendBatch> batch);
+  // Held ACKs leave alone: now, or when due.
+  void release_held_acks();
+  void release_due_acks(uint64_t now_ns) {
+    if (has_held_acks_.load(std::memory_order_relaxed) &&
+        AckPiggyback::due(held_acks_at_ns_.load(std::memory_order_relaxed), now_ns))
+      release_held_acks();
+  }
+  // A deadline of a requester's (or held ACKs') came up at `due_ns` while
+  // the link's thread may be asleep: wakes it if it would wake too late.
+  void timers_changed(uint64_t due_ns) {
+    timers_changed_.store(true, std::memory_order_seq_cst);
+    const uint64_t plan = link_wakes_at_ns_.load(std::memory_order_seq_cst);
+    if (plan != kLinkAwake && plan > due_ns + kTimerSlackNs) wake();
   }
   void wake() {
     const uint64_t one = 1;
@@ -400,6 +431,23 @@ class UdpLink final : public link::Link {
   // order, while a requester's packets may also come from a posting thread
   // and must not wait behind later ones.
   std::unique_ptr<SendBatch> answers_;
+  // Plain ACKs waiting for a request to leave with (AckPiggyback).
+  AckPiggyback piggyback_;
+  std::mutex held_acks_mutex_;
+  std::unique_ptr<SendBatch> held_acks_;
+  std::atomic<bool> has_held_acks_{false};
+  std::atomic<uint64_t> held_acks_at_ns_{0};  // when the oldest of them was made
+  // When the link's thread plans to wake (kLinkAwake while it is awake and
+  // will look at its timers before it sleeps again; UINT64_MAX: only for
+  // a packet or a wake). Other threads that start a timer compare.
+  static constexpr uint64_t kLinkAwake = 0;
+  std::atomic<uint64_t> link_wakes_at_ns_{kLinkAwake};
+  std::atomic<bool> timers_changed_{false};
+  // How late a timer may fire rather than wake the link's thread early.
+  static constexpr uint64_t kTimerSlackNs = 100'000;
+  // While ACKs are held, the thread that left the sockets to the pollers
+  // looks this often (it would look every PollerHandover::kLookEveryNs).
+  static constexpr uint64_t kHeldLookNs = 100'000;
   // Where receive_from puts a batch of datagrams (under receive_mutex_).
   // A slot holds a whole coalesced run (UDP_GRO), up to one IP datagram.
   // Four: a batch (256 KiB) the kernel has just copied is still in the
@@ -412,7 +460,24 @@ class UdpLink final : public link::Link {
   // Whether the IPv6 socket ever had something: an application thread that
   // receives (poll) reads it only then, a system call saved per empty poll.
   std::atomic<bool> v6_used_{false};
-  std::atomic<bool> link_sleeping_{false};  // the link's thread waits in ppoll
+  // Since when the link's thread takes the sockets (it woke to receive, or
+  // spins on them; 0: it does not): application threads leave them to it
+  // for kLinkReceivesNs at most (receive_all).
+  std::atomic<uint64_t> link_receives_since_ns_{0};
+  static constexpr uint64_t kLinkReceivesNs = 50'000;
+  // Since when receive_mutex_ is held (0: free). A poller that finds it
+  // held for longer than kLinkReceivesNs yields its core: the holder lost
+  // its own, most likely to that very poller (receive_all).
+  std::atomic<uint64_t> receive_held_since_ns_{0};
+  struct ReceiveHeld {
+    explicit ReceiveHeld(UdpLink& link) : link_(link) {
+      link_.receive_held_since_ns_.store(monotonic_ns(), std::memory_order_relaxed);
+    }
+    ~ReceiveHeld() { link_.receive_held_since_ns_.store(0, std::memory_order_relaxed); }
+    ReceiveHeld(const ReceiveHeld&) = delete;
+    ReceiveHeld& operator=(const ReceiveHeld&) = delete;
+    UdpLink& link_;
+  };
   std::mutex batch_pool_mutex_;
   std::vector<std::unique_ptr<SendBatch>> batch_pool_;
   std::mutex management_mutex_;  // management_receiver_
@@ -445,6 +510,7 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
   if (!n) return;
   std::unique_ptr<SendBatch>& batch = answers_ ? link_.answers() : batch_;
   if (!batch) batch = link_.take_batch();
+  if (answers_ && !is_plain_ack(h)) batch->plain_acks = false;
   uint8_t* into = batch->slot(batch->count);
   // The payload goes from the WQE's buffers straight to its place in the
   // packet: one copy.
@@ -466,11 +532,17 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
   batch->packets[batch->count] = OutgoingPacket{
       src_, dst_, flow.traffic_class, flow.hop_limit, std::span<const uint8_t>(into, *encoded), ifindex_};
   batch->source_ports[batch->count] = flow.src_port;
-  if (++batch->count == SendBatch::kPackets) link_.send_batch(std::move(batch));
+  if (++batch->count == SendBatch::kPackets) {
+    if (answers_) {
+      link_.send_batch(std::move(batch));
+    } else {
+      link_.send_requests(std::move(batch));
+    }
+  }
 }
 
 FlowSink::~FlowSink() {
-  if (batch_) link_.send_batch(std::move(batch_));
+  if (batch_) link_.send_requests(std::move(batch_));
 }
 
 std::unique_ptr<SendBatch> UdpLink::take_batch() {
@@ -534,8 +606,90 @@ void UdpLink::send_batch(std::unique_ptr<SendBatch> batch) {
 
 void UdpLink::recycle(std::unique_ptr<SendBatch> batch) {
   batch->count = 0;
+  batch->plain_acks = true;
   std::lock_guard guard(batch_pool_mutex_);
   batch_pool_.push_back(std::move(batch));
+}
+
+void UdpLink::send_answers() {
+  if (!answers_) return;
+  const bool plain = answers_->plain_acks;
+  const uint64_t now = monotonic_ns();
+  if (!plain || !piggyback_.holding()) {
+    send_batch(std::move(answers_));
+    if (plain) piggyback_.sent_alone(now);
+    return;
+  }
+  std::unique_ptr<SendBatch> copied;  // emptied into the held batch: back to the pool
+  std::unique_ptr<SendBatch> full;    // held, and no room for more: leaves now
+  uint64_t held_at = now;
+  {
+    std::lock_guard guard(held_acks_mutex_);
+    if (held_acks_ && held_acks_->count + answers_->count <= SendBatch::kPackets) {
+      SendBatch& into = *held_acks_;
+      for (size_t i = 0; i < answers_->count; ++i) {
+        const OutgoingPacket& p = answers_->packets[i];
+        uint8_t* slot = into.slot(into.count);
+        std::memcpy(slot, p.bytes.data(), p.bytes.size());
+        into.packets[into.count] = p;
+        into.packets[into.count].bytes = std::span<const uint8_t>(slot, p.bytes.size());
+        into.source_ports[into.count] = answers_->source_ports[i];
+        ++into.count;
+      }
+      copied = std::move(answers_);
+      held_at = held_acks_at_ns_.load(std::memory_order_relaxed);
+    } else {
+      full = std::move(held_acks_);
+      held_acks_ = std::move(answers_);
+      held_acks_at_ns_.store(now, std::memory_order_relaxed);
+    }
+    has_held_acks_.store(true, std::memory_order_seq_cst);
+  }
+  if (copied) recycle(std::move(copied));
+  if (full) send_batch(std::move(full));
+  // Due at held_at + kHoldNs: the link's thread must not sleep past that.
+  timers_changed(held_at + AckPiggyback::kHoldNs);
+}
+
+void UdpLink::send_requests(std::unique_ptr<SendBatch> batch) {
+  std::unique_ptr<SendBatch> acks;
+  if (has_held_acks_.load(std::memory_order_relaxed)) {
+    std::lock_guard guard(held_acks_mutex_);
+    acks = std::move(held_acks_);
+    has_held_acks_.store(false, std::memory_order_relaxed);
+  }
+  piggyback_.request_leaves(monotonic_ns(), acks != nullptr);
+  if (!acks) {
+    send_batch(std::move(batch));
+    return;
+  }
+  if (faults_ || batch->count + acks->count > SendBatch::kPackets) {
+    send_batch(std::move(batch));
+    send_batch(std::move(acks));
+    return;
+  }
+  // One system call: the requests first, so that a peer that polls for
+  // its ACK has the request handled before the ACK completes its send.
+  for (size_t i = 0; i < acks->count; ++i) {
+    batch->packets[batch->count] = acks->packets[i];
+    batch->source_ports[batch->count] = acks->source_ports[i];
+    ++batch->count;
+  }
+  send_batch(std::move(batch));
+  recycle(std::move(acks));
+}
+
+void UdpLink::release_held_acks() {
+  if (!has_held_acks_.load(std::memory_order_relaxed)) return;
+  std::unique_ptr<SendBatch> acks;
+  {
+    std::lock_guard guard(held_acks_mutex_);
+    acks = std::move(held_acks_);
+    has_held_acks_.store(false, std::memory_order_relaxed);
+  }
+  if (!acks) return;
+  send_batch(std::move(acks));
+  piggyback_.released_alone(monotonic_ns());
 }
 
 OutgoingPacket UdpLink::outgoing(const Delayed& p) {
@@ -652,7 +806,8 @@ class UdpChannel final : public link::Channel {
       r.syndrome = transport::Syndrome::ack();
       return r;
     }
-    if (!had_deadline) link_.wake();  // the thread recomputes its sleep
+    // The thread recomputes its sleep, if it would sleep past the new timer.
+    if (!had_deadline && state_->requester->deadline() != 0) link_.timers_changed(state_->requester->deadline());
     r.pending = true;
     return r;
   }
@@ -762,6 +917,7 @@ void UdpLink::stop() {
     wake();
     thread_.join();
   }
+  release_held_acks();
   if (wake_fd_ >= 0) ::close(wake_fd_);
   for (int fd : handoff_conns_) ::close(fd);
   if (handoff_fd_ >= 0) {
@@ -829,8 +985,13 @@ void UdpLink::loop() {
     // probe or ACK timeout resent what had arrived (under CPU contention,
     // most of what a descheduled peer made late).
     if (timer_due != 0 && now_ns >= timer_due) receive_waiting();
+    release_due_acks(now_ns);
     uint64_t deadline = run_timers(now_ns);
     timer_due = deadline;
+    if (has_held_acks_.load(std::memory_order_relaxed)) {
+      const uint64_t due = held_acks_at_ns_.load(std::memory_order_relaxed) + AckPiggyback::kHoldNs;
+      if (deadline == 0 || due < deadline) deadline = due;
+    }
     if (faults_) {
       const uint64_t released = release_delayed(now_ns);
       if (released != 0 && (deadline == 0 || released < deadline)) deadline = released;
@@ -885,18 +1046,33 @@ void UdpLink::loop() {
     if (spinning) {
       timeout = &wait;  // zero: look, do not sleep
     } else if (hand_over) {
-      const uint64_t look = now_ns + PollerHandover::kLookEveryNs;
+      // Held ACKs (AckPiggyback) must not wait for a look much longer than
+      // they may be held.
+      const uint64_t look = now_ns + (piggyback_.holding() ? kHeldLookNs : PollerHandover::kLookEveryNs);
       wait = time_until(deadline != 0 && deadline < look ? deadline : look);
       timeout = &wait;
     } else if (deadline != 0) {
       wait = time_until(deadline);
       timeout = &wait;
     }
+    // Threads that start a timer meanwhile wake this one only if it would
+    // sleep past it (timers_changed): the plan, then a look at whether one
+    // did since this round looked (both seq_cst, as theirs).
+    if (!spinning) {
+      const uint64_t plan = timeout == nullptr
+                                ? UINT64_MAX
+                                : monotonic_ns() + uint64_t(wait.tv_sec) * 1'000'000'000 + uint64_t(wait.tv_nsec);
+      link_wakes_at_ns_.store(plan, std::memory_order_seq_cst);
+      if (timers_changed_.exchange(false, std::memory_order_seq_cst)) {
+        link_wakes_at_ns_.store(kLinkAwake, std::memory_order_relaxed);
+        continue;
+      }
+    }
     // A spinning thread is awake: application pollers leave the sockets to it.
-    link_sleeping_.store(!spinning, std::memory_order_relaxed);
+    link_receives_since_ns_.store(spinning ? now_ns : 0, std::memory_order_relaxed);
     const int ready = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
+    link_wakes_at_ns_.store(kLinkAwake, std::memory_order_seq_cst);
     handed_over_.store(false, std::memory_order_relaxed);
-    link_sleeping_.store(false, std::memory_order_relaxed);
     if (ready <= 0) {
       if (spinning) __builtin_ia32_pause();
       continue;
@@ -910,7 +1086,9 @@ void UdpLink::loop() {
     if (((fds[0].revents | fds[1].revents) & POLLIN) || handoffs) {
       // An application thread may be receiving right now: then it handles
       // these too, and this thread must not spin on their readiness.
+      link_receives_since_ns_.store(monotonic_ns(), std::memory_order_relaxed);
       std::lock_guard guard(receive_mutex_);
+      const ReceiveHeld held(*this);
       if (fds[0].revents & POLLIN) receive_from(fds[0].fd);
       if (fds[1].revents & POLLIN) {
         v6_used_.store(true, std::memory_order_relaxed);
@@ -919,17 +1097,29 @@ void UdpLink::loop() {
       if (handoffs) receive_handoffs();
       if (spin_ns_ != 0) spin_until = monotonic_ns() + spin_ns_;
     }
+    link_receives_since_ns_.store(0, std::memory_order_relaxed);
   }
 }
 
 void UdpLink::receive_all() {
-  // Only while the link's thread sleeps: once it is awake it receives, and
-  // an application thread that polls in a loop must not keep the receive
-  // lock from it (it would take the lock back after each of its own system
-  // calls and starve the thread of what only it handles).
-  if (!link_sleeping_.load(std::memory_order_relaxed)) return;
+  // Not while the link's thread takes the sockets itself (it woke for them,
+  // or spins on them): an application thread that polls in a loop must not
+  // keep the receive lock from it (it would take the lock back after each
+  // of its own system calls and starve the thread of what only it
+  // handles). Only then, and only for kLinkReceivesNs: a link thread that
+  // lost its core meanwhile (on a busy host, to the very poller that
+  // waited for it) kept pollers that left the sockets to it waiting for
+  // milliseconds, until the scheduler gave it back.
+  const uint64_t t = monotonic_ns();
+  const uint64_t since = link_receives_since_ns_.load(std::memory_order_relaxed);
+  if (since != 0 && t >= since && t - since < kLinkReceivesNs) return;
   std::unique_lock guard(receive_mutex_, std::try_to_lock);
-  if (!guard.owns_lock()) return;
+  if (!guard.owns_lock()) {
+    const uint64_t held = receive_held_since_ns_.load(std::memory_order_relaxed);
+    if (held != 0 && t >= held && t - held > kLinkReceivesNs) sched_yield();
+    return;
+  }
+  const ReceiveHeld held(*this);
   receive_from(sockets_->v4_fd());
   if (v6_used_.load(std::memory_order_relaxed)) receive_from(sockets_->v6_fd());
   // New hand-off connections wake the link's thread, which accepts them.
@@ -937,6 +1127,7 @@ void UdpLink::receive_all() {
 
 void UdpLink::receive_waiting() {
   std::lock_guard guard(receive_mutex_);
+  const ReceiveHeld held(*this);
   receive_from(sockets_->v4_fd());
   receive_from(sockets_->v6_fd());
 }
