@@ -35,8 +35,8 @@
 #include "link/link.hpp"
 #include "link/shm/shm_port.hpp"
 #include "link/shm/target.hpp"
-#include "link/udp/ack_piggyback.hpp"
 #include "link/udp/fault_schedule.hpp"
+#include "link/udp/outbox.hpp"
 #include "link/udp/pcap_writer.hpp"
 #include "link/udp/poller_handover.hpp"
 #include "link/udp/udp_sockets.hpp"
@@ -113,80 +113,7 @@ std::string group_name(const wire::Gid& group) {
   return text;
 }
 
-// The flow a batched packet belongs to, as the capture and the fault
-// schedule see it.
-// An ACK with nothing but the acknowledgement in it (no NAK, hole report or
-// probe's answer): one that may wait for a request to carry it.
-bool is_plain_ack(const wire::Headers& h) {
-  const auto op = static_cast<wire::Opcode>(h.bth.opcode);
-  return (op == wire::Opcode::kRcAcknowledge || op == wire::Opcode::kXrcAcknowledge) && h.aeth &&
-         h.aeth->syndrome.is_ack() && (h.bth.reserved7 & ~transport::kSelective) == 0;
-}
-
-wire::UdpFlow flow_of(const OutgoingPacket& p, uint16_t src_port) {
-  wire::UdpFlow flow;
-  flow.src_gid = p.src;
-  flow.dst_gid = p.dst;
-  flow.src_port = src_port;
-  flow.traffic_class = p.traffic_class;
-  flow.hop_limit = p.hop_limit;
-  return flow;
-}
-
 class UdpLink;
-
-// Packets encoded for sending together: a burst of a window goes out in a
-// few system calls (sendmmsg) instead of one per packet.
-struct SendBatch {
-  static constexpr size_t kPackets = 64;
-  static constexpr size_t kSlotBytes = wire::kMaxPayload + 128;
-  std::vector<uint8_t> storage = std::vector<uint8_t>(kPackets * kSlotBytes);
-  std::array<OutgoingPacket, kPackets> packets{};
-  std::array<uint16_t, kPackets> source_ports{};  // for the capture
-  size_t count = 0;
-  bool plain_acks = true;  // answers that are all plain ACKs, which may wait (AckPiggyback)
-  uint8_t* slot(size_t i) { return storage.data() + i * kSlotBytes; }
-};
-
-// Encodes packets for one flow (addresses, ports) and has the link send them,
-// batched: they leave when the sink is full or goes away, so a sink lives for
-// one operation (a post, a received packet, a timer) under its channel's lock,
-// which keeps the channel's packets in order.
-class FlowSink final : public transport::PacketSink {
- public:
-  FlowSink(UdpLink& link, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class, uint8_t hop_limit,
-           CounterSink counters, uint32_t ifindex = 0)
-      : link_(link),
-        src_(src),
-        dst_(dst),
-        traffic_class_(traffic_class),
-        hop_limit_(hop_limit),
-        counters_(counters),
-        ifindex_(ifindex) {}
-  // A responder's answers to a received packet: they join the link's batch
-  // of answers, sent once the datagrams received together are handled.
-  struct Answers {};
-  FlowSink(Answers, UdpLink& link, const wire::Gid& src, const wire::Gid& dst, uint8_t traffic_class,
-           uint8_t hop_limit, CounterSink counters, uint32_t ifindex)
-      : FlowSink(link, src, dst, traffic_class, hop_limit, counters, ifindex) {
-    answers_ = true;
-  }
-  ~FlowSink();
-  FlowSink(const FlowSink&) = delete;
-  FlowSink& operator=(const FlowSink&) = delete;
-
-  void send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) override;
-
- private:
-  UdpLink& link_;
-  wire::Gid src_, dst_;
-  uint8_t traffic_class_, hop_limit_;
-  CounterSink counters_;
-  uint32_t ifindex_;  // where a multicast or link-local datagram leaves (0: the kernel's route)
-  bool answers_ = false;  // collects into the link's batch of answers, not one of its own
-  std::unique_ptr<SendBatch> batch_;
-};
-
 
 // A connected QP's state, shared by its Channel (the QP's side) and the
 // link's thread (which may hold it a moment after the QP is gone).
@@ -233,7 +160,7 @@ class UdpLink final : public link::Link {
       // Connected QPs: a poller that keeps at it may have the sockets to
       // itself (PollerHandover): it is polling while it receives, and
       // polled when done. Its CQ is empty: the clock read costs it nothing.
-      release_due_acks(monotonic_ns());
+      outbox_->release_due_acks(monotonic_ns());
       handover_->receiving(true);
       receive_all();
       handover_->receiving(false);
@@ -245,7 +172,7 @@ class UdpLink final : public link::Link {
   }
   void pollers_rest() override {
     if (!started_.load(std::memory_order_acquire) || sockets_ == nullptr) return;
-    release_held_acks();  // the thread sleeps: no request of its will carry them
+    outbox_->release_held_acks();  // the thread sleeps: no request of its will carry them
     handover_->resting();
     // The link's thread, if it left the sockets to the pollers, takes them
     // back now (seq_cst: see loop()).
@@ -256,28 +183,7 @@ class UdpLink final : public link::Link {
   bool selective() const { return selective_; }
   // This process's share of the port's counters.
   Counters* port_counters() { return &host_.registry().process_counters(host_.proc()); }
-  // Sends one encoded packet of `flow`, through the fault schedule when
-  // SOFTHCA_FAULT asks for one, into the capture when SOFTHCA_PCAP does.
-  // Whether packets go one by one through the fault schedule (not batched).
-  // Batches for FlowSinks: taken from a pool, sent and given back.
-  std::unique_ptr<SendBatch> take_batch();
-  void send_batch(std::unique_ptr<SendBatch> batch);
-  // The batch that collects responders' answers while received packets are
-  // handled (under receive_mutex_), and its sending.
-  std::unique_ptr<SendBatch>& answers() { return answers_; }
-  // After a batch of received datagrams: the answers leave, or plain ACKs
-  // wait for a request (AckPiggyback).
-  void send_answers();
-  // A requester's packets (or a UD datagram): ACKs held for a request
-  // leave behind them, in the same system call.
-  void send_requests(std::unique_ptr<SendBatch> batch);
-  // Held ACKs leave alone: now, or when due.
-  void release_held_acks();
-  void release_due_acks(uint64_t now_ns) {
-    if (has_held_acks_.load(std::memory_order_relaxed) &&
-        AckPiggyback::due(held_acks_at_ns_.load(std::memory_order_relaxed), now_ns))
-      release_held_acks();
-  }
+  Outbox& outbox() { return *outbox_; }
   // A deadline of a requester's (or held ACKs') came up at `due_ns` while
   // the link's thread may be asleep: wakes it if it would wake too late.
   void timers_changed(uint64_t due_ns) {
@@ -396,47 +302,11 @@ class UdpLink final : public link::Link {
   // busy-polling application threads (set at start, before started_).
   std::optional<PollerHandover> handover_;
   std::atomic<bool> handed_over_{false};  // the thread sleeps without the sockets
-  // SOFTHCA_FAULT and SOFTHCA_PCAP, read when the link starts.
-  std::optional<FaultSchedule> faults_;
+  // SOFTHCA_PCAP, read when the link starts: what is received goes there,
+  // and what the outbox sends.
   std::unique_ptr<PcapWriter> capture_;
-  struct Delayed {
-    uint64_t due_ns;
-    wire::UdpFlow flow;
-    std::vector<uint8_t> bytes;
-    uint32_t ifindex = 0;
-  };
-  std::mutex fault_mutex_;
-  std::optional<Delayed> held_;          // a packet held back behind the next one
-  std::atomic<bool> holding_{false};     // held_ has one: the next packet must release it
-  std::vector<Delayed> delayed_;         // packets waiting for their delay
-  // What the fault schedule makes of one packet: appended to `now` when it
-  // may leave now (with its duplicate, and a packet held back behind it),
-  // else kept in delayed_ / held_ for the link's thread.
-  void apply_faults(const FaultDecision& d, const wire::UdpFlow& flow, std::span<const uint8_t> packet,
-                    uint32_t ifindex, std::vector<Delayed>& now);
-  // A packet to send from a copy the fault schedule made.
-  OutgoingPacket outgoing(const Delayed& p);
-  // Sends packets that own their bytes, in one batch (into the capture too).
-  void send_owned(const std::vector<Delayed>& packets);
-  void recycle(std::unique_ptr<SendBatch> batch);
-  // Sends delayed packets that are due (and a held one that waited too long);
-  // returns the next due time, 0 for none.
-  uint64_t release_delayed(uint64_t now);
+  std::unique_ptr<Outbox> outbox_;  // once the sockets are open
   std::mutex receive_mutex_;
-  // ACKs, NAKs and READ responses to the packets being received (under
-  // receive_mutex_): they leave together once a batch of datagrams is
-  // handled, a system call for all of them instead of one per answer, and
-  // runs of equal-size ACKs to one peer as one GSO message. Only the
-  // responder's: its output is made by the one receiving thread, in
-  // order, while a requester's packets may also come from a posting thread
-  // and must not wait behind later ones.
-  std::unique_ptr<SendBatch> answers_;
-  // Plain ACKs waiting for a request to leave with (AckPiggyback).
-  AckPiggyback piggyback_;
-  std::mutex held_acks_mutex_;
-  std::unique_ptr<SendBatch> held_acks_;
-  std::atomic<bool> has_held_acks_{false};
-  std::atomic<uint64_t> held_acks_at_ns_{0};  // when the oldest of them was made
   // When the link's thread plans to wake (kLinkAwake while it is awake and
   // will look at its timers before it sleeps again; UINT64_MAX: only for
   // a packet or a wake). Other threads that start a timer compare.
@@ -478,8 +348,6 @@ class UdpLink final : public link::Link {
     ReceiveHeld& operator=(const ReceiveHeld&) = delete;
     UdpLink& link_;
   };
-  std::mutex batch_pool_mutex_;
-  std::vector<std::unique_ptr<SendBatch>> batch_pool_;
   std::mutex management_mutex_;  // management_receiver_
   link::ManagementReceiver management_receiver_;
   std::mutex mutex_;  // channels_
@@ -493,274 +361,6 @@ class UdpLink final : public link::Link {
   std::mutex groups_mutex_;
   std::map<std::pair<wire::Gid, uint32_t>, Membership> groups_;
 };
-
-void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, uint32_t length) {
-  const auto info = wire::opcode_info(h.bth.opcode);
-  if (!info || link_.sockets() == nullptr) return;
-  if (length > wire::kMaxPayload) return;
-  const size_t size = wire::encoded_size(*info, length);
-  wire::UdpFlow flow;
-  flow.src_gid = src_;
-  flow.dst_gid = dst_;
-  flow.src_port = link_.sockets()->source_port(wire::is_ipv4_mapped(dst_));
-  flow.traffic_class = traffic_class_;
-  flow.hop_limit = hop_limit_ ? hop_limit_ : 64;
-  uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
-  const auto n = wire::write_ip_udp_headers(flow, size, image);
-  if (!n) return;
-  std::unique_ptr<SendBatch>& batch = answers_ ? link_.answers() : batch_;
-  if (!batch) batch = link_.take_batch();
-  if (answers_ && !is_plain_ack(h)) batch->plain_acks = false;
-  uint8_t* into = batch->slot(batch->count);
-  // The payload goes from the WQE's buffers straight to its place in the
-  // packet: one copy.
-  uint8_t* data = into + info->header_size;
-  uint32_t at = 0;
-  for (int i = 0; i < npayload && at < length; ++i) {
-    const size_t piece = std::min<size_t>(payload[i].iov_len, length - at);
-    std::memcpy(data + at, payload[i].iov_base, piece);
-    at += static_cast<uint32_t>(piece);
-  }
-  const auto encoded = wire::encode_around_payload(h, length, std::span<const uint8_t>(image, *n),
-                                                   std::span<uint8_t>(into, SendBatch::kSlotBytes));
-  if (!encoded) {
-    SOFTHCA_DEBUG("udp link: cannot encode opcode 0x%x", h.bth.opcode);
-    return;
-  }
-  counters_.add(Counter::kSentPkts);
-  counters_.add(Counter::kSentBytes, *encoded);
-  batch->packets[batch->count] = OutgoingPacket{
-      src_, dst_, flow.traffic_class, flow.hop_limit, std::span<const uint8_t>(into, *encoded), ifindex_};
-  batch->source_ports[batch->count] = flow.src_port;
-  if (++batch->count == SendBatch::kPackets) {
-    if (answers_) {
-      link_.send_batch(std::move(batch));
-    } else {
-      link_.send_requests(std::move(batch));
-    }
-  }
-}
-
-FlowSink::~FlowSink() {
-  if (batch_) link_.send_requests(std::move(batch_));
-}
-
-std::unique_ptr<SendBatch> UdpLink::take_batch() {
-  {
-    std::lock_guard guard(batch_pool_mutex_);
-    if (!batch_pool_.empty()) {
-      auto batch = std::move(batch_pool_.back());
-      batch_pool_.pop_back();
-      return batch;
-    }
-  }
-  return std::make_unique<SendBatch>();
-}
-
-void UdpLink::send_batch(std::unique_ptr<SendBatch> batch) {
-  const std::span<const OutgoingPacket> packets(batch->packets.data(), batch->count);
-  if (faults_) {
-    // The fault schedule decides packet by packet, in order; what it lets
-    // through now still leaves in one batch, so that a lossy run costs the
-    // system calls of a lossless one and compares with it. A packet it lets
-    // through untouched leaves from the batch's own buffer: no copy and no
-    // allocation for it, as on the lossless path (an application that
-    // mallocs in a signal handler, as perftest -D's SIGALRM handler does,
-    // deadlocked when the signal came during our allocation; and each
-    // copy made a lossy run slower for a reason no real loss has).
-    std::vector<Delayed> copies;  // what it delays, duplicates, holds back or corrupts
-    std::array<OutgoingPacket, 3 * SendBatch::kPackets> out{};
-    size_t n = 0;
-    for (size_t i = 0; i < packets.size(); ++i) {
-      const wire::UdpFlow flow = flow_of(packets[i], batch->source_ports[i]);
-      const FaultDecision d = faults_->next(packets[i].bytes.size());
-      if (d.drop) continue;
-      if (!d.any() && !holding_.load(std::memory_order_relaxed)) {
-        if (capture_) [[maybe_unused]] auto written = capture_->write(flow, packets[i].bytes, realtime_ns());
-        out[n++] = packets[i];
-        continue;
-      }
-      const size_t first = copies.size();
-      apply_faults(d, flow, packets[i].bytes, packets[i].ifindex, copies);
-      // Each copy's bytes stay where they are when `copies` grows.
-      for (size_t j = first; j < copies.size(); ++j) out[n++] = outgoing(copies[j]);
-    }
-    if (const size_t refused = sockets_->send_batch(std::span<const OutgoingPacket>(out.data(), n)); refused > 0) {
-      port_counters()->add(Counter::kSendErr, refused);
-      SOFTHCA_DEBUG("udp link: %zu of %zu packets refused: %s", refused, n, std::strerror(errno));
-    }
-    recycle(std::move(batch));
-    return;
-  }
-  if (capture_) {
-    for (size_t i = 0; i < packets.size(); ++i)
-      [[maybe_unused]] auto written =
-          capture_->write(flow_of(packets[i], batch->source_ports[i]), packets[i].bytes, realtime_ns());
-  }
-  if (const size_t refused = sockets_->send_batch(packets); refused > 0) {
-    port_counters()->add(Counter::kSendErr, refused);
-    SOFTHCA_DEBUG("udp link: %zu of %zu packets refused: %s", refused, packets.size(), std::strerror(errno));
-  }
-  recycle(std::move(batch));
-}
-
-void UdpLink::recycle(std::unique_ptr<SendBatch> batch) {
-  batch->count = 0;
-  batch->plain_acks = true;
-  std::lock_guard guard(batch_pool_mutex_);
-  batch_pool_.push_back(std::move(batch));
-}
-
-void UdpLink::send_answers() {
-  if (!answers_) return;
-  const bool plain = answers_->plain_acks;
-  const uint64_t now = monotonic_ns();
-  if (!plain || !piggyback_.holding()) {
-    send_batch(std::move(answers_));
-    if (plain) piggyback_.sent_alone(now);
-    return;
-  }
-  std::unique_ptr<SendBatch> copied;  // emptied into the held batch: back to the pool
-  std::unique_ptr<SendBatch> full;    // held, and no room for more: leaves now
-  uint64_t held_at = now;
-  {
-    std::lock_guard guard(held_acks_mutex_);
-    if (held_acks_ && held_acks_->count + answers_->count <= SendBatch::kPackets) {
-      SendBatch& into = *held_acks_;
-      for (size_t i = 0; i < answers_->count; ++i) {
-        const OutgoingPacket& p = answers_->packets[i];
-        uint8_t* slot = into.slot(into.count);
-        std::memcpy(slot, p.bytes.data(), p.bytes.size());
-        into.packets[into.count] = p;
-        into.packets[into.count].bytes = std::span<const uint8_t>(slot, p.bytes.size());
-        into.source_ports[into.count] = answers_->source_ports[i];
-        ++into.count;
-      }
-      copied = std::move(answers_);
-      held_at = held_acks_at_ns_.load(std::memory_order_relaxed);
-    } else {
-      full = std::move(held_acks_);
-      held_acks_ = std::move(answers_);
-      held_acks_at_ns_.store(now, std::memory_order_relaxed);
-    }
-    has_held_acks_.store(true, std::memory_order_seq_cst);
-  }
-  if (copied) recycle(std::move(copied));
-  if (full) send_batch(std::move(full));
-  // Due at held_at + kHoldNs: the link's thread must not sleep past that.
-  timers_changed(held_at + AckPiggyback::kHoldNs);
-}
-
-void UdpLink::send_requests(std::unique_ptr<SendBatch> batch) {
-  std::unique_ptr<SendBatch> acks;
-  if (has_held_acks_.load(std::memory_order_relaxed)) {
-    std::lock_guard guard(held_acks_mutex_);
-    acks = std::move(held_acks_);
-    has_held_acks_.store(false, std::memory_order_relaxed);
-  }
-  piggyback_.request_leaves(monotonic_ns(), acks != nullptr);
-  if (!acks) {
-    send_batch(std::move(batch));
-    return;
-  }
-  if (faults_ || batch->count + acks->count > SendBatch::kPackets) {
-    send_batch(std::move(batch));
-    send_batch(std::move(acks));
-    return;
-  }
-  // One system call: the requests first, so that a peer that polls for
-  // its ACK has the request handled before the ACK completes its send.
-  for (size_t i = 0; i < acks->count; ++i) {
-    batch->packets[batch->count] = acks->packets[i];
-    batch->source_ports[batch->count] = acks->source_ports[i];
-    ++batch->count;
-  }
-  send_batch(std::move(batch));
-  recycle(std::move(acks));
-}
-
-void UdpLink::release_held_acks() {
-  if (!has_held_acks_.load(std::memory_order_relaxed)) return;
-  std::unique_ptr<SendBatch> acks;
-  {
-    std::lock_guard guard(held_acks_mutex_);
-    acks = std::move(held_acks_);
-    has_held_acks_.store(false, std::memory_order_relaxed);
-  }
-  if (!acks) return;
-  send_batch(std::move(acks));
-  piggyback_.released_alone(monotonic_ns());
-}
-
-OutgoingPacket UdpLink::outgoing(const Delayed& p) {
-  if (capture_) [[maybe_unused]] auto written = capture_->write(p.flow, p.bytes, realtime_ns());
-  return OutgoingPacket{p.flow.src_gid, p.flow.dst_gid, p.flow.traffic_class, p.flow.hop_limit,
-                        std::span<const uint8_t>(p.bytes), p.ifindex};
-}
-
-void UdpLink::send_owned(const std::vector<Delayed>& packets) {
-  std::vector<OutgoingPacket> out;
-  out.reserve(packets.size());
-  for (const Delayed& p : packets) out.push_back(outgoing(p));
-  if (const size_t refused = sockets_->send_batch(out); refused > 0) {
-    port_counters()->add(Counter::kSendErr, refused);
-    SOFTHCA_DEBUG("udp link: %zu of %zu packets refused: %s", refused, out.size(), std::strerror(errno));
-  }
-}
-
-void UdpLink::apply_faults(const FaultDecision& d, const wire::UdpFlow& flow, std::span<const uint8_t> packet,
-                           uint32_t ifindex, std::vector<Delayed>& now) {
-  std::vector<uint8_t> bytes(packet.begin(), packet.end());
-  if (d.corruption) apply_corruption(*d.corruption, bytes);
-  std::optional<Delayed> release;
-  {
-    std::lock_guard guard(fault_mutex_);
-    if (d.delay_us > 0) {
-      const uint64_t due = monotonic_ns() + uint64_t{d.delay_us} * 1000;
-      delayed_.push_back(Delayed{due, flow, bytes, ifindex});
-      if (d.duplicate) delayed_.push_back(Delayed{due, flow, bytes, ifindex});
-      wake();
-      return;
-    }
-    if (d.hold_back && !held_) {
-      held_ = Delayed{monotonic_ns() + 1'000'000, flow, bytes, ifindex};  // behind the next packet, 1 ms at most
-      holding_.store(true, std::memory_order_relaxed);
-      wake();
-      return;
-    }
-    release.swap(held_);
-    holding_.store(false, std::memory_order_relaxed);
-  }
-  now.push_back(Delayed{0, flow, bytes, ifindex});
-  if (d.duplicate) now.push_back(Delayed{0, flow, std::move(bytes), ifindex});
-  if (release) now.push_back(std::move(*release));
-}
-
-uint64_t UdpLink::release_delayed(uint64_t now) {
-  std::vector<Delayed> due;
-  uint64_t next = 0;
-  {
-    std::lock_guard guard(fault_mutex_);
-    if (held_ && held_->due_ns <= now) {
-      due.push_back(std::move(*held_));
-      held_.reset();
-      holding_.store(false, std::memory_order_relaxed);
-    }
-    for (size_t i = 0; i < delayed_.size();) {
-      if (delayed_[i].due_ns <= now) {
-        due.push_back(std::move(delayed_[i]));
-        delayed_[i] = std::move(delayed_.back());
-        delayed_.pop_back();
-      } else {
-        if (next == 0 || delayed_[i].due_ns < next) next = delayed_[i].due_ns;
-        ++i;
-      }
-    }
-    if (held_ && (next == 0 || held_->due_ns < next)) next = held_->due_ns;
-  }
-  send_owned(due);
-  return next;
-}
 
 class UdpChannel final : public link::Channel {
  public:
@@ -794,7 +394,7 @@ class UdpChannel final : public link::Channel {
     m.nlocal = request.ndata < limits::kMaxSge + 1 ? request.ndata : limits::kMaxSge + 1;
     for (int i = 0; i < m.nlocal; ++i) m.local[i] = request.data[i];
     m.length = request.length;
-    FlowSink sink(link_, gid_of(state_->config.sgid), gid_of(state_->config.dgid),
+    FlowSink sink(link_.outbox(), gid_of(state_->config.sgid), gid_of(state_->config.dgid),
                   state_->config.traffic_class, state_->config.hop_limit, state_->counters, state_->config.ifindex);
     const bool had_deadline = state_->requester->deadline() != 0;
     state_->requester->post(m, monotonic_ns(), sink);
@@ -871,10 +471,8 @@ bool UdpLink::start() {
   if (sockets) {
     sockets_ = std::move(*sockets);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (auto faults = fault_config_from_environment()) {
-      faults_.emplace(*faults);
-      SOFTHCA_INFO("udp link: injecting faults: %s", to_string(*faults).c_str());
-    }
+    const std::optional<FaultConfig> faults = fault_config_from_environment();
+    if (faults) SOFTHCA_INFO("udp link: injecting faults: %s", to_string(*faults).c_str());
     if (auto path = pcap_path_from_environment()) {
       auto writer = PcapWriter::open_append(*path);
       if (writer) {
@@ -884,6 +482,8 @@ bool UdpLink::start() {
                      std::strerror(to_errno(writer.error())));
       }
     }
+    outbox_ = std::make_unique<Outbox>(*sockets_, port_counters(), faults, capture_.get(),
+                                       Outbox::Wakes{[this] { wake(); }, [this](uint64_t due) { timers_changed(due); }});
     if (auto dir = host::host_directory()) {
       host_dir_ = *dir;
       const std::string path = handoff_path(host_dir_, host_.pid());
@@ -917,7 +517,7 @@ void UdpLink::stop() {
     wake();
     thread_.join();
   }
-  release_held_acks();
+  if (outbox_) outbox_->release_held_acks();
   if (wake_fd_ >= 0) ::close(wake_fd_);
   for (int fd : handoff_conns_) ::close(fd);
   if (handoff_fd_ >= 0) {
@@ -936,7 +536,7 @@ void UdpLink::send_datagram(const link::Datagram& to, const transport::Request& 
   h.bth.solicited = request.solicited;
   h.deth = wire::Deth{request.qkey, request.src_qpn};
   if (request.op == transport::Operation::kSendWithImm) h.immdt = wire::ImmDt{ntohl(request.imm_data)};
-  FlowSink sink(*this, gid_of(to.sgid), gid_of(to.dgid), to.traffic_class, to.hop_limit,
+  FlowSink sink(*outbox_, gid_of(to.sgid), gid_of(to.dgid), to.traffic_class, to.hop_limit,
                 CounterSink(to.qp_counters, port_counters()), to.ifindex);
   sink.send(h, request.data, request.ndata, static_cast<uint32_t>(request.length));
 }
@@ -956,7 +556,7 @@ uint64_t UdpLink::run_timers(uint64_t now) {
       if (state->closed || !state->requester) continue;
       transport::RequesterFlow& r = *state->requester;
       if (r.deadline() != 0 && now >= r.deadline()) {
-        FlowSink sink(*this, gid_of(state->config.sgid), gid_of(state->config.dgid), state->config.traffic_class,
+        FlowSink sink(*outbox_, gid_of(state->config.sgid), gid_of(state->config.dgid), state->config.traffic_class,
                       state->config.hop_limit, state->counters, state->config.ifindex);
         const bool was_failed = r.failed();
         r.on_timer(now, sink);
@@ -985,15 +585,12 @@ void UdpLink::loop() {
     // probe or ACK timeout resent what had arrived (under CPU contention,
     // most of what a descheduled peer made late).
     if (timer_due != 0 && now_ns >= timer_due) receive_waiting();
-    release_due_acks(now_ns);
+    outbox_->release_due_acks(now_ns);
     uint64_t deadline = run_timers(now_ns);
     timer_due = deadline;
-    if (has_held_acks_.load(std::memory_order_relaxed)) {
-      const uint64_t due = held_acks_at_ns_.load(std::memory_order_relaxed) + AckPiggyback::kHoldNs;
-      if (deadline == 0 || due < deadline) deadline = due;
-    }
-    if (faults_) {
-      const uint64_t released = release_delayed(now_ns);
+    if (const uint64_t due = outbox_->held_acks_due(); due != 0 && (deadline == 0 || due < deadline)) deadline = due;
+    if (outbox_->injects_faults()) {
+      const uint64_t released = outbox_->release_delayed(now_ns);
       if (released != 0 && (deadline == 0 || released < deadline)) deadline = released;
     }
     // Busy-polling application threads receive for us (PollerHandover):
@@ -1048,7 +645,7 @@ void UdpLink::loop() {
     } else if (hand_over) {
       // Held ACKs (AckPiggyback) must not wait for a look much longer than
       // they may be held.
-      const uint64_t look = now_ns + (piggyback_.holding() ? kHeldLookNs : PollerHandover::kLookEveryNs);
+      const uint64_t look = now_ns + (outbox_->holding_acks() ? kHeldLookNs : PollerHandover::kLookEveryNs);
       wait = time_until(deadline != 0 && deadline < look ? deadline : look);
       timeout = &wait;
     } else if (deadline != 0) {
@@ -1172,7 +769,7 @@ void UdpLink::receive_handoffs() {
       ::close(conn);
     }
   }
-  send_answers();
+  outbox_->send_answers();
 }
 
 UdpLink::HandOffPeer* UdpLink::handoff_peer(uint32_t pid) {
@@ -1249,7 +846,7 @@ UdpLink::HandOff UdpLink::hand_off_to(uint32_t proc, uint32_t qpn, const Receive
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN || draining_handoffs_ || peer->stalled) break;
-    send_answers();  // not held back while this waits
+    outbox_->send_answers();  // not held back while this waits
     const uint64_t now = monotonic_ns();
     if (now >= give_up) {
       peer->stalled = true;
@@ -1325,7 +922,7 @@ void UdpLink::receive_from(int fd) {
       }
       finish_run(run);
     }
-    send_answers();
+    outbox_->send_answers();
     if (n < static_cast<int>(kReceiveBatch)) return;
   }
 }
@@ -1428,7 +1025,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
         state.counters.add(Counter::kClosedQpDrops);
         return;
       }
-      FlowSink sink(*this, from.dst, from.src, state.config.traffic_class, state.config.hop_limit, state.counters,
+      FlowSink sink(*outbox_, from.dst, from.src, state.config.traffic_class, state.config.hop_limit, state.counters,
                     state.config.ifindex);
       state.requester->on_response(packet, monotonic_ns(), sink);
     }
@@ -1453,7 +1050,7 @@ void UdpLink::handle(const Received& from, std::span<const uint8_t> bytes, RunTo
     return;
   }
   if (!run.sink)
-    run.sink.emplace(FlowSink::Answers{}, *this, from.dst, from.src, state.config.traffic_class,
+    run.sink.emplace(FlowSink::Answers{}, *outbox_, from.dst, from.src, state.config.traffic_class,
                      state.config.hop_limit, state.counters, state.config.ifindex);
   shm::ShmResponderPort port(host_, run.self, &state.responder_key);
   state.responder.on_request(packet, port, *run.sink);
