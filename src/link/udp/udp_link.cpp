@@ -39,6 +39,7 @@
 #include "link/udp/outbox.hpp"
 #include "link/udp/pcap_writer.hpp"
 #include "link/udp/poller_handover.hpp"
+#include "link/udp/process_handoff.hpp"
 #include "link/udp/udp_sockets.hpp"
 #include "transport/admission.hpp"
 #include "transport/requester_flow.hpp"
@@ -67,29 +68,6 @@ uint64_t thread_cpu_ns(int tid) {
   if (::clock_gettime(clock, &ts) != 0) return 0;
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
-
-// A packet handed to the process that owns its destination QP: port 4791 is
-// shared by every softhca process of the host (SO_REUSEPORT), so the kernel
-// may give a packet to any of them; the one that gets it forwards it through
-// the owner's Unix socket in the host directory, with what the owner needs
-// to check its ICRC.
-struct Handoff {
-  wire::Gid src;
-  wire::Gid dst;
-  uint16_t src_port;
-  uint16_t pad[3];
-};
-
-std::string handoff_path(const std::string& host_dir, uint32_t pid) {
-  return host_dir + "/udp-" + std::to_string(pid) + ".sock";
-}
-
-// How long a hand-off waits for room in its owner's queue before the packet
-// is given up for lost (the transport then recovers it as any loss).
-// (An owner that made us wait that long in vain gets no more waiting until
-// it takes a packet again, so that a stopped process costs its own packets,
-// not everyone's throughput.)
-constexpr uint64_t kHandOffPatienceNs = 25'000'000;
 
 uint64_t realtime_ns() {
   timespec ts;
@@ -276,24 +254,8 @@ class UdpLink final : public link::Link {
   std::atomic<uint32_t> idle_polls_{0};
   std::unique_ptr<Sockets> sockets_;
   int wake_fd_ = -1;
-  // Where other processes hand us our packets: a listening SOCK_SEQPACKET
-  // socket and a connection per process that hands us some. (Connected, a
-  // Unix socket's queue is bounded by bytes, not by net.unix.max_dgram_qlen
-  // packets as an unconnected datagram socket's is: ten by default.)
-  int handoff_fd_ = -1;
-  std::mutex handoff_conns_mutex_;  // the list; receiving from them is under receive_mutex_
-  std::vector<int> handoff_conns_;
-  // How we hand other processes theirs: a connection to each owner (by
-  // pid), on which poll() waits for room. Used under receive_mutex_, as
-  // hand_off is.
-  struct HandOffPeer {
-    int fd = -1;
-    bool stalled = false;  // the last wait for it ran out
-  };
-  std::unordered_map<uint32_t, HandOffPeer> handoff_peers_;
-  bool draining_handoffs_ = false;  // receive_handoffs runs inside a hand-off's wait
-  HandOffPeer* handoff_peer(uint32_t pid);
-  std::string host_dir_;
+  // Packets to and from the host's other softhca processes.
+  ProcessHandoff handoff_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
   uint64_t spin_ns_ = 0;  // SOFTHCA_UDP_SPIN_US, in ns
@@ -482,26 +444,10 @@ bool UdpLink::start() {
                      std::strerror(to_errno(writer.error())));
       }
     }
-    outbox_ = std::make_unique<Outbox>(*sockets_, port_counters(), faults, capture_.get(),
-                                       Outbox::Wakes{[this] { wake(); }, [this](uint64_t due) { timers_changed(due); }});
-    if (auto dir = host::host_directory()) {
-      host_dir_ = *dir;
-      const std::string path = handoff_path(host_dir_, host_.pid());
-      handoff_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      sockaddr_un a{};
-      a.sun_family = AF_UNIX;
-      if (handoff_fd_ >= 0 && path.size() < sizeof a.sun_path) {
-        std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-        ::unlink(path.c_str());  // a dead process's, whose pid we now have
-        if (::bind(handoff_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(handoff_fd_, 128) != 0) {
-          ::close(handoff_fd_);
-          handoff_fd_ = -1;
-        }
-      }
-      if (handoff_fd_ < 0)
-        SOFTHCA_WARN("udp link: no hand-off socket in %s: packets other processes receive for this one are lost",
-                     host_dir_.c_str());
-    }
+    outbox_ =
+        std::make_unique<Outbox>(*sockets_, port_counters(), faults, capture_.get(),
+                                 Outbox::Wakes{[this] { wake(); }, [this](uint64_t due) { timers_changed(due); }});
+    if (auto dir = host::host_directory()) handoff_.listen(*dir, host_.pid());
     thread_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "softhca-udp");
       loop();
@@ -519,12 +465,6 @@ void UdpLink::stop() {
   }
   if (outbox_) outbox_->release_held_acks();
   if (wake_fd_ >= 0) ::close(wake_fd_);
-  for (int fd : handoff_conns_) ::close(fd);
-  if (handoff_fd_ >= 0) {
-    ::close(handoff_fd_);
-    ::unlink(handoff_path(host_dir_, host_.pid()).c_str());
-  }
-  for (auto& [pid, peer] : handoff_peers_) ::close(peer.fd);
 }
 
 void UdpLink::send_datagram(const link::Datagram& to, const transport::Request& request) {
@@ -631,12 +571,8 @@ void UdpLink::loop() {
     const bool watch_v6 = !hand_over || !v6_used_.load(std::memory_order_relaxed);
     fds.assign({{hand_over ? -1 : sockets_->v4_fd(), POLLIN, 0},
                 {watch_v6 ? sockets_->v6_fd() : -1, POLLIN, 0},
-                {wake_fd_, POLLIN, 0},
-                {handoff_fd_, POLLIN, 0}});
-    {
-      std::lock_guard guard(handoff_conns_mutex_);
-      for (int fd : handoff_conns_) fds.push_back({fd, POLLIN, 0});
-    }
+                {wake_fd_, POLLIN, 0}});
+    handoff_.add_to(fds);  // from fds[3] on
     timespec wait{};
     const timespec* timeout = nullptr;
     const bool spinning = !hand_over && now_ns < spin_until;
@@ -730,68 +666,8 @@ void UdpLink::receive_waiting() {
 }
 
 void UdpLink::receive_handoffs() {
-  if (handoff_fd_ < 0) return;
-  // Processes that start handing us packets.
-  for (;;) {
-    const int conn = ::accept4(handoff_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (conn < 0) break;
-    std::lock_guard guard(handoff_conns_mutex_);
-    handoff_conns_.push_back(conn);
-  }
-  std::vector<int> conns;
-  {
-    std::lock_guard guard(handoff_conns_mutex_);
-    conns = handoff_conns_;
-  }
-  uint8_t buffer[sizeof(Handoff) + wire::kMaxPayload + 256];
-  for (const int conn : conns) {
-    bool gone = false;
-    for (int i = 0; i < 256; ++i) {
-      const ssize_t n = ::recv(conn, buffer, sizeof buffer, MSG_DONTWAIT);
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
-      if (n <= 0) {
-        gone = true;  // the process that handed us packets ended
-        break;
-      }
-      if (static_cast<size_t>(n) <= sizeof(Handoff)) continue;
-      Handoff h;
-      std::memcpy(&h, buffer, sizeof h);
-      Received from;
-      from.src = h.src;
-      from.dst = h.dst;
-      from.src_port = h.src_port;
-      from.length = static_cast<size_t>(n) - sizeof h;
-      handle(from, std::span<const uint8_t>(buffer + sizeof h, from.length));
-    }
-    if (gone) {
-      std::lock_guard guard(handoff_conns_mutex_);
-      std::erase(handoff_conns_, conn);
-      ::close(conn);
-    }
-  }
+  handoff_.receive([this](const Received& from, std::span<const uint8_t> bytes) { handle(from, bytes); });
   outbox_->send_answers();
-}
-
-UdpLink::HandOffPeer* UdpLink::handoff_peer(uint32_t pid) {
-  if (auto it = handoff_peers_.find(pid); it != handoff_peers_.end()) return &it->second;
-  const std::string path = handoff_path(host_dir_, pid);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (path.size() >= sizeof a.sun_path) return nullptr;
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return nullptr;
-  // Room for a burst or two of packets on their way to the owner.
-  const int bytes = 4 << 20;
-  if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes) != 0)
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return nullptr;
-  }
-  HandOffPeer& peer = handoff_peers_[pid];
-  peer.fd = fd;
-  return &peer;
 }
 
 UdpLink::HandOff UdpLink::hand_off(uint32_t qpn, const Received& from, std::span<const uint8_t> bytes) {
@@ -817,66 +693,14 @@ UdpLink::HandOff UdpLink::hand_off(uint32_t qpn, const Received& from, std::span
 
 UdpLink::HandOff UdpLink::hand_off_to(uint32_t proc, uint32_t qpn, const Received& from,
                                       std::span<const uint8_t> bytes) {
-  if (host_dir_.empty()) return HandOff::kNobodys;
+  if (!handoff_.has_host()) return HandOff::kNobodys;
   if (proc == host_.proc()) return HandOff::kNobodys;  // ours, but not (or no longer) connected
   const uint32_t pid = host_.pid_of(proc);
   if (pid == 0) return HandOff::kNobodys;
-  HandOffPeer* peer = handoff_peer(pid);
-  if (peer == nullptr) {
-    SOFTHCA_DEBUG("udp link: cannot reach process %u to hand it a packet for qp 0x%x: %s", pid, qpn,
-                  std::strerror(errno));
-    return HandOff::kLost;
-  }
-  Handoff h{from.src, from.dst, from.src_port, {0, 0, 0}};
-  iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t*>(bytes.data()), bytes.size()}};
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = 2;
-  // When the connection is full (the owner is behind), wait for room rather
-  // than drop at once, and meanwhile take in what others hand us: two
-  // processes handing to each other would otherwise each wait for the
-  // other to drain. The wait is bounded, so a stopped or wedged owner costs
-  // lost packets (the transport recovers them), never a stuck thread.
-  const uint64_t give_up = monotonic_ns() + kHandOffPatienceNs;
-  const int fd = peer->fd;
-  for (;;) {
-    if (::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) {
-      peer->stalled = false;
-      return HandOff::kHanded;
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN || draining_handoffs_ || peer->stalled) break;
-    outbox_->send_answers();  // not held back while this waits
-    const uint64_t now = monotonic_ns();
-    if (now >= give_up) {
-      peer->stalled = true;
-      SOFTHCA_DEBUG("udp link: process %u took no packet for %llu ms; one for qp 0x%x is lost", pid,
-                    static_cast<unsigned long long>(kHandOffPatienceNs / 1'000'000), qpn);
-      return HandOff::kLost;
-    }
-    std::vector<pollfd> waits{{fd, POLLOUT, 0}, {handoff_fd_, POLLIN, 0}};
-    {
-      std::lock_guard guard(handoff_conns_mutex_);
-      for (int conn : handoff_conns_) waits.push_back({conn, POLLIN, 0});
-    }
-    const timespec wait = time_until(give_up);
-    if (::ppoll(waits.data(), waits.size(), &wait, nullptr) > 0) {
-      bool incoming = false;
-      for (size_t i = 1; i < waits.size(); ++i) incoming |= waits[i].revents != 0;
-      if (incoming) {
-        draining_handoffs_ = true;
-        receive_handoffs();
-        draining_handoffs_ = false;
-      }
-    }
-  }
-  SOFTHCA_DEBUG("udp link: a packet for qp 0x%x of process %u is lost: %s", qpn, pid, std::strerror(errno));
-  if (errno != EAGAIN && !draining_handoffs_) {
-    // The owner is gone (or its socket with it): forget the connection.
-    ::close(fd);
-    handoff_peers_.erase(pid);
-  }
-  return HandOff::kLost;
+  const auto result = handoff_.send(
+      pid, qpn, from, bytes, [this](const Received& f, std::span<const uint8_t> b) { handle(f, b); },
+      [this] { outbox_->send_answers(); });  // not held back while this waits
+  return result == ProcessHandoff::Result::kHanded ? HandOff::kHanded : HandOff::kLost;
 }
 
 void UdpLink::count_hand_off(HandOff result) {
