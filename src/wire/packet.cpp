@@ -152,8 +152,8 @@ std::expected<ParsedPacket, ParseError> parse_ip_packet(std::span<const uint8_t>
   return parse(view->headers, view->udp_payload, limits);
 }
 
-Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_size,
-                                          std::span<const uint8_t> ip_udp_headers, std::span<uint8_t> out) {
+Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_size, const IcrcPrefix& prefix,
+                                          std::span<uint8_t> out) {
   const auto info = opcode_info(h.bth.opcode);
   if (!info) return fail(std::errc::invalid_argument);
   if (present_headers(h) != info->headers || !fields_in_range(h)) return fail(std::errc::invalid_argument);
@@ -162,7 +162,7 @@ Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_
   const std::size_t size = encoded_size(*info, payload_size);
   // The headers must describe this very packet, or the ICRC would cover a
   // packet other than the one sent.
-  if (!check_ip_udp_headers(ip_udp_headers, size)) return fail(std::errc::invalid_argument);
+  if (prefix.udp_payload_size != size) return fail(std::errc::invalid_argument);
   if (out.size() < size) return fail(std::errc::no_buffer_space);
 
   Bth bth = h.bth;
@@ -181,10 +181,17 @@ Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_
   std::fill_n(out.begin() + static_cast<std::ptrdiff_t>(info->header_size + payload_size), bth.pad_count, uint8_t{0});
 
   const auto packet = out.first(size);
-  const auto icrc = icrc_of(ip_udp_headers, packet);
-  if (!icrc) return fail(icrc.error());
-  store_icrc(*icrc, packet.last<kIcrcSize>());
+  store_icrc(icrc_after_prefix(prefix, packet), packet.last<kIcrcSize>());
   return size;
+}
+
+Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_size,
+                                          std::span<const uint8_t> ip_udp_headers, std::span<uint8_t> out) {
+  const auto info = opcode_info(h.bth.opcode);
+  if (!info) return fail(std::errc::invalid_argument);
+  const auto prefix = icrc_prefix(ip_udp_headers, encoded_size(*info, payload_size));
+  if (!prefix) return fail(std::errc::invalid_argument);
+  return encode_around_payload(h, payload_size, *prefix, out);
 }
 
 Result<std::size_t> encode(const Headers& h, std::span<const uint8_t> payload, std::span<const uint8_t> ip_udp_headers,

@@ -122,6 +122,12 @@ Result<std::size_t> encode(const Headers& h, std::span<const uint8_t> payload, s
 // where the payload is gathered from several buffers (a WQE's SGEs).
 Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_size,
                                           std::span<const uint8_t> ip_udp_headers, std::span<uint8_t> out);
+// The same with the ICRC's part over the IP and UDP headers made already
+// (icrc_prefix, for this packet's size): what a sender of many packets of
+// one flow and size computes once. invalid_argument when the prefix is for
+// another size.
+Result<std::size_t> encode_around_payload(const Headers& h, std::size_t payload_size, const IcrcPrefix& prefix,
+                                          std::span<uint8_t> out);
 
 // Writes a whole IP packet: the flow's IP and UDP headers (UDP checksum
 // included) and the packet encode() makes. For captures and tests; the udp

@@ -53,15 +53,24 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
   if (!info) return;
   if (length > wire::kMaxPayload) return;
   const size_t size = wire::encoded_size(*info, length);
-  wire::UdpFlow flow;
-  flow.src_gid = src_;
-  flow.dst_gid = dst_;
-  flow.src_port = outbox_.sockets().source_port(wire::is_ipv4_mapped(dst_));
-  flow.traffic_class = traffic_class_;
-  flow.hop_limit = hop_limit_ ? hop_limit_ : 64;
-  uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
-  const auto n = wire::write_ip_udp_headers(flow, size, image);
-  if (!n) return;
+  const uint16_t src_port = outbox_.sockets().source_port(wire::is_ipv4_mapped(dst_));
+  const uint8_t hop_limit = hop_limit_ ? hop_limit_ : 64;
+  // The ICRC's part over the IP and UDP headers: the same for every packet
+  // of this size (a message's packets but its last).
+  if (prefix_.udp_payload_size != size) {
+    wire::UdpFlow flow;
+    flow.src_gid = src_;
+    flow.dst_gid = dst_;
+    flow.src_port = src_port;
+    flow.traffic_class = traffic_class_;
+    flow.hop_limit = hop_limit;
+    uint8_t image[wire::kIpv6HeaderSize + wire::kUdpHeaderSize];
+    const auto n = wire::write_ip_udp_headers(flow, size, image);
+    if (!n) return;
+    const auto prefix = wire::icrc_prefix(std::span<const uint8_t>(image, *n), size);
+    if (!prefix) return;
+    prefix_ = *prefix;
+  }
   std::unique_ptr<SendBatch>& batch = answers_ ? outbox_.answers() : batch_;
   if (!batch) batch = outbox_.take_batch();
   if (answers_ && !is_plain_ack(h)) batch->plain_acks = false;
@@ -75,17 +84,16 @@ void FlowSink::send(const wire::Headers& h, const iovec* payload, int npayload, 
     std::memcpy(data + at, payload[i].iov_base, piece);
     at += static_cast<uint32_t>(piece);
   }
-  const auto encoded = wire::encode_around_payload(h, length, std::span<const uint8_t>(image, *n),
-                                                   std::span<uint8_t>(into, SendBatch::kSlotBytes));
+  const auto encoded = wire::encode_around_payload(h, length, prefix_, std::span<uint8_t>(into, SendBatch::kSlotBytes));
   if (!encoded) {
     SOFTHCA_DEBUG("udp link: cannot encode opcode 0x%x", h.bth.opcode);
     return;
   }
   counters_.add(Counter::kSentPkts);
   counters_.add(Counter::kSentBytes, *encoded);
-  batch->packets[batch->count] = OutgoingPacket{
-      src_, dst_, flow.traffic_class, flow.hop_limit, std::span<const uint8_t>(into, *encoded), ifindex_};
-  batch->source_ports[batch->count] = flow.src_port;
+  batch->packets[batch->count] =
+      OutgoingPacket{src_, dst_, traffic_class_, hop_limit, std::span<const uint8_t>(into, *encoded), ifindex_};
+  batch->source_ports[batch->count] = src_port;
   if (++batch->count == SendBatch::kPackets) {
     if (answers_) {
       outbox_.send_batch(std::move(batch));

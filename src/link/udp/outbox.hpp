@@ -189,6 +189,7 @@ class FlowSink final : public transport::PacketSink {
   uint32_t ifindex_;      // where a multicast or link-local datagram leaves (0: the kernel's route)
   bool answers_ = false;  // collects into the outbox's batch of answers, not one of its own
   std::unique_ptr<SendBatch> batch_;
+  wire::IcrcPrefix prefix_;  // for the size of the last packet (udp_payload_size 0: none yet)
 };
 
 }  // namespace softhca::udp
