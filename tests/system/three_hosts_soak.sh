@@ -60,20 +60,11 @@ cleanup() {
 }
 status=PASS
 trap cleanup EXIT
+# shellcheck source=bridged_hosts.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bridged_hosts.sh"
 
-if ! ip netns add "$ns_br" 2>"$work/err"; then
-  echo "[$name] SKIP: cannot create a network namespace: $(cat "$work/err")"
-  exit 77
-fi
-ip -n "$ns_br" link add br0 type bridge || exit 1
-ip -n "$ns_br" link set br0 up || exit 1
+bridge_hosts || exit $?
 for h in "${hosts[@]}"; do
-  ip netns add "${ns[$h]}" || exit 1
-  ip link add "${veth[$h]}" type veth peer name "q$h$$" || exit 1
-  ip link set "${veth[$h]}" netns "${ns[$h]}" && ip link set "q$h$$" netns "$ns_br" || exit 1
-  ip -n "$ns_br" link set "q$h$$" master br0 up || exit 1
-  ip -n "${ns[$h]}" link set lo up || exit 1
-  ip -n "${ns[$h]}" link set "${veth[$h]}" up || exit 1
   ip -n "${ns[$h]}" addr add "${ip[$h]}/24" dev "${veth[$h]}" || exit 1
   mkdir -m 700 "$work/runtime-$h" || exit 1
 done
