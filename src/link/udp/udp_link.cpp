@@ -44,7 +44,6 @@
 #include "transport/admission.hpp"
 #include "transport/requester_flow.hpp"
 #include "transport/responder_flow.hpp"
-#include "transport/selective.hpp"
 #include "wire/packet.hpp"
 #include "wire/ud_grh.hpp"
 
@@ -573,34 +572,28 @@ void UdpLink::loop() {
                 {watch_v6 ? sockets_->v6_fd() : -1, POLLIN, 0},
                 {wake_fd_, POLLIN, 0}});
     handoff_.add_to(fds);  // from fds[3] on
-    timespec wait{};
-    const timespec* timeout = nullptr;
     const bool spinning = !hand_over && now_ns < spin_until;
-    if (spinning) {
-      timeout = &wait;  // zero: look, do not sleep
-    } else if (hand_over) {
+    // When to wake without a packet (0: never).
+    uint64_t wake_at = deadline;
+    if (hand_over) {
       // Held ACKs (AckPiggyback) must not wait for a look much longer than
       // they may be held.
       const uint64_t look = now_ns + (outbox_->holding_acks() ? kHeldLookNs : PollerHandover::kLookEveryNs);
-      wait = time_until(deadline != 0 && deadline < look ? deadline : look);
-      timeout = &wait;
-    } else if (deadline != 0) {
-      wait = time_until(deadline);
-      timeout = &wait;
+      if (wake_at == 0 || look < wake_at) wake_at = look;
     }
     // Threads that start a timer meanwhile wake this one only if it would
     // sleep past it (timers_changed): the plan, then a look at whether one
     // did since this round looked (both seq_cst, as theirs).
     if (!spinning) {
-      const uint64_t plan = timeout == nullptr
-                                ? UINT64_MAX
-                                : monotonic_ns() + uint64_t(wait.tv_sec) * 1'000'000'000 + uint64_t(wait.tv_nsec);
-      link_wakes_at_ns_.store(plan, std::memory_order_seq_cst);
+      link_wakes_at_ns_.store(wake_at != 0 ? wake_at : UINT64_MAX, std::memory_order_seq_cst);
       if (timers_changed_.exchange(false, std::memory_order_seq_cst)) {
         link_wakes_at_ns_.store(kLinkAwake, std::memory_order_relaxed);
         continue;
       }
     }
+    timespec wait{};  // zero for a spinning thread: look, do not sleep
+    if (!spinning && wake_at != 0) wait = time_until(wake_at);
+    const timespec* timeout = spinning || wake_at != 0 ? &wait : nullptr;
     // A spinning thread is awake: application pollers leave the sockets to it.
     link_receives_since_ns_.store(spinning ? now_ns : 0, std::memory_order_relaxed);
     const int ready = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
