@@ -447,10 +447,11 @@ bool UdpLink::start() {
         std::make_unique<Outbox>(*sockets_, port_counters(), faults, capture_.get(),
                                  Outbox::Wakes{[this] { wake(); }, [this](uint64_t due) { timers_changed(due); }});
     if (auto dir = host::host_directory()) handoff_.listen(*dir, host_.pid());
-    thread_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "softhca-udp");
-      loop();
-    });
+    thread_ = std::thread([this] { loop(); });
+    // Named from here, before start() returns: pollers may receive and
+    // complete traffic before the new thread first runs (on a busy host it
+    // may wait for a core), and whoever looks for it by name must find it.
+    pthread_setname_np(thread_.native_handle(), "softhca-udp");
   }
   started_.store(true, std::memory_order_release);
   return sockets_ != nullptr;
